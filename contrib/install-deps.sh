@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs every Debian package toyvm's build, tests and quick start need.
+# Idempotent: when everything is present it only runs dpkg-query and exits.
+set -euo pipefail
+
+build_pkgs=(
+  meson ninja-build pkg-config g++
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libsimdjson-dev libcli11-dev libtomlplusplus-dev catch2 libspdlog-dev libfmt-dev
+  libvirt-dev libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
+)
+# Real servers the integration tests and the quick start run on loopback.
+service_pkgs=(
+  etcd-server etcd-client
+  placement-api python3-placement uwsgi-core uwsgi-plugin-python3
+  libvirt-clients
+)
+extra_pkgs=("$@")
+
+wanted=("${build_pkgs[@]}" "${service_pkgs[@]}" "${extra_pkgs[@]}")
+missing=()
+for pkg in "${wanted[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
+  [ "$status" = installed ] || missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing packages: ${missing[*]}; run as root to install them" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+# Services must not start on install: toyvm's scripts start private instances themselves.
+policy=/usr/sbin/policy-rc.d
+created_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"; created_policy=1
+fi
+trap '[ $created_policy -eq 1 ] && rm -f "$policy"' EXIT
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,429 @@
+#include "clients/etcd.hpp"
+
+#include "model/keys.hpp"
+#include "rpc.grpc.pb.h"
+
+#include <boost/url/parse.hpp>
+#include <fmt/format.h>
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <mutex>
+
+namespace toyvm {
+namespace {
+
+namespace pb = etcdserverpb;
+
+error_code from_status(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::OK: return {};
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return errc::etcd_unavailable;
+    case grpc::StatusCode::CANCELLED: return errc::cancelled;
+    default: return errc::etcd_error;
+  }
+}
+
+KeyValue from_pb(const mvccpb::KeyValue& kv) {
+  return {kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(), kv.version(), kv.lease()};
+}
+
+RangeResult from_pb(const pb::RangeResponse& resp) {
+  RangeResult out;
+  out.revision = resp.header().revision();
+  out.more = resp.more();
+  out.count = resp.count();
+  out.kvs.reserve(resp.kvs_size());
+  for (const auto& kv : resp.kvs()) out.kvs.push_back(from_pb(kv));
+  return out;
+}
+
+void to_pb(const EtcdOp& op, pb::RequestOp& out) {
+  switch (op.kind) {
+    case EtcdOp::Kind::put: {
+      auto* put = out.mutable_request_put();
+      put->set_key(op.key);
+      put->set_value(op.value);
+      put->set_lease(op.lease);
+      break;
+    }
+    case EtcdOp::Kind::erase: {
+      auto* del = out.mutable_request_delete_range();
+      del->set_key(op.key);
+      del->set_range_end(op.range_end);
+      break;
+    }
+    case EtcdOp::Kind::range: {
+      auto* range = out.mutable_request_range();
+      range->set_key(op.key);
+      range->set_range_end(op.range_end);
+      break;
+    }
+  }
+}
+
+void to_pb(const EtcdCompare& cmp, pb::Compare& out) {
+  out.set_key(cmp.key);
+  out.set_result(static_cast<pb::Compare::CompareResult>(cmp.result));
+  switch (cmp.target) {
+    case EtcdCompare::Target::version:
+      out.set_target(pb::Compare::VERSION);
+      out.set_version(cmp.number);
+      break;
+    case EtcdCompare::Target::create_revision:
+      out.set_target(pb::Compare::CREATE);
+      out.set_create_revision(cmp.number);
+      break;
+    case EtcdCompare::Target::mod_revision:
+      out.set_target(pb::Compare::MOD);
+      out.set_mod_revision(cmp.number);
+      break;
+    case EtcdCompare::Target::value:
+      out.set_target(pb::Compare::VALUE);
+      out.set_value(cmp.value);
+      break;
+  }
+}
+
+// "http://127.0.0.1:2379,http://127.0.0.1:22379" -> "ipv4:127.0.0.1:2379,127.0.0.1:22379": one
+// channel over every member; pick_first moves to the next address when one fails.
+std::string grpc_target(const std::vector<std::string>& endpoints) {
+  std::vector<std::string> addresses;
+  bool all_ipv4 = true;
+  for (const std::string& endpoint : endpoints) {
+    std::string_view text = endpoint;
+    if (auto pos = text.find("://"); pos != std::string_view::npos) text.remove_prefix(pos + 3);
+    while (!text.empty() && text.back() == '/') text.remove_suffix(1);
+    std::string address(text);
+    if (address.starts_with("localhost:")) address = "127.0.0.1" + address.substr(9);
+    std::string_view host = std::string_view(address).substr(0, address.rfind(':'));
+    all_ipv4 = all_ipv4 && !host.empty() &&
+               host.find_first_not_of("0123456789.") == std::string_view::npos;
+    addresses.push_back(std::move(address));
+  }
+  if (all_ipv4) return "ipv4:" + fmt::format("{}", fmt::join(addresses, ","));
+  return "dns:///" + addresses.front();
+}
+
+// A bidirectional stream whose responses are queued for one coroutine. The reactor keeps
+// itself alive until gRPC calls OnDone, as the callback API requires.
+template <class Request, class Response>
+class BidiStream final : public grpc::ClientBidiReactor<Request, Response>,
+                         public std::enable_shared_from_this<BidiStream<Request, Response>> {
+ public:
+  struct Item {
+    std::optional<Response> response;  // empty: the stream ended with `status`
+    grpc::Status status;
+  };
+
+  template <class StartFn>
+  void start(StartFn start_fn) {
+    self_ = this->shared_from_this();
+    start_fn(&context_, this);
+    this->StartRead(&response_);
+    this->StartCall();
+  }
+
+  void write(Request request) {
+    std::lock_guard lock(mutex_);
+    if (done_) return;
+    pending_.push_back(std::move(request));
+    if (!writing_) {
+      writing_ = true;
+      this->StartWrite(&pending_.front());
+    }
+  }
+
+  void cancel() { context_.TryCancel(); }
+
+  awaitable<Item> next() { co_return co_await items_.async_pop(); }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard lock(mutex_);
+    pending_.pop_front();
+    if (ok && !pending_.empty()) {
+      this->StartWrite(&pending_.front());
+    } else {
+      writing_ = false;
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows with the status
+    items_.push(Item{std::move(response_), grpc::Status::OK});
+    response_.Clear();
+    this->StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    items_.push(Item{std::nullopt, status});
+    auto self = std::move(self_);  // may free this object on return
+  }
+
+ private:
+  grpc::ClientContext context_;
+  Response response_;
+  AsyncQueue<Item> items_;
+  std::mutex mutex_;
+  std::deque<Request> pending_;  // deque: StartWrite keeps a pointer to the front
+  bool writing_ = false;
+  bool done_ = false;
+  std::shared_ptr<BidiStream> self_;
+};
+
+using WatchStream = BidiStream<pb::WatchRequest, pb::WatchResponse>;
+using KeepAliveStream = BidiStream<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse>;
+
+class GrpcWatch final : public EtcdWatch {
+ public:
+  explicit GrpcWatch(std::shared_ptr<WatchStream> stream) : stream_(std::move(stream)) {}
+  ~GrpcWatch() override { stream_->cancel(); }
+
+  awaitable<WatchBatch> next() override {
+    WatchBatch batch;
+    if (ended_) {
+      batch.error = errc::cancelled;
+      co_return batch;
+    }
+    WatchStream::Item item = co_await stream_->next();
+    if (!item.response) {
+      ended_ = true;
+      batch.error = item.status.ok() ? error_code(errc::cancelled) : from_status(item.status);
+      if (batch.error == errc::cancelled) batch.canceled = true;
+      co_return batch;
+    }
+    const pb::WatchResponse& resp = *item.response;
+    watch_id_ = resp.watch_id();
+    batch.revision = resp.header().revision();
+    batch.compact_revision = resp.compact_revision();
+    batch.created = resp.created();
+    batch.canceled = resp.canceled();
+    batch.cancel_reason = resp.cancel_reason();
+    batch.events.reserve(resp.events_size());
+    for (const auto& event : resp.events()) {
+      WatchEvent out;
+      out.type = event.type() == mvccpb::Event::DELETE ? WatchEvent::Type::erase : WatchEvent::Type::put;
+      out.kv = from_pb(event.kv());
+      if (event.has_prev_kv()) out.prev = from_pb(event.prev_kv());
+      batch.events.push_back(std::move(out));
+    }
+    // etcd keeps the stream open after a cancel; end it so the reactor can finish.
+    if (batch.canceled) stream_->cancel();
+    co_return batch;
+  }
+
+  void cancel() override {
+    pb::WatchRequest request;
+    request.mutable_cancel_request()->set_watch_id(watch_id_);
+    stream_->write(std::move(request));
+  }
+
+ private:
+  std::shared_ptr<WatchStream> stream_;
+  int64_t watch_id_ = 0;
+  bool ended_ = false;
+};
+
+class GrpcLeaseKeeper final : public EtcdLeaseKeeper {
+ public:
+  GrpcLeaseKeeper(std::shared_ptr<KeepAliveStream> stream, int64_t lease)
+      : stream_(std::move(stream)), lease_(lease) {}
+  ~GrpcLeaseKeeper() override { stream_->cancel(); }
+
+  awaitable<result<int64_t>> ping() override {
+    if (ended_) co_return errc::etcd_unavailable;
+    pb::LeaseKeepAliveRequest request;
+    request.set_id(lease_);
+    stream_->write(std::move(request));
+    KeepAliveStream::Item item = co_await stream_->next();
+    if (!item.response) {
+      ended_ = true;
+      co_return item.status.ok() ? error_code(errc::etcd_unavailable) : from_status(item.status);
+    }
+    co_return item.response->ttl();
+  }
+
+ private:
+  std::shared_ptr<KeepAliveStream> stream_;
+  int64_t lease_;
+  bool ended_ = false;
+};
+
+class GrpcEtcdClient final : public EtcdClient {
+ public:
+  explicit GrpcEtcdClient(const EtcdConfig& config)
+      : endpoints_text_(fmt::format("{}", fmt::join(config.endpoints, ","))),
+        timeout_(std::chrono::milliseconds(int64_t(config.timeout_s * 1000))) {
+    grpc::ChannelArguments args;
+    args.SetLoadBalancingPolicyName("pick_first");
+    args.SetMaxReceiveMessageSize(256 << 20);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
+    channel_ = grpc::CreateCustomChannel(grpc_target(config.endpoints),
+                                         grpc::InsecureChannelCredentials(), args);
+    kv_ = pb::KV::NewStub(channel_);
+    watch_ = pb::Watch::NewStub(channel_);
+    lease_ = pb::Lease::NewStub(channel_);
+  }
+
+  const std::string& endpoints_text() const override { return endpoints_text_; }
+
+  awaitable<result<RangeResult>> range(std::string key, std::string range_end,
+                                       int64_t revision) override {
+    pb::RangeRequest request;
+    request.set_key(std::move(key));
+    request.set_range_end(std::move(range_end));
+    request.set_revision(revision);
+    auto start = [kv = kv_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+          kv->async()->Range(ctx, req, resp, std::move(done));
+        };
+    auto response = co_await unary<pb::RangeResponse>(std::move(request), start);
+    if (!response) co_return response.error();
+    co_return from_pb(*response);
+  }
+
+  awaitable<result<int64_t>> put(std::string key, std::string value, int64_t lease) override {
+    pb::PutRequest request;
+    request.set_key(std::move(key));
+    request.set_value(std::move(value));
+    request.set_lease(lease);
+    auto start = [kv = kv_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+          kv->async()->Put(ctx, req, resp, std::move(done));
+        };
+    auto response = co_await unary<pb::PutResponse>(std::move(request), start);
+    if (!response) co_return response.error();
+    co_return response->header().revision();
+  }
+
+  awaitable<result<int64_t>> erase(std::string key, std::string range_end) override {
+    pb::DeleteRangeRequest request;
+    request.set_key(std::move(key));
+    request.set_range_end(std::move(range_end));
+    auto start = [kv = kv_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+          kv->async()->DeleteRange(ctx, req, resp, std::move(done));
+        };
+    auto response = co_await unary<pb::DeleteRangeResponse>(std::move(request), start);
+    if (!response) co_return response.error();
+    co_return response->deleted();
+  }
+
+  awaitable<result<TxnResult>> txn(std::vector<EtcdCompare> compare, std::vector<EtcdOp> success,
+                                   std::vector<EtcdOp> failure) override {
+    pb::TxnRequest request;
+    for (const auto& cmp : compare) to_pb(cmp, *request.add_compare());
+    for (const auto& op : success) to_pb(op, *request.add_success());
+    for (const auto& op : failure) to_pb(op, *request.add_failure());
+    auto start = [kv = kv_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+          kv->async()->Txn(ctx, req, resp, std::move(done));
+        };
+    auto response = co_await unary<pb::TxnResponse>(std::move(request), start);
+    if (!response) co_return response.error();
+    TxnResult out;
+    out.succeeded = response->succeeded();
+    out.revision = response->header().revision();
+    for (const auto& op : response->responses()) {
+      if (op.has_response_range()) out.ranges.push_back(from_pb(op.response_range()));
+    }
+    co_return out;
+  }
+
+  awaitable<result<int64_t>> lease_grant(int64_t ttl_seconds) override {
+    pb::LeaseGrantRequest request;
+    request.set_ttl(ttl_seconds);
+    auto start = [lease = lease_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+          lease->async()->LeaseGrant(ctx, req, resp, std::move(done));
+        };
+    auto response = co_await unary<pb::LeaseGrantResponse>(std::move(request), start);
+    if (!response) co_return response.error();
+    if (!response->error().empty()) co_return errc::etcd_error;
+    co_return response->id();
+  }
+
+  awaitable<result<void>> lease_revoke(int64_t id) override {
+    pb::LeaseRevokeRequest request;
+    request.set_id(id);
+    auto start = [lease = lease_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+          lease->async()->LeaseRevoke(ctx, req, resp, std::move(done));
+        };
+    auto response = co_await unary<pb::LeaseRevokeResponse>(std::move(request), start);
+    if (!response) co_return response.error();
+    co_return result<void>{};
+  }
+
+  std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t id) override {
+    auto stream = std::make_shared<KeepAliveStream>();
+    stream->start([lease = lease_.get()](auto* ctx, auto* reactor) {
+      lease->async()->LeaseKeepAlive(ctx, reactor);
+    });
+    return std::make_unique<GrpcLeaseKeeper>(std::move(stream), id);
+  }
+
+  std::unique_ptr<EtcdWatch> watch(WatchOptions options) override {
+    auto stream = std::make_shared<WatchStream>();
+    pb::WatchRequest request;
+    auto* create = request.mutable_create_request();
+    create->set_key(options.key);
+    create->set_range_end(options.range_end);
+    create->set_start_revision(options.start_revision);
+    create->set_prev_kv(options.prev_kv);
+    stream->write(std::move(request));  // queued until the call starts
+    stream->start([watch = watch_.get()](auto* ctx, auto* reactor) {
+      watch->async()->Watch(ctx, reactor);
+    });
+    return std::make_unique<GrpcWatch>(std::move(stream));
+  }
+
+ private:
+  // One unary call: gRPC completes it on its thread, the queue resumes us on ours.
+  template <class Response, class Request, class StartFn>
+  awaitable<result<Response>> unary(Request request, StartFn start) {
+    struct Call {
+      grpc::ClientContext context;
+      Request request;
+      Response response;
+      AsyncQueue<grpc::Status> done;
+    };
+    auto call = std::make_shared<Call>();
+    call->request = std::move(request);
+    call->context.set_deadline(std::chrono::system_clock::now() + timeout_);
+    start(&call->context, &call->request, &call->response,
+          [call](grpc::Status status) { call->done.push(std::move(status)); });
+    grpc::Status status = co_await call->done.async_pop();
+    if (!status.ok()) {
+      spdlog::debug("etcd {}: {}", endpoints_text_, status.error_message());
+      co_return from_status(status);
+    }
+    co_return std::move(call->response);
+  }
+
+  std::string endpoints_text_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::KV::Stub> kv_;
+  std::unique_ptr<pb::Watch::Stub> watch_;
+  std::unique_ptr<pb::Lease::Stub> lease_;
+};
+
+}  // namespace
+
+awaitable<result<RangeResult>> EtcdClient::range_prefix(std::string prefix) {
+  std::string end = prefix_range_end(prefix);
+  co_return co_await range(std::move(prefix), std::move(end));
+}
+
+std::shared_ptr<EtcdClient> EtcdClient::create(const EtcdConfig& config) {
+  return std::make_shared<GrpcEtcdClient>(config);
+}
+
+}  // namespace toyvm

@@ -1,0 +1,138 @@
+#pragma once
+// A thin client for etcd's v3 API over gRPC (KV, Watch, Lease). Calls are coroutines on the
+// caller's executor; gRPC's own threads complete them and hand the results to the Asio loop.
+// No gRPC type appears here, so including this header is cheap.
+
+#include "core/async.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace toyvm {
+
+struct KeyValue {
+  std::string key;
+  std::string value;
+  int64_t create_revision = 0;
+  int64_t mod_revision = 0;
+  int64_t version = 0;
+  int64_t lease = 0;
+};
+
+struct RangeResult {
+  int64_t revision = 0;  // the store's revision when read
+  std::vector<KeyValue> kvs;
+  bool more = false;
+  int64_t count = 0;
+};
+
+struct EtcdCompare {
+  enum class Target { version, create_revision, mod_revision, value };
+  enum class Result { equal, greater, less, not_equal };
+  std::string key;
+  Target target = Target::version;
+  Result result = Result::equal;
+  int64_t number = 0;
+  std::string value;
+
+  static EtcdCompare absent(std::string key) { return {std::move(key), Target::version, Result::equal, 0, {}}; }
+  static EtcdCompare present(std::string key) { return {std::move(key), Target::version, Result::greater, 0, {}}; }
+  static EtcdCompare mod_revision_is(std::string key, int64_t rev) {
+    return {std::move(key), Target::mod_revision, Result::equal, rev, {}};
+  }
+};
+
+struct EtcdOp {
+  enum class Kind { put, erase, range };
+  Kind kind = Kind::put;
+  std::string key;
+  std::string value;      // put
+  std::string range_end;  // erase, range
+  int64_t lease = 0;      // put
+
+  static EtcdOp put(std::string key, std::string value, int64_t lease = 0) {
+    return {Kind::put, std::move(key), std::move(value), {}, lease};
+  }
+  static EtcdOp erase(std::string key, std::string range_end = {}) {
+    return {Kind::erase, std::move(key), {}, std::move(range_end), 0};
+  }
+  static EtcdOp get(std::string key, std::string range_end = {}) {
+    return {Kind::range, std::move(key), {}, std::move(range_end), 0};
+  }
+};
+
+struct TxnResult {
+  bool succeeded = false;
+  int64_t revision = 0;
+  std::vector<RangeResult> ranges;  // one per range op of the branch taken, in order
+};
+
+struct WatchEvent {
+  enum class Type { put, erase };
+  Type type = Type::put;
+  KeyValue kv;
+  std::optional<KeyValue> prev;  // with prev_kv
+};
+
+struct WatchBatch {
+  int64_t revision = 0;          // header revision
+  int64_t compact_revision = 0;  // nonzero: history before this is gone; re-list
+  bool created = false;
+  bool canceled = false;
+  std::string cancel_reason;
+  std::vector<WatchEvent> events;
+  error_code error;              // set when the stream ended (etcd down, cancelled)
+};
+
+struct WatchOptions {
+  std::string key;
+  std::string range_end;
+  int64_t start_revision = 0;  // 0: from now
+  bool prev_kv = false;
+};
+
+class EtcdWatch {
+ public:
+  virtual ~EtcdWatch() = default;
+  // The next response; after one with `error` set the stream is over.
+  virtual awaitable<WatchBatch> next() = 0;
+  // Asks etcd to cancel the watch (WatchCancelRequest); next() then sees `canceled`.
+  virtual void cancel() = 0;
+};
+
+class EtcdLeaseKeeper {
+ public:
+  virtual ~EtcdLeaseKeeper() = default;
+  // One keep-alive round trip; the remaining TTL, 0 when the lease is gone.
+  virtual awaitable<result<int64_t>> ping() = 0;
+};
+
+class EtcdClient {
+ public:
+  static std::shared_ptr<EtcdClient> create(const EtcdConfig& config);
+  virtual ~EtcdClient() = default;
+
+  virtual awaitable<result<RangeResult>> range(std::string key, std::string range_end = {},
+                                               int64_t revision = 0) = 0;
+  awaitable<result<RangeResult>> range_prefix(std::string prefix);
+  virtual awaitable<result<int64_t>> put(std::string key, std::string value, int64_t lease = 0) = 0;
+  // Returns how many keys were deleted.
+  virtual awaitable<result<int64_t>> erase(std::string key, std::string range_end = {}) = 0;
+  virtual awaitable<result<TxnResult>> txn(std::vector<EtcdCompare> compare,
+                                           std::vector<EtcdOp> success,
+                                           std::vector<EtcdOp> failure = {}) = 0;
+  virtual awaitable<result<int64_t>> lease_grant(int64_t ttl_seconds) = 0;
+  virtual awaitable<result<void>> lease_revoke(int64_t lease) = 0;
+  virtual std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t lease) = 0;
+  virtual std::unique_ptr<EtcdWatch> watch(WatchOptions options) = 0;
+
+  // For messages: "http://127.0.0.1:2379,..."
+  virtual const std::string& endpoints_text() const = 0;
+};
+
+}  // namespace toyvm

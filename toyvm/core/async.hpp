@@ -1,0 +1,99 @@
+#pragma once
+// The Asio side of toyvm's concurrency: one io_context per process, C++20 coroutines, and
+// two bridges for work that completes on other threads (gRPC callbacks, blocking libvirt).
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+namespace toyvm {
+
+namespace asio = boost::asio;
+template <class T>
+using awaitable = asio::awaitable<T>;
+using asio::use_awaitable;
+
+// A queue that any thread may push to and one coroutine pops from. It is how completions
+// from gRPC's threads enter the Asio loop without a thread per stream.
+template <class T>
+class AsyncQueue {
+ public:
+  void push(T value) {
+    std::unique_lock lock(mutex_);
+    if (waiter_) {
+      Waiter waiter = std::move(*waiter_);
+      waiter_.reset();
+      lock.unlock();
+      deliver(std::move(waiter), std::move(value));
+      return;
+    }
+    items_.push_back(std::move(value));
+  }
+
+  // Completes with the next item; at most one pop may be outstanding.
+  template <class Token = asio::use_awaitable_t<>>
+  auto async_pop(Token token = {}) {
+    return asio::async_initiate<Token, void(T)>(
+        [this](auto handler) {
+          auto executor = asio::get_associated_executor(handler);
+          Waiter waiter{asio::any_completion_handler<void(T)>(std::move(handler)),
+                        asio::any_io_executor(executor)};
+          std::unique_lock lock(mutex_);
+          if (!items_.empty()) {
+            T value = std::move(items_.front());
+            items_.pop_front();
+            lock.unlock();
+            deliver(std::move(waiter), std::move(value));
+            return;
+          }
+          waiter_.emplace(std::move(waiter));
+        },
+        token);
+  }
+
+  size_t size() const {
+    std::lock_guard lock(mutex_);
+    return items_.size();
+  }
+
+ private:
+  struct Waiter {
+    asio::any_completion_handler<void(T)> handler;
+    asio::any_io_executor executor;
+  };
+  static void deliver(Waiter waiter, T value) {
+    auto executor = waiter.executor;
+    asio::post(executor, [handler = std::move(waiter.handler), value = std::move(value)]() mutable {
+      std::move(handler)(std::move(value));
+    });
+  }
+
+  mutable std::mutex mutex_;
+  std::deque<T> items_;
+  std::optional<Waiter> waiter_;
+};
+
+// Runs `fn` on `pool` and resumes the calling coroutine on its own executor with the result.
+// For blocking calls (libvirt, the file system) that must not stall the event loop.
+template <class Fn>
+auto run_blocking(asio::thread_pool& pool, Fn fn) -> awaitable<decltype(fn())> {
+  using R = decltype(fn());
+  auto queue = std::make_shared<AsyncQueue<std::optional<R>>>();
+  asio::post(pool, [queue, fn = std::move(fn)]() mutable { queue->push(std::optional<R>(fn())); });
+  std::optional<R> value = co_await queue->async_pop();
+  co_return std::move(*value);
+}
+
+}  // namespace toyvm

@@ -1,0 +1,188 @@
+#include "core/config.hpp"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace toyvm {
+namespace {
+
+// Reads one table, rejecting keys it does not know.
+class TableReader {
+ public:
+  TableReader(const toml::table* table, std::string name, std::string* error)
+      : table_(table), name_(std::move(name)), error_(error) {}
+
+  template <class T>
+  void get(const char* key, T& out) {
+    known_.insert(key);
+    if (!table_ || !error_->empty()) return;
+    const toml::node* node = table_->get(key);
+    if (!node) return;
+    if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      const toml::array* array = node->as_array();
+      if (!array) return wrong_type(key, "an array of strings");
+      out.clear();
+      for (const toml::node& item : *array) {
+        auto text = item.value<std::string>();
+        if (!text) return wrong_type(key, "an array of strings");
+        out.push_back(*text);
+      }
+    } else if constexpr (std::is_same_v<T, double>) {
+      auto value = node->value<double>();  // accepts integers too
+      if (!value) return wrong_type(key, "a number");
+      out = *value;
+    } else if constexpr (std::is_integral_v<T>) {
+      auto value = node->value<int64_t>();
+      if (!value || !node->is_integer()) return wrong_type(key, "an integer");
+      out = T(*value);
+    } else {
+      auto value = node->value<std::string>();
+      if (!value) return wrong_type(key, "a string");
+      out = *value;
+    }
+  }
+
+  void finish() {
+    if (!table_ || !error_->empty()) return;
+    for (auto& [key, node] : *table_) {
+      if (!known_.count(std::string(key.str())))
+        *error_ = fmt::format("unknown key '{}' in [{}]", key.str(), name_);
+    }
+  }
+
+ private:
+  void wrong_type(const char* key, const char* what) {
+    *error_ = fmt::format("'{}' in [{}] must be {}", key, name_, what);
+  }
+  const toml::table* table_;
+  std::string name_;
+  std::string* error_;
+  std::set<std::string> known_;
+};
+
+}  // namespace
+
+std::vector<std::string> split_endpoints(std::string_view list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string_view::npos) end = list.size();
+    std::string_view item = list.substr(start, end - start);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (!item.empty()) out.emplace_back(item);
+    start = end + 1;
+  }
+  return out;
+}
+
+result<Config> parse_config(std::string_view text, std::string* detail) {
+  Config config;
+  toml::table root;
+  try {
+    root = toml::parse(text);
+  } catch (const toml::parse_error& e) {
+    if (detail)
+      *detail = fmt::format("line {}: {}", e.source().begin.line, e.description());
+    return errc::invalid_config;
+  }
+  std::string error;
+  auto section = [&](const char* name) -> const toml::table* {
+    const toml::node* node = root.get(name);
+    if (node && !node->is_table()) error = fmt::format("[{}] must be a table", name);
+    return node ? node->as_table() : nullptr;
+  };
+
+  TableReader etcd(section("etcd"), "etcd", &error);
+  etcd.get("endpoints", config.etcd.endpoints);
+  etcd.get("prefix", config.etcd.prefix);
+  etcd.get("timeout", config.etcd.timeout_s);
+  etcd.finish();
+
+  TableReader placement(section("placement"), "placement", &error);
+  placement.get("endpoint", config.placement.endpoint);
+  placement.get("token", config.placement.token);
+  placement.get("token_header", config.placement.token_header);
+  placement.get("timeout", config.placement.timeout_s);
+  placement.get("candidate_limit", config.placement.candidate_limit);
+  placement.finish();
+
+  ComputeConfig& c = config.compute;
+  TableReader compute(section("compute"), "compute", &error);
+  compute.get("state_dir", c.state_dir);
+  compute.get("instance_dir", c.instance_dir);
+  compute.get("libvirt_uri", c.libvirt_uri);
+  compute.get("name", c.name);
+  compute.get("inventory", c.inventory);
+  compute.get("traits", c.traits);
+  compute.get("lease_ttl", c.lease_ttl_s);
+  compute.get("workers", c.workers);
+  compute.get("reserved_vcpu", c.policy.reserved_vcpu);
+  compute.get("reserved_memory_mb", c.policy.reserved_memory_mb);
+  compute.get("reserved_disk_gb", c.policy.reserved_disk_gb);
+  compute.get("cpu_allocation_ratio", c.policy.cpu_allocation_ratio);
+  compute.get("ram_allocation_ratio", c.policy.ram_allocation_ratio);
+  compute.get("disk_allocation_ratio", c.policy.disk_allocation_ratio);
+  compute.finish();
+
+  TableReader schedule(section("schedule"), "schedule", &error);
+  schedule.get("image", config.schedule.image);
+  schedule.get("max_claim_attempts", config.schedule.max_claim_attempts);
+  schedule.finish();
+
+  for (auto& [key, node] : root) {
+    static const std::set<std::string> sections{"etcd", "placement", "compute", "schedule"};
+    if (error.empty() && !sections.count(std::string(key.str())))
+      error = fmt::format("unknown section [{}]", key.str());
+  }
+  if (error.empty() && config.etcd.endpoints.empty()) error = "etcd.endpoints is empty";
+  if (error.empty() && (config.compute.lease_ttl_s < 2 || config.compute.workers < 1))
+    error = "compute.lease_ttl must be >= 2 and compute.workers >= 1";
+  if (!error.empty()) {
+    if (detail) *detail = std::move(error);
+    return errc::invalid_config;
+  }
+  return config;
+}
+
+result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
+  auto env = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value ? value : "";
+  };
+  std::string path = !flags.config_file.empty() ? flags.config_file : env("TOYVM_CONFIG");
+  std::string text;
+  if (!path.empty()) {
+    std::ifstream in(path);
+    if (!in) {
+      if (detail) *detail = fmt::format("cannot read config file {}", path);
+      return errc::invalid_config;
+    }
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    text = buffer.str();
+  }
+  std::string parse_detail;
+  auto config = parse_config(text, &parse_detail);
+  if (!config) {
+    if (detail) *detail = fmt::format("{}: {}", path, parse_detail);
+    return config.error();
+  }
+  std::string etcd = !flags.etcd.empty() ? flags.etcd : env("TOYVM_ETCD");
+  if (!etcd.empty()) config->etcd.endpoints = split_endpoints(etcd);
+  std::string placement = !flags.placement.empty() ? flags.placement : env("TOYVM_PLACEMENT");
+  if (!placement.empty()) config->placement.endpoint = placement;
+  if (config->etcd.endpoints.empty()) {
+    if (detail) *detail = "no etcd endpoint given";
+    return errc::invalid_config;
+  }
+  return config;
+}
+
+}  // namespace toyvm

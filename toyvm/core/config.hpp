@@ -1,0 +1,67 @@
+#pragma once
+// toyvm's configuration: defaults < TOML file < environment < command-line flags.
+// Every key is documented in README.md ("Configuration").
+
+#include "core/error.hpp"
+#include "model/inventory.hpp"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace toyvm {
+
+struct EtcdConfig {
+  std::vector<std::string> endpoints{"http://127.0.0.1:2379"};
+  std::string prefix = "/toyvm/v1";
+  double timeout_s = 5.0;  // per call
+};
+
+struct PlacementConfig {
+  std::string endpoint = "http://127.0.0.1:8080";
+  std::string token = "admin";
+  std::string token_header = "X-Auth-Token";
+  double timeout_s = 10.0;  // per request
+  int candidate_limit = 50;  // `limit` on GET /allocation_candidates unless the query has one
+};
+
+struct ComputeConfig {
+  std::string state_dir = "/var/lib/toyvm";
+  std::string instance_dir;  // default: <state_dir>/instances
+  std::string libvirt_uri = "qemu:///system";
+  std::string name;           // provider name; default: the host name
+  std::string inventory;      // "VCPU:4,DISK_GB:10,MEMORY_MB:512" overrides measuring the host
+  std::vector<std::string> traits;  // CUSTOM_* traits to put on the provider
+  InventoryPolicy policy;
+  int lease_ttl_s = 10;
+  int workers = 4;            // threads for blocking libvirt and disk work
+};
+
+struct ScheduleConfig {
+  std::string image = "default";
+  int max_claim_attempts = 8;  // PUT /allocations retries on concurrent_update per candidate
+};
+
+struct Config {
+  EtcdConfig etcd;
+  PlacementConfig placement;
+  ComputeConfig compute;
+  ScheduleConfig schedule;
+};
+
+// What the flags common to every subcommand can set; empty means "not given".
+struct CommonOverrides {
+  std::string config_file;
+  std::string etcd;       // URL[,URL...]
+  std::string placement;  // URL
+};
+
+// Reads the TOML file (if any) and applies environment and flags on top.
+result<Config> load_config(const CommonOverrides& flags, std::string* detail);
+
+// Parses TOML text; unknown keys are errors so that typos do not pass silently.
+result<Config> parse_config(std::string_view toml_text, std::string* detail);
+
+std::vector<std::string> split_endpoints(std::string_view list);
+
+}  // namespace toyvm

@@ -1,0 +1,52 @@
+#pragma once
+// The inventory a compute host reports to Placement: measured from the host, or given.
+
+#include "model/query.hpp"
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace toyvm {
+
+struct InventoryItem {
+  int64_t total = 0;
+  int64_t reserved = 0;
+  int64_t min_unit = 1;
+  int64_t max_unit = 0;
+  int64_t step_size = 1;
+  double allocation_ratio = 1.0;
+
+  // What Placement lets consumers claim in all.
+  int64_t capacity() const { return int64_t(double(total - reserved) * allocation_ratio); }
+  bool operator==(const InventoryItem&) const = default;
+};
+
+using Inventory = std::map<std::string, InventoryItem>;  // resource class -> item
+
+// What the host has, measured by the agent.
+struct HostFacts {
+  int64_t cpus = 0;
+  int64_t memory_mb = 0;
+  int64_t disk_gb = 0;  // the filesystem that holds the instance dir
+};
+
+// Reserved amounts and allocation ratios (Nova's defaults).
+struct InventoryPolicy {
+  int64_t reserved_vcpu = 0;
+  int64_t reserved_memory_mb = 512;
+  int64_t reserved_disk_gb = 0;
+  double cpu_allocation_ratio = 4.0;
+  double ram_allocation_ratio = 1.0;
+  double disk_allocation_ratio = 1.0;
+};
+
+Inventory inventory_from_host(const HostFacts& facts, const InventoryPolicy& policy);
+// `--inventory VCPU:4,DISK_GB:10,MEMORY_MB:512`: totals as given, nothing reserved, ratio 1.
+Inventory inventory_from_amounts(const ResourceAmounts& amounts);
+ResourceAmounts capacity_of(const Inventory& inventory);
+
+// Reads /proc/meminfo, the CPU count and statvfs(instance_dir).
+result<HostFacts> measure_host(const std::string& instance_dir);
+
+}  // namespace toyvm

@@ -1,0 +1,56 @@
+#include "model/keys.hpp"
+
+#include "model/uuid.hpp"
+
+namespace toyvm {
+
+KeyLayout::KeyLayout(std::string prefix) : prefix_(std::move(prefix)) {
+  while (!prefix_.empty() && prefix_.back() == '/') prefix_.pop_back();
+}
+
+std::string KeyLayout::host(std::string_view rp) const { return hosts_prefix().append(rp); }
+
+std::string KeyLayout::work_prefix(std::string_view rp) const {
+  return work_root().append(rp).append("/");
+}
+
+std::string KeyLayout::work(std::string_view rp, std::string_view instance) const {
+  return work_prefix(rp).append(instance);
+}
+
+std::string KeyLayout::instance(std::string_view uuid) const {
+  return instances_prefix().append(uuid);
+}
+
+std::optional<KeyLayout::WorkKey> KeyLayout::parse_work(std::string_view key) const {
+  std::string root = work_root();
+  if (!key.starts_with(root)) return std::nullopt;
+  key.remove_prefix(root.size());
+  size_t slash = key.find('/');
+  if (slash == std::string_view::npos) return std::nullopt;
+  std::string_view host = key.substr(0, slash);
+  std::string_view instance = key.substr(slash + 1);
+  if (!is_uuid(host) || !is_uuid(instance)) return std::nullopt;
+  return WorkKey{std::string(host), std::string(instance)};
+}
+
+std::optional<std::string> KeyLayout::leaf(std::string_view key, std::string_view prefix) const {
+  if (!key.starts_with(prefix)) return std::nullopt;
+  key.remove_prefix(prefix.size());
+  if (key.empty() || key.find('/') != std::string_view::npos) return std::nullopt;
+  return std::string(key);
+}
+
+std::string prefix_range_end(std::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    if (static_cast<unsigned char>(end.back()) < 0xff) {
+      end.back() = char(static_cast<unsigned char>(end.back()) + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+}  // namespace toyvm

@@ -1,0 +1,43 @@
+#pragma once
+// toyvm's etcd key layout (documented in README.md):
+//   <prefix>/hosts/<rp>              host record, attached to the agent's lease
+//   <prefix>/work/<rp>/<instance>    desired state of an instance on a host
+//   <prefix>/instances/<instance>    observed state of an instance
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace toyvm {
+
+class KeyLayout {
+ public:
+  explicit KeyLayout(std::string prefix = "/toyvm/v1");
+
+  const std::string& prefix() const noexcept { return prefix_; }
+
+  std::string hosts_prefix() const { return prefix_ + "/hosts/"; }
+  std::string host(std::string_view rp) const;
+  std::string work_root() const { return prefix_ + "/work/"; }
+  std::string work_prefix(std::string_view rp) const;
+  std::string work(std::string_view rp, std::string_view instance) const;
+  std::string instances_prefix() const { return prefix_ + "/instances/"; }
+  std::string instance(std::string_view uuid) const;
+
+  struct WorkKey {
+    std::string host;
+    std::string instance;
+  };
+  // The parts of a work key, or nothing for a key outside the layout.
+  std::optional<WorkKey> parse_work(std::string_view key) const;
+  // The last segment of a key under `prefix`, or nothing.
+  std::optional<std::string> leaf(std::string_view key, std::string_view prefix) const;
+
+ private:
+  std::string prefix_;
+};
+
+// The smallest key greater than every key that starts with `prefix`: etcd's range_end.
+std::string prefix_range_end(std::string_view prefix);
+
+}  // namespace toyvm

@@ -1,0 +1,224 @@
+#include "model/records.hpp"
+
+#include "model/uuid.hpp"
+
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <chrono>
+
+namespace toyvm {
+namespace {
+
+namespace json = boost::json;
+namespace od = simdjson::ondemand;
+
+constexpr std::string_view power_names[] = {"running", "stopped", "deleted"};
+constexpr std::string_view state_names[] = {"SCHEDULED", "BUILDING", "ACTIVE",
+                                            "STOPPED",   "ERROR",    "DELETING"};
+
+json::object amounts_to_json(const ResourceAmounts& amounts) {
+  json::object out;
+  for (auto& [rc, amount] : amounts) out[rc] = amount;
+  return out;
+}
+
+// Reads one JSON object field by field; the first problem is kept as the error.
+class Reader {
+ public:
+  explicit Reader(std::string_view text) : padded_(text) {}
+
+  template <class Fn>
+  result<void> each_field(std::string* detail, Fn&& on_field) {
+    try {
+      od::document doc = parser().iterate(padded_);
+      od::object object = doc.get_object();
+      for (auto field : object) {
+        std::string_view key = field.unescaped_key();
+        od::value value = field.value();
+        if (!on_field(key, value)) return fail(detail, fmt::format("bad field '{}'", key));
+      }
+    } catch (const simdjson::simdjson_error& e) {
+      return fail(detail, fmt::format("malformed JSON: {}", e.what()));
+    }
+    return {};
+  }
+
+ private:
+  static od::parser& parser() {
+    thread_local od::parser parser;
+    return parser;
+  }
+  static result<void> fail(std::string* detail, std::string message) {
+    if (detail) *detail = std::move(message);
+    return errc::corrupt_record;
+  }
+  simdjson::padded_string padded_;
+};
+
+bool read_string(od::value& value, std::string& out) {
+  std::string_view text;
+  if (value.get_string().get(text)) return false;
+  out.assign(text);
+  return true;
+}
+
+bool read_int(od::value& value, int64_t& out) { return !value.get_int64().get(out); }
+
+bool read_amounts(od::value& value, ResourceAmounts& out) {
+  od::object object;
+  if (value.get_object().get(object)) return false;
+  for (auto field : object) {
+    std::string_view rc;
+    int64_t amount = 0;
+    if (field.unescaped_key().get(rc) || field.value().get_int64().get(amount)) return false;
+    if (!is_resource_class(rc) || amount < 0) return false;
+    out[std::string(rc)] = amount;
+  }
+  return true;
+}
+
+template <class Enum, size_t N>
+bool read_enum(od::value& value, const std::string_view (&names)[N], Enum& out) {
+  std::string_view text;
+  if (value.get_string().get(text)) return false;
+  for (size_t i = 0; i < N; ++i) {
+    if (names[i] == text) {
+      out = static_cast<Enum>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+result<void> require(bool ok, std::string* detail, std::string_view what) {
+  if (ok) return {};
+  if (detail) *detail = fmt::format("missing or invalid {}", what);
+  return errc::corrupt_record;
+}
+
+}  // namespace
+
+std::string_view to_string(PowerState power) noexcept { return power_names[int(power)]; }
+std::string_view to_string(InstanceState state) noexcept { return state_names[int(state)]; }
+
+int64_t unix_seconds() {
+  using namespace std::chrono;
+  return duration_cast<seconds>(system_clock::now().time_since_epoch()).count();
+}
+
+int64_t unix_millis() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string encode(const HostRecord& r) {
+  json::object o;
+  o["name"] = r.name;
+  o["provider"] = r.provider;
+  o["status"] = r.status;
+  o["capacity"] = amounts_to_json(r.capacity);
+  o["agent_version"] = r.agent_version;
+  o["started_at"] = r.started_at;
+  return json::serialize(o);
+}
+
+std::string encode(const WorkSpec& s) {
+  json::object o;
+  o["uuid"] = s.uuid;
+  o["name"] = s.name;
+  o["image"] = s.image;
+  o["query"] = s.query;
+  o["resources"] = amounts_to_json(s.resources);
+  o["power"] = to_string(s.power);
+  o["attempt"] = s.attempt;
+  o["created_at"] = s.created_at;
+  return json::serialize(o);
+}
+
+std::string encode(const InstanceRecord& r) {
+  json::object o;
+  o["uuid"] = r.uuid;
+  o["name"] = r.name;
+  o["host"] = r.host;
+  o["state"] = to_string(r.state);
+  o["ip"] = r.ip;
+  o["mac"] = r.mac;
+  if (!r.error_code.empty()) {
+    o["error"] = json::object{{"code", r.error_code}, {"message", r.error_message}};
+  }
+  o["updated_at"] = r.updated_at;
+  return json::serialize(o);
+}
+
+result<HostRecord> decode_host(std::string_view text, std::string* detail) {
+  HostRecord r;
+  Reader reader(text);
+  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+    if (key == "name") return read_string(v, r.name);
+    if (key == "provider") return read_string(v, r.provider);
+    if (key == "status") return read_string(v, r.status);
+    if (key == "capacity") return read_amounts(v, r.capacity);
+    if (key == "agent_version") return read_string(v, r.agent_version);
+    if (key == "started_at") return read_int(v, r.started_at);
+    return true;  // unknown fields: written by a newer agent
+  });
+  if (!parsed) return parsed.error();
+  if (auto ok = require(is_uuid(r.provider), detail, "provider"); !ok) return ok.error();
+  return r;
+}
+
+result<WorkSpec> decode_work(std::string_view text, std::string* detail) {
+  WorkSpec s;
+  int64_t attempt = 1;
+  Reader reader(text);
+  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+    if (key == "uuid") return read_string(v, s.uuid);
+    if (key == "name") return read_string(v, s.name);
+    if (key == "image") return read_string(v, s.image);
+    if (key == "query") return read_string(v, s.query);
+    if (key == "resources") return read_amounts(v, s.resources);
+    if (key == "power") return read_enum(v, power_names, s.power);
+    if (key == "attempt") return read_int(v, attempt) && attempt > 0 && attempt < 1000;
+    if (key == "created_at") return read_int(v, s.created_at);
+    return true;
+  });
+  if (!parsed) return parsed.error();
+  s.attempt = int(attempt);
+  if (auto ok = require(is_uuid(s.uuid), detail, "uuid"); !ok) return ok.error();
+  return s;
+}
+
+result<InstanceRecord> decode_instance(std::string_view text, std::string* detail) {
+  InstanceRecord r;
+  Reader reader(text);
+  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+    if (key == "uuid") return read_string(v, r.uuid);
+    if (key == "name") return read_string(v, r.name);
+    if (key == "host") return read_string(v, r.host);
+    if (key == "state") return read_enum(v, state_names, r.state);
+    if (key == "ip") return read_string(v, r.ip);
+    if (key == "mac") return read_string(v, r.mac);
+    if (key == "updated_at") return read_int(v, r.updated_at);
+    if (key == "error") {
+      od::object error;
+      if (v.get_object().get(error)) return false;
+      for (auto field : error) {
+        std::string_view name;
+        if (field.unescaped_key().get(name)) return false;
+        od::value inner = field.value();
+        if (name == "code" && !read_string(inner, r.error_code)) return false;
+        if (name == "message" && !read_string(inner, r.error_message)) return false;
+      }
+      return true;
+    }
+    return true;
+  });
+  if (!parsed) return parsed.error();
+  if (auto ok = require(is_uuid(r.uuid), detail, "uuid"); !ok) return ok.error();
+  return r;
+}
+
+}  // namespace toyvm

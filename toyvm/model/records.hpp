@@ -1,0 +1,70 @@
+#pragma once
+// The JSON values toyvm keeps in etcd, and their codecs. Decoding never trusts its input:
+// anything malformed comes back as errc::corrupt_record with a detail.
+
+#include "core/error.hpp"
+#include "model/query.hpp"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace toyvm {
+
+struct HostRecord {
+  std::string name;
+  std::string provider;          // resource provider uuid
+  std::string status = "READY";  // READY, FULL, DISABLED
+  ResourceAmounts capacity;      // (total - reserved) * allocation_ratio per class
+  std::string agent_version;
+  int64_t started_at = 0;        // unix seconds
+
+  bool operator==(const HostRecord&) const = default;
+};
+
+enum class PowerState { running, stopped, deleted };
+
+struct WorkSpec {
+  std::string uuid;
+  std::string name;
+  std::string image;
+  std::string query;          // the placement query it was scheduled with
+  ResourceAmounts resources;  // what it consumes on its host
+  PowerState power = PowerState::running;
+  int attempt = 1;
+  int64_t created_at = 0;     // unix seconds
+
+  bool operator==(const WorkSpec&) const = default;
+};
+
+enum class InstanceState { scheduled, building, active, stopped, error, deleting };
+
+struct InstanceRecord {
+  std::string uuid;
+  std::string name;
+  std::string host;
+  InstanceState state = InstanceState::scheduled;
+  std::string ip;
+  std::string mac;
+  std::string error_code;     // CIAO's reason codes: image_failure, launch_failure, ...
+  std::string error_message;
+  int64_t updated_at = 0;     // unix milliseconds
+
+  bool operator==(const InstanceRecord&) const = default;
+};
+
+std::string_view to_string(PowerState power) noexcept;
+std::string_view to_string(InstanceState state) noexcept;
+
+std::string encode(const HostRecord& record);
+std::string encode(const WorkSpec& spec);
+std::string encode(const InstanceRecord& record);
+
+result<HostRecord> decode_host(std::string_view json, std::string* detail = nullptr);
+result<WorkSpec> decode_work(std::string_view json, std::string* detail = nullptr);
+result<InstanceRecord> decode_instance(std::string_view json, std::string* detail = nullptr);
+
+int64_t unix_seconds();
+int64_t unix_millis();
+
+}  // namespace toyvm

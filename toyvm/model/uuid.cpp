@@ -1,0 +1,39 @@
+#include "model/uuid.hpp"
+
+#include <array>
+#include <cctype>
+#include <cstdint>
+#include <random>
+
+namespace toyvm {
+
+std::string new_uuid() {
+  thread_local std::mt19937_64 rng{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
+  std::array<uint8_t, 16> bytes;
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    uint64_t word = rng();
+    for (size_t j = 0; j < 8; ++j) bytes[i + j] = uint8_t(word >> (8 * j));
+  }
+  bytes[6] = uint8_t((bytes[6] & 0x0f) | 0x40);  // version 4
+  bytes[8] = uint8_t((bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(36);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
+    out.push_back(hex[bytes[i] >> 4]);
+    out.push_back(hex[bytes[i] & 0xf]);
+  }
+  return out;
+}
+
+bool is_uuid(std::string_view text) noexcept {
+  if (text.size() != 36) return false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash ? text[i] != '-' : !std::isxdigit(static_cast<unsigned char>(text[i]))) return false;
+  }
+  return true;
+}
+
+}  // namespace toyvm
