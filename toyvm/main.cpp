@@ -1,1 +1,118 @@
-int main() { return 0; }
+// toyvm: one binary, one subcommand per service. Flags are parsed here, merged into the
+// configuration (flags > environment > file > defaults), and handed to the service's entry
+// function, whose return value is the exit code.
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "services/services.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+
+namespace {
+
+using namespace toyvm;
+
+constexpr const char* kFooter = R"(Environment: TOYVM_CONFIG, TOYVM_ETCD, TOYVM_PLACEMENT (flags win).
+Exit codes: 0 ok, 1 no allocations left, 2 bad usage or input, 3 unknown instance,
+4 etcd or Placement unavailable, 5 any other failure.)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"toyvm: schedule VMs with OpenStack Placement and etcd, run them with libvirt"};
+  app.footer(kFooter);
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("toyvm ") + TOYVM_VERSION);
+
+  CommonOverrides common;
+  bool verbose = false;
+  app.add_option("--config", common.config_file, "TOML configuration file (env TOYVM_CONFIG)");
+  app.add_option("--etcd", common.etcd, "etcd endpoints, URL[,URL...] (env TOYVM_ETCD)");
+  app.add_option("--placement", common.placement, "Placement endpoint URL (env TOYVM_PLACEMENT)");
+  app.add_flag("-v,--verbose", verbose, "debug logs on stderr");
+
+  // Subcommand flags that override the configuration file.
+  std::string state_dir, libvirt_uri, inventory, name;
+  std::vector<std::string> traits;
+  ScheduleOptions schedule;
+  ShowOptions show;
+  DestroyOptions destroy;
+  bool destroy_no_wait = false;
+  std::function<int(const Config&)> service;
+
+  auto* compute = app.add_subcommand("compute", "run the host agent");
+  compute->add_option("--state-dir", state_dir, "where the provider uuid and instances live");
+  compute->add_option("--libvirt-uri", libvirt_uri, "libvirt connection URI, e.g. qemu:///system");
+  compute->add_option("--inventory", inventory, "inventory instead of measuring, e.g. VCPU:4,DISK_GB:10,MEMORY_MB:512");
+  compute->add_option("--name", name, "provider name (default: the host name)");
+  compute->add_option("--trait", traits, "a trait to report, e.g. CUSTOM_GPU (repeatable)");
+  compute->footer("Example: toyvm compute --state-dir /var/lib/toyvm --libvirt-uri qemu:///system");
+  compute->callback([&] {
+    service = [&](const Config& base) {
+      Config config = base;
+      ComputeConfig& c = config.compute;
+      if (!state_dir.empty()) c.state_dir = state_dir;
+      if (!libvirt_uri.empty()) c.libvirt_uri = libvirt_uri;
+      if (!inventory.empty()) c.inventory = inventory;
+      if (!name.empty()) c.name = name;
+      if (!traits.empty()) c.traits = traits;
+      return run_compute(config);
+    };
+  });
+
+  auto* sched = app.add_subcommand("schedule", "claim resources and start an instance on a host");
+  sched->add_option("query", schedule.query, "Placement query, e.g. 'resources=VCPU:1,MEMORY_MB:256'")->required();
+  sched->add_option("--image", schedule.image, "image reference");
+  sched->add_option("--name", schedule.name, "instance name");
+  sched->add_flag("--wait", schedule.wait, "wait for ACTIVE or ERROR, printing each state");
+  sched->add_option("--timeout", schedule.wait_timeout_s, "seconds to --wait")->capture_default_str();
+  sched->footer("Example: toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait");
+  sched->callback([&] { service = [&](const Config& c) { return run_schedule(c, schedule); }; });
+
+  auto* show_cmd = app.add_subcommand("show", "show an instance, every instance, or the hosts");
+  show_cmd->add_option("uuid", show.uuid, "instance uuid (omit to list every instance)");
+  show_cmd->add_flag("--json", show.json, "print JSON");
+  show_cmd->add_flag("--hosts", show.hosts, "list the compute hosts");
+  show_cmd->footer("Example: toyvm show d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --json");
+  show_cmd->callback([&] { service = [&](const Config& c) { return run_show(c, show); }; });
+
+  auto* destroy_cmd = app.add_subcommand("destroy", "destroy an instance and release its resources");
+  destroy_cmd->add_option("uuid", destroy.uuid, "instance uuid")->required();
+  destroy_cmd->add_flag("--no-wait", destroy_no_wait, "return once the request is recorded");
+  destroy_cmd->add_option("--timeout", destroy.wait_timeout_s, "seconds to wait for the host")->capture_default_str();
+  destroy_cmd->footer("Example: toyvm destroy d578fb7c-7787-4e73-b69a-a7b3ef9bf73a");
+  destroy_cmd->callback([&] {
+    destroy.wait = !destroy_no_wait;
+    service = [&](const Config& c) { return run_destroy(c, destroy); };
+  });
+
+  auto* md = app.add_subcommand("mdserver", "serve cloud-init metadata to guests");
+  md->footer("Example: toyvm mdserver --config /etc/toyvm/toyvm.toml");
+  md->callback([&] { service = [&](const Config& c) { return run_mdserver(c); }; });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : static_cast<int>(ExitCode::usage);
+  }
+
+  init_logging(verbose);
+  std::string detail;
+  auto config = load_config(common, &detail);
+  if (!config) {
+    std::fprintf(stderr, "toyvm: %s\n", detail.c_str());
+    return static_cast<int>(ExitCode::usage);
+  }
+  int code = service(*config);
+  // gRPC's threads may still be finishing streams; ending here without running static
+  // destructors avoids racing them and keeps short commands short.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}

@@ -377,10 +377,10 @@ class GrpcEtcdClient final : public EtcdClient {
     create->set_range_end(options.range_end);
     create->set_start_revision(options.start_revision);
     create->set_prev_kv(options.prev_kv);
-    stream->write(std::move(request));  // queued until the call starts
     stream->start([watch = watch_.get()](auto* ctx, auto* reactor) {
       watch->async()->Watch(ctx, reactor);
     });
+    stream->write(std::move(request));
     return std::make_unique<GrpcWatch>(std::move(stream));
   }
 

@@ -1,1 +1,284 @@
-// placeholder
+#include "clients/placement.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+#include <fmt/format.h>
+#include <simdjson.h>
+#include <spdlog/spdlog.h>
+
+namespace toyvm {
+namespace {
+
+namespace json = boost::json;
+
+// The microversions toyvm speaks: 1.39 for candidates (every query parameter up to
+// `required=in:`) and claims (consumer_type is required from 1.38); 1.26 for inventory
+// (reserved may equal total); 1.20 for POST /resource_providers (answers with the body).
+constexpr const char* mv_candidates = "1.39";
+constexpr const char* mv_allocations = "1.39";
+constexpr const char* mv_providers = "1.20";
+constexpr const char* mv_inventory = "1.26";
+constexpr const char* mv_traits = "1.6";
+
+json::object amounts_json(const ResourceAmounts& amounts) {
+  json::object out;
+  for (auto& [rc, n] : amounts) out[rc] = n;
+  return out;
+}
+
+bool read_amounts(simdjson::dom::object object, ResourceAmounts& out) {
+  for (auto [key, value] : object) {
+    int64_t n = 0;
+    if (value.get_int64().get(n)) return false;
+    out[std::string(key)] = n;
+  }
+  return true;
+}
+
+result<Candidates> parse_candidates(const std::string& body) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(body).get(doc)) return errc::placement_error;
+  Candidates out;
+  simdjson::dom::array requests;
+  if (doc["allocation_requests"].get_array().get(requests)) return errc::placement_error;
+  for (simdjson::dom::element request : requests) {
+    simdjson::dom::object allocations;
+    if (request["allocations"].get_object().get(allocations)) return errc::placement_error;
+    Allocations candidate;
+    for (auto [rp, entry] : allocations) {
+      simdjson::dom::object resources;
+      if (entry["resources"].get_object().get(resources)) return errc::placement_error;
+      if (!read_amounts(resources, candidate[std::string(rp)])) return errc::placement_error;
+    }
+    out.allocation_requests.push_back(std::move(candidate));
+  }
+  simdjson::dom::object summaries;
+  if (!doc["provider_summaries"].get_object().get(summaries)) {
+    for (auto [rp, summary] : summaries) {
+      simdjson::dom::object resources;
+      if (summary["resources"].get_object().get(resources)) continue;
+      ProviderSummary& s = out.provider_summaries[std::string(rp)];
+      for (auto [rc, amounts] : resources) {
+        int64_t capacity = 0, used = 0;
+        if (amounts["capacity"].get_int64().get(capacity) || amounts["used"].get_int64().get(used))
+          continue;
+        s.capacity[std::string(rc)] = capacity;
+        s.used[std::string(rc)] = used;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+PlacementClient::PlacementClient(asio::any_io_executor executor, const PlacementConfig& config)
+    : http_(std::move(executor),
+            HttpClientOptions{config.endpoint,
+                              std::chrono::milliseconds(int64_t(config.timeout_s * 1000))}),
+      config_(config) {}
+
+awaitable<result<HttpResponse>> PlacementClient::call(std::string method, std::string target,
+                                                      std::string microversion, std::string body) {
+  HttpRequest request;
+  request.method = std::move(method);
+  request.target = std::move(target);
+  request.headers.emplace_back("OpenStack-API-Version", "placement " + microversion);
+  if (!config_.token.empty()) request.headers.emplace_back(config_.token_header, config_.token);
+  request.body = std::move(body);
+
+  // sqlite-backed Placement answers 500 "database is locked" under concurrent writers, and a
+  // restarting Placement refuses connections: a few quick retries ride over both.
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  std::chrono::milliseconds backoff{50};
+  for (int attempt = 1;; ++attempt) {
+    auto response = co_await http_.request(request);
+    bool retry = attempt < 4 && (!response || response->status >= 500);
+    if (!retry) {
+      if (!response) {
+        last_error_ = {errc::placement_unavailable, {},
+                       fmt::format("cannot reach Placement at {}: {}", http_.url(),
+                                   response.error().message())};
+        co_return make_error_code(errc::placement_unavailable);
+      }
+      if (response->status >= 300) last_error_ = classify_placement_error(response->status, response->body);
+      co_return response;
+    }
+    spdlog::debug("placement {} {}: {}, retrying", request.method, request.target,
+                  response ? fmt::format("HTTP {}", response->status) : response.error().message());
+    timer.expires_after(backoff);
+    co_await timer.async_wait(use_awaitable);
+    backoff *= 2;
+  }
+}
+
+awaitable<result<Candidates>> PlacementClient::allocation_candidates(std::string query) {
+  auto response = co_await call("GET", "/allocation_candidates?" + query, mv_candidates);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  auto parsed = parse_candidates(response->body);
+  if (!parsed) last_error_ = {errc::placement_error, {}, "malformed allocation candidates"};
+  co_return parsed;
+}
+
+awaitable<result<void>> PlacementClient::claim(std::string consumer, Allocations allocations) {
+  json::object body;
+  json::object by_provider;
+  for (auto& [rp, resources] : allocations)
+    by_provider[rp] = json::object{{"resources", amounts_json(resources)}};
+  body["allocations"] = std::move(by_provider);
+  // toyvm has no tenants yet; Placement requires both ids.
+  body["project_id"] = "toyvm";
+  body["user_id"] = "toyvm";
+  body["consumer_generation"] = nullptr;
+  body["consumer_type"] = "INSTANCE";
+  auto response = co_await call("PUT", "/allocations/" + consumer, mv_allocations,
+                                json::serialize(body));
+  if (!response) co_return response.error();
+  if (response->status != 204) co_return last_error_.code;
+  co_return result<void>{};
+}
+
+awaitable<result<void>> PlacementClient::release(std::string consumer) {
+  auto response = co_await call("DELETE", "/allocations/" + consumer, mv_allocations);
+  if (!response) co_return response.error();
+  if (response->status != 204 && response->status != 404) co_return last_error_.code;
+  co_return result<void>{};
+}
+
+awaitable<result<Allocations>> PlacementClient::allocations_of(std::string consumer) {
+  auto response = co_await call("GET", "/allocations/" + consumer, mv_allocations);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  simdjson::dom::parser parser;
+  simdjson::dom::object allocations;
+  if (parser.parse(response->body)["allocations"].get_object().get(allocations))
+    co_return errc::placement_error;
+  Allocations out;
+  for (auto [rp, entry] : allocations) {
+    simdjson::dom::object resources;
+    if (entry["resources"].get_object().get(resources) || !read_amounts(resources, out[std::string(rp)]))
+      co_return errc::placement_error;
+  }
+  co_return out;
+}
+
+awaitable<result<ResourceAmounts>> PlacementClient::usages(std::string provider) {
+  auto response = co_await call("GET", "/resource_providers/" + provider + "/usages", mv_inventory);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  simdjson::dom::parser parser;
+  simdjson::dom::object usages;
+  ResourceAmounts out;
+  if (parser.parse(response->body)["usages"].get_object().get(usages) || !read_amounts(usages, out))
+    co_return errc::placement_error;
+  co_return out;
+}
+
+awaitable<result<Inventory>> PlacementClient::inventory(std::string provider) {
+  auto response = co_await call("GET", "/resource_providers/" + provider + "/inventories", mv_inventory);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  simdjson::dom::parser parser;
+  simdjson::dom::object inventories;
+  if (parser.parse(response->body)["inventories"].get_object().get(inventories))
+    co_return errc::placement_error;
+  Inventory out;
+  for (auto [rc, entry] : inventories) {
+    InventoryItem item;
+    if (entry["total"].get_int64().get(item.total) || entry["reserved"].get_int64().get(item.reserved) ||
+        entry["min_unit"].get_int64().get(item.min_unit) || entry["max_unit"].get_int64().get(item.max_unit) ||
+        entry["step_size"].get_int64().get(item.step_size) ||
+        entry["allocation_ratio"].get_double().get(item.allocation_ratio))
+      co_return errc::placement_error;
+    out[std::string(rc)] = item;
+  }
+  co_return out;
+}
+
+awaitable<result<std::vector<std::string>>> PlacementClient::traits(std::string provider) {
+  auto response = co_await call("GET", "/resource_providers/" + provider + "/traits", mv_traits);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  simdjson::dom::parser parser;
+  simdjson::dom::array traits;
+  if (parser.parse(response->body)["traits"].get_array().get(traits)) co_return errc::placement_error;
+  std::vector<std::string> out;
+  for (auto trait : traits) {
+    std::string_view name;
+    if (!trait.get_string().get(name)) out.emplace_back(name);
+  }
+  co_return out;
+}
+
+awaitable<result<int64_t>> PlacementClient::provider_generation(const std::string& uuid) {
+  auto response = co_await call("GET", "/resource_providers/" + uuid, mv_providers);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  simdjson::dom::parser parser;
+  int64_t generation = 0;
+  if (parser.parse(response->body)["generation"].get_int64().get(generation))
+    co_return errc::placement_error;
+  co_return generation;
+}
+
+awaitable<result<void>> PlacementClient::ensure_provider(std::string uuid, std::string name) {
+  auto existing = co_await provider_generation(uuid);
+  if (existing) co_return result<void>{};
+  if (existing.error() != errc::not_found) co_return existing.error();
+  json::object body{{"uuid", uuid}, {"name", name}};
+  auto response = co_await call("POST", "/resource_providers", mv_providers, json::serialize(body));
+  if (!response) co_return response.error();
+  if (response->status == 200 || response->status == 201) co_return result<void>{};
+  // Another start of this same agent may have created it meanwhile.
+  if (response->status == 409 && (co_await provider_generation(uuid))) co_return result<void>{};
+  co_return last_error_.code;
+}
+
+awaitable<result<void>> PlacementClient::set_inventory(std::string uuid, Inventory inventory) {
+  json::object inventories;
+  for (auto& [rc, item] : inventory) {
+    inventories[rc] = json::object{{"total", item.total},       {"reserved", item.reserved},
+                                   {"min_unit", item.min_unit}, {"max_unit", item.max_unit},
+                                   {"step_size", item.step_size},
+                                   {"allocation_ratio", item.allocation_ratio}};
+  }
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    auto generation = co_await provider_generation(uuid);
+    if (!generation) co_return generation.error();
+    json::object body{{"resource_provider_generation", *generation}, {"inventories", inventories}};
+    auto response = co_await call("PUT", "/resource_providers/" + uuid + "/inventories", mv_inventory,
+                                  json::serialize(body));
+    if (!response) co_return response.error();
+    if (response->status == 200) co_return result<void>{};
+    if (last_error_.code != errc::placement_concurrent_update) co_return last_error_.code;
+  }
+  co_return make_error_code(errc::placement_concurrent_update);
+}
+
+awaitable<result<void>> PlacementClient::set_traits(std::string uuid, std::vector<std::string> traits) {
+  json::array names;
+  for (const std::string& trait : traits) {
+    if (trait.starts_with("CUSTOM_")) {
+      auto created = co_await call("PUT", "/traits/" + trait, mv_traits);
+      if (!created) co_return created.error();
+      if (created->status != 201 && created->status != 204) co_return last_error_.code;
+    }
+    names.emplace_back(trait);
+  }
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    auto generation = co_await provider_generation(uuid);
+    if (!generation) co_return generation.error();
+    json::object body{{"resource_provider_generation", *generation}, {"traits", names}};
+    auto response = co_await call("PUT", "/resource_providers/" + uuid + "/traits", mv_traits,
+                                  json::serialize(body));
+    if (!response) co_return response.error();
+    if (response->status == 200) co_return result<void>{};
+    if (last_error_.code != errc::placement_concurrent_update) co_return last_error_.code;
+  }
+  co_return make_error_code(errc::placement_concurrent_update);
+}
+
+}  // namespace toyvm

@@ -1,1 +1,42 @@
-// placeholder
+#include "model/placement_error.hpp"
+
+#include <simdjson.h>
+
+namespace toyvm {
+
+PlacementError classify_placement_error(int status, std::string_view body) {
+  PlacementError out;
+  simdjson::dom::parser parser;
+  simdjson::dom::element first;
+  if (!parser.parse(body.data(), body.size()).at_pointer("/errors/0").get(first)) {
+    std::string_view text;
+    if (!first["code"].get_string().get(text)) out.placement_code = std::string(text);
+    if (!first["detail"].get_string().get(text)) out.detail = std::string(text);
+  } else {
+    // Not Placement's error format (a proxy, a crash page): keep the start of the body.
+    out.detail = std::string(body.substr(0, 200));
+  }
+  // Placement's details run over several lines; one line reads better in a message.
+  for (char& c : out.detail) {
+    if (c == '\n') c = ' ';
+  }
+  if (status == 409) {
+    if (out.placement_code == "placement.concurrent_update") {
+      out.code = errc::placement_concurrent_update;
+    } else if (out.detail.find("exceed the capacity") != std::string::npos ||
+               out.detail.find("Unable to allocate inventory") != std::string::npos) {
+      out.code = errc::placement_capacity;
+    } else {
+      out.code = errc::placement_conflict;
+    }
+  } else if (status == 404) {
+    out.code = errc::not_found;
+  } else if (status >= 500) {
+    out.code = errc::placement_unavailable;
+  } else {
+    out.code = errc::placement_error;
+  }
+  return out;
+}
+
+}  // namespace toyvm

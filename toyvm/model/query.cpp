@@ -74,6 +74,12 @@ result<void> fail(std::string* detail, std::string message) {
 bool is_resource_class(std::string_view name) noexcept { return is_upper_name(name); }
 bool is_trait_name(std::string_view name) noexcept { return is_upper_name(name); }
 
+std::string format_amounts(const ResourceAmounts& amounts) {
+  std::string out;
+  for (auto& [rc, amount] : amounts) out += fmt::format("{}{}:{}", out.empty() ? "" : ",", rc, amount);
+  return out;
+}
+
 result<ResourceAmounts> parse_resource_amounts(std::string_view text, std::string* detail) {
   ResourceAmounts amounts;
   if (text.empty()) {

@@ -34,6 +34,9 @@ result<PlacementQuery> parse_placement_query(std::string_view text, std::string*
 // "VCPU:4,DISK_GB:10,MEMORY_MB:512" (the value of `resources=`; also `--inventory`).
 result<ResourceAmounts> parse_resource_amounts(std::string_view text, std::string* detail);
 
+// "MEMORY_MB:256,VCPU:1": the same form parse_resource_amounts reads.
+std::string format_amounts(const ResourceAmounts& amounts);
+
 bool is_resource_class(std::string_view name) noexcept;
 bool is_trait_name(std::string_view name) noexcept;
 

@@ -1,1 +1,481 @@
-// placeholder
+// toyvm compute: the host agent. It registers the host in Placement under a stable provider
+// uuid, announces itself in etcd under a lease, and reconciles the instances etcd says should
+// run here with the domains libvirt has: on start, on every watch event, and after every
+// reconnect. Each instance is reconciled by one coroutine at a time; instances run in parallel.
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "core/log.hpp"
+#include "model/keys.hpp"
+#include "model/reconcile.hpp"
+#include "model/uuid.hpp"
+#include "services/common.hpp"
+#include "services/services.hpp"
+#include "virt/backend.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+namespace toyvm {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+// The provider uuid lives in the state dir so that a restart never creates a second provider.
+result<std::string> load_or_create_provider_uuid(const fs::path& state_dir, std::string* detail) {
+  std::error_code ec;
+  fs::create_directories(state_dir, ec);
+  fs::path file = state_dir / "provider_uuid";
+  std::ifstream in(file);
+  std::string uuid;
+  if (in >> uuid) {
+    if (is_uuid(uuid)) return uuid;
+    *detail = fmt::format("{} does not hold a uuid; remove it to register a new provider", file.string());
+    return errc::invalid_config;
+  }
+  uuid = new_uuid();
+  fs::path tmp = file;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << uuid << '\n';
+    if (!out.flush()) {
+      *detail = fmt::format("cannot write {}", tmp.string());
+      return errc::invalid_config;
+    }
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) {
+    *detail = fmt::format("cannot write {}: {}", file.string(), ec.message());
+    return errc::invalid_config;
+  }
+  return uuid;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+class ComputeAgent {
+ public:
+  ComputeAgent(asio::io_context& io, const Config& config)
+      : io_(io),
+        config_(config),
+        keys_(config.etcd.prefix),
+        etcd_(EtcdClient::create(config.etcd)),
+        placement_(io.get_executor(), config.placement),
+        pool_(size_t(config.compute.workers)) {}
+
+  ~ComputeAgent() { pool_.join(); }
+
+  awaitable<int> run() {
+    if (int code = prepare(); code != 0) co_return code;
+    asio::signal_set signals(io_, SIGINT, SIGTERM);
+    signals.async_wait([this](const error_code& ec, int) {
+      if (!ec) asio::co_spawn(io_, shutdown(), asio::detached);
+    });
+    co_await register_provider();
+    co_await announce();
+    asio::co_spawn(io_, keep_lease_alive(), asio::detached);
+    co_await watch_work();  // until shutdown
+    co_return 0;
+  }
+
+ private:
+  struct Slot {
+    std::optional<WorkSpec> desired;
+    int64_t work_revision = 0;  // mod_revision of the work key we last saw
+    std::optional<InstanceState> recorded;
+    bool busy = false;
+    bool dirty = false;
+  };
+
+  int prepare() {
+    const ComputeConfig& c = config_.compute;
+    std::string detail;
+    auto uuid = load_or_create_provider_uuid(c.state_dir, &detail);
+    if (!uuid) return report_failure(uuid.error(), detail);
+    provider_ = *uuid;
+    name_ = c.name.empty() ? host_name() : c.name;
+    std::string instance_dir = c.instance_dir.empty() ? c.state_dir + "/instances" : c.instance_dir;
+    std::error_code ec;
+    fs::create_directories(instance_dir, ec);
+    if (!c.inventory.empty()) {
+      auto amounts = parse_resource_amounts(c.inventory, &detail);
+      if (!amounts) return report_failure(amounts.error(), "invalid --inventory: " + detail);
+      inventory_ = inventory_from_amounts(*amounts);
+    } else {
+      auto facts = measure_host(instance_dir);
+      if (!facts) return report_failure(facts.error(), "cannot measure this host's resources");
+      inventory_ = inventory_from_host(*facts, c.policy);
+    }
+    auto virt = open_libvirt(LibvirtOptions{c.libvirt_uri, {}}, &detail);
+    if (!virt) return report_failure(virt.error(), detail);
+    virt_ = std::move(*virt);
+    spdlog::info("provider {} ({}), libvirt {}", provider_, name_, c.libvirt_uri);
+    return 0;
+  }
+
+  // A backend call on the worker pool (libvirt blocks). The lambda is a named local because
+  // GCC 12 mishandles capturing lambdas inside co_await expressions.
+  template <class R, class... Params, class... Args>
+  awaitable<R> virt(R (VirtBackend::*method)(Params...), Args... args) {
+    auto call = [backend = virt_.get(), method, args...] { return (backend->*method)(args...); };
+    co_return co_await run_blocking(pool_, std::move(call));
+  }
+
+  // Waits with capped exponential backoff; used wherever a server may come back.
+  awaitable<void> backoff(std::chrono::milliseconds& delay) {
+    asio::steady_timer timer(io_, delay);
+    co_await timer.async_wait(use_awaitable);
+    delay = std::min<std::chrono::milliseconds>(delay * 2, 5s);
+  }
+
+  awaitable<void> register_provider() {
+    std::chrono::milliseconds delay = 100ms;
+    while (true) {
+      auto ok = co_await placement_.ensure_provider(provider_, name_);
+      if (ok) ok = co_await placement_.set_inventory(provider_, inventory_);
+      if (ok && !config_.compute.traits.empty())
+        ok = co_await placement_.set_traits(provider_, config_.compute.traits);
+      if (ok) break;
+      spdlog::warn("registering provider {} in Placement: {}; retrying", provider_,
+                   placement_.last_error().detail);
+      co_await backoff(delay);
+    }
+    spdlog::info("registered provider {} with inventory {}", provider_,
+                 format_amounts(capacity_of(inventory_)));
+  }
+
+  HostRecord host_record() const {
+    HostRecord record;
+    record.name = name_;
+    record.provider = provider_;
+    record.capacity = capacity_of(inventory_);
+    record.agent_version = TOYVM_VERSION;
+    record.started_at = started_at_;
+    return record;
+  }
+
+  // Grants a lease and puts the host record under it; retried until etcd answers.
+  awaitable<void> announce() {
+    std::chrono::milliseconds delay = 100ms;
+    while (true) {
+      auto lease = co_await etcd_->lease_grant(config_.compute.lease_ttl_s);
+      if (lease) {
+        auto put = co_await etcd_->put(keys_.host(provider_), encode(host_record()), *lease);
+        if (put) {
+          lease_ = *lease;
+          co_return;
+        }
+      }
+      spdlog::warn("announcing host in etcd at {}: unavailable; retrying", etcd_->endpoints_text());
+      co_await backoff(delay);
+    }
+  }
+
+  awaitable<void> keep_lease_alive() {
+    asio::steady_timer timer(io_);
+    auto interval = std::chrono::milliseconds(config_.compute.lease_ttl_s * 1000 / 3);
+    while (!stopping_) {
+      auto keeper = etcd_->keep_alive(lease_);
+      while (!stopping_) {
+        auto ttl = co_await keeper->ping();
+        if (!ttl || *ttl <= 0) break;
+        timer.expires_after(interval);
+        co_await timer.async_wait(asio::as_tuple(use_awaitable));
+      }
+      if (stopping_) break;
+      spdlog::warn("lost the etcd lease; announcing the host again");
+      co_await announce();
+    }
+  }
+
+  // Lists the work prefix, reconciles everything, then follows the watch from the listed
+  // revision. A broken stream or a compacted revision leads back to a fresh list.
+  awaitable<void> watch_work() {
+    std::chrono::milliseconds delay = 100ms;
+    const std::string prefix = keys_.work_prefix(provider_);
+    while (!stopping_) {
+      auto listed = co_await etcd_->range_prefix(prefix);
+      if (!listed) {
+        spdlog::warn("listing {} in etcd: {}; retrying", prefix, listed.error().message());
+        co_await backoff(delay);
+        continue;
+      }
+      co_await reconcile_listing(*listed);
+      watch_ = etcd_->watch(WatchOptions{prefix, prefix_range_end(prefix), listed->revision + 1, false});
+      while (!stopping_) {
+        WatchBatch batch = co_await watch_->next();
+        if (batch.error || batch.canceled || batch.compact_revision) {
+          if (!stopping_)
+            spdlog::warn("watch on {} ended ({}); listing again", prefix,
+                         batch.compact_revision ? "compacted" : batch.error.message());
+          break;
+        }
+        delay = 100ms;
+        for (WatchEvent& event : batch.events) on_event(event);
+      }
+      watch_.reset();
+      if (!stopping_) co_await backoff(delay);
+    }
+  }
+
+  awaitable<void> reconcile_listing(const RangeResult& listed) {
+    std::map<std::string, bool> seen;
+    for (const KeyValue& kv : listed.kvs) {
+      WatchEvent event{WatchEvent::Type::put, kv, std::nullopt};
+      if (auto uuid = on_event(event)) seen[*uuid] = true;
+    }
+    // Work that vanished while we were not watching, and domains nobody asked for.
+    for (auto& [uuid, slot] : slots_) {
+      if (!seen.count(uuid) && slot.desired) {
+        slot.desired.reset();
+        kick(uuid);
+      }
+    }
+    auto domains = co_await virt(&VirtBackend::list);
+    for (const std::string& uuid : domains.value) {
+      if (!seen.count(uuid) && !slots_.count(uuid)) kick(uuid);
+    }
+  }
+
+  // Returns the instance uuid the event was about, if it was one of ours.
+  std::optional<std::string> on_event(const WatchEvent& event) {
+    auto key = keys_.parse_work(event.kv.key);
+    if (!key || key->host != provider_) {
+      spdlog::warn("ignoring key {} under the work prefix", event.kv.key);
+      return std::nullopt;
+    }
+    Slot& slot = slots_[key->instance];
+    if (event.type == WatchEvent::Type::erase) {
+      slot.desired.reset();
+    } else {
+      std::string detail;
+      auto spec = decode_work(event.kv.value, &detail);
+      if (!spec || spec->uuid != key->instance) {
+        spdlog::error("ignoring work {}: {}", event.kv.key, spec ? "uuid does not match the key" : detail);
+        if (!slot.busy && !slot.desired) slots_.erase(key->instance);
+        return std::nullopt;
+      }
+      slot.desired = std::move(*spec);
+      slot.work_revision = event.kv.mod_revision;
+    }
+    kick(key->instance);
+    return key->instance;
+  }
+
+  void kick(const std::string& uuid) {
+    Slot& slot = slots_[uuid];
+    if (slot.busy) {
+      slot.dirty = true;
+      return;
+    }
+    slot.busy = true;
+    asio::co_spawn(io_, reconcile_loop(uuid), asio::detached);
+  }
+
+  awaitable<void> reconcile_loop(std::string uuid) {
+    while (true) {
+      slots_[uuid].dirty = false;
+      bool settled = co_await reconcile_once(uuid);
+      Slot& slot = slots_[uuid];
+      if (!settled && !slot.dirty && !stopping_) {
+        // A step failed on a server that may come back: try again later.
+        asio::steady_timer timer(io_, retry_delay_);
+        co_await timer.async_wait(use_awaitable);
+        slot.dirty = true;
+      }
+      Slot& after = slots_[uuid];
+      if (!after.dirty || stopping_) {
+        after.busy = false;
+        if (!after.desired) slots_.erase(uuid);
+        co_return;
+      }
+    }
+  }
+
+  // One step towards the desired state; false when it must be retried.
+  awaitable<bool> reconcile_once(std::string uuid) {
+    Slot& slot = slots_[uuid];
+    std::optional<WorkSpec> desired = slot.desired;
+    auto actual = co_await virt(&VirtBackend::state, uuid);
+    if (!actual) {
+      spdlog::error("instance {}: libvirt: {}", uuid, actual.failure->message);
+      co_return false;
+    }
+    ReconcileAction action = decide(desired ? &*desired : nullptr, actual.value, slots_[uuid].recorded);
+    switch (action) {
+      case ReconcileAction::none: co_return true;
+      case ReconcileAction::build: co_return co_await build(*desired);
+      case ReconcileAction::start: co_return co_await power(*desired, true);
+      case ReconcileAction::stop: co_return co_await power(*desired, false);
+      case ReconcileAction::record_active:
+        co_return co_await record(*desired, InstanceState::active);
+      case ReconcileAction::record_stopped:
+        co_return co_await record(*desired, InstanceState::stopped);
+      case ReconcileAction::remove: co_return co_await remove(*desired);
+      case ReconcileAction::remove_domain: {
+        auto gone = co_await virt(&VirtBackend::destroy, uuid);
+        if (!gone) spdlog::error("instance {}: destroying: {}", uuid, gone.failure->message);
+        co_return bool(gone);
+      }
+    }
+    co_return true;
+  }
+
+  InstanceRecord instance_record(const WorkSpec& spec, InstanceState state) const {
+    InstanceRecord record;
+    record.uuid = spec.uuid;
+    record.name = spec.name;
+    record.host = provider_;
+    record.state = state;
+    record.updated_at = unix_millis();
+    return record;
+  }
+
+  // Writes the observed state only while the work key still exists, so a late write never
+  // resurrects an instance that was removed meanwhile.
+  awaitable<bool> write_instance(const InstanceRecord& record) {
+    // (Vectors built outside co_await: GCC 12 miscompiles initializer lists inside it.)
+    std::vector<EtcdCompare> compare{EtcdCompare::present(keys_.work(provider_, record.uuid))};
+    std::vector<EtcdOp> ops{EtcdOp::put(keys_.instance(record.uuid), encode(record))};
+    auto txn = co_await etcd_->txn(std::move(compare), std::move(ops));
+    if (!txn) {
+      spdlog::warn("instance {}: recording {}: {}", record.uuid, to_string(record.state),
+                   txn.error().message());
+      co_return false;
+    }
+    Slot& slot = slots_[record.uuid];
+    slot.recorded = record.state;
+    co_return true;
+  }
+
+  awaitable<bool> record(const WorkSpec& spec, InstanceState state) {
+    co_return co_await write_instance(instance_record(spec, state));
+  }
+
+  DomainSpec domain_spec(const WorkSpec& spec) const {
+    DomainSpec d;
+    d.uuid = spec.uuid;
+    d.name = spec.name.empty() ? spec.uuid : spec.name;
+    auto amount = [&](const char* rc, int64_t fallback) {
+      auto it = spec.resources.find(rc);
+      return it == spec.resources.end() ? fallback : it->second;
+    };
+    d.vcpus = amount("VCPU", 1);
+    d.memory_mb = amount("MEMORY_MB", 128);
+    d.disk_gb = amount("DISK_GB", 0);
+    d.image = spec.image;
+    return d;
+  }
+
+  awaitable<bool> build(WorkSpec spec) {
+    spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image,
+                 format_amounts(spec.resources));
+    if (!co_await record(spec, InstanceState::building)) co_return false;
+    DomainSpec domain = domain_spec(spec);
+    auto created = co_await virt(&VirtBackend::create, domain);
+    if (!created) {
+      spdlog::error("instance {}: {}: {}", spec.uuid, created.failure->reason, created.failure->message);
+      InstanceRecord failed = instance_record(spec, InstanceState::error);
+      failed.error_code = created.failure->reason;
+      failed.error_message = created.failure->message;
+      // The domain may be half-made; nothing of a failed build stays behind.
+      co_await virt(&VirtBackend::destroy, spec.uuid);
+      bool released = bool(co_await placement_.release(spec.uuid));
+      co_return co_await write_instance(failed) && released;
+    }
+    spdlog::info("instance {}: active", spec.uuid);
+    co_return co_await record(spec, InstanceState::active);
+  }
+
+  awaitable<bool> power(WorkSpec spec, bool on) {
+    auto done = co_await virt(on ? &VirtBackend::start : &VirtBackend::stop, spec.uuid);
+    if (!done) {
+      spdlog::error("instance {}: {}", spec.uuid, done.failure->message);
+      co_return false;
+    }
+    co_return co_await record(spec, on ? InstanceState::active : InstanceState::stopped);
+  }
+
+  // Domain first, then the allocation, then the keys: if any step fails the keys stay, and
+  // the next attempt finishes the job, so nothing leaks in Placement.
+  awaitable<bool> remove(WorkSpec spec) {
+    auto gone = co_await virt(&VirtBackend::destroy, spec.uuid);
+    if (!gone) {
+      spdlog::error("instance {}: destroying: {}", spec.uuid, gone.failure->message);
+      co_return false;
+    }
+    auto released = co_await placement_.release(spec.uuid);
+    if (!released) {
+      spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid,
+                   placement_.last_error().detail);
+      co_return false;
+    }
+    std::string work_key = keys_.work(provider_, spec.uuid);
+    std::vector<EtcdOp> ops{EtcdOp::erase(work_key), EtcdOp::erase(keys_.instance(spec.uuid))};
+    auto erased = co_await etcd_->txn({}, std::move(ops));
+    if (!erased) co_return false;
+    spdlog::info("instance {}: deleted", spec.uuid);
+    co_return true;
+  }
+
+  awaitable<void> shutdown() {
+    if (stopping_) co_return;
+    stopping_ = true;
+    spdlog::info("shutting down");
+    if (watch_) watch_->cancel();
+    if (lease_) co_await etcd_->lease_revoke(lease_);  // the host record goes with it
+    io_.stop();
+  }
+
+  asio::io_context& io_;
+  Config config_;
+  KeyLayout keys_;
+  std::shared_ptr<EtcdClient> etcd_;
+  PlacementClient placement_;
+  asio::thread_pool pool_;
+  std::unique_ptr<VirtBackend> virt_;
+  std::string provider_;
+  std::string name_;
+  Inventory inventory_;
+  int64_t lease_ = 0;
+  int64_t started_at_ = unix_seconds();
+  std::map<std::string, Slot> slots_;
+  std::unique_ptr<EtcdWatch> watch_;
+  std::chrono::milliseconds retry_delay_ = 1s;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+int run_compute(const Config& config) {
+  asio::io_context io(1);
+  ComputeAgent agent(io, config);
+  int exit_code = 0;
+  asio::co_spawn(io, agent.run(), [&](std::exception_ptr e, int code) {
+    exit_code = code;
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        exit_code = report_failure(ExitCode::failed, fmt::format("internal error: {}", ex.what()));
+      }
+    }
+    io.stop();
+  });
+  io.run();
+  return exit_code;
+}
+
+}  // namespace toyvm

@@ -1,1 +1,221 @@
-// placeholder
+// toyvm show and toyvm destroy: read and change instances through etcd only. The compute
+// agent that owns an instance does the work of destroying it and releasing its allocation.
+
+#include "clients/etcd.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+#include "model/uuid.hpp"
+#include "services/common.hpp"
+#include "services/services.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+#include <spdlog/spdlog.h>
+
+#include <map>
+
+namespace toyvm {
+namespace {
+
+namespace json = boost::json;
+
+int etcd_failure(const EtcdClient& etcd, const error_code& ec) {
+  return report_failure(ec, fmt::format("etcd at {}: {}", etcd.endpoints_text(), ec.message()));
+}
+
+std::string amounts_text(const ResourceAmounts& amounts) {
+  return amounts.empty() ? "-" : format_amounts(amounts);
+}
+
+json::object instance_json(const InstanceRecord& r) {
+  json::object o{{"uuid", r.uuid}, {"name", r.name}, {"state", to_string(r.state)},
+                 {"host", r.host}, {"ip", r.ip},     {"mac", r.mac}};
+  if (r.error_code.empty()) {
+    o["error"] = nullptr;
+  } else {
+    o["error"] = json::object{{"code", r.error_code}, {"message", r.error_message}};
+  }
+  o["updated_at"] = r.updated_at;
+  return o;
+}
+
+awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+  auto found = co_await etcd.range(keys.instance(options.uuid));
+  if (!found) co_return etcd_failure(etcd, found.error());
+  if (found->kvs.empty())
+    co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
+  std::string detail;
+  auto record = decode_instance(found->kvs.front().value, &detail);
+  if (!record)
+    co_return report_failure(record.error(), fmt::format("instance {} has a corrupt record in etcd: {}",
+                                                         options.uuid, detail));
+  if (options.json) {
+    std::printf("%s\n", json::serialize(instance_json(*record)).c_str());
+    co_return 0;
+  }
+  std::printf("uuid:   %s\n", record->uuid.c_str());
+  if (!record->name.empty()) std::printf("name:   %s\n", record->name.c_str());
+  std::printf("state:  %s\n", std::string(to_string(record->state)).c_str());
+  std::printf("host:   %s\n", record->host.c_str());
+  std::printf("ip:     %s\n", record->ip.empty() ? "-" : record->ip.c_str());
+  if (!record->error_code.empty())
+    std::printf("error:  %s: %s\n", record->error_code.c_str(), record->error_message.c_str());
+  co_return 0;
+}
+
+awaitable<int> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+  auto listed = co_await etcd.range_prefix(keys.instances_prefix());
+  if (!listed) co_return etcd_failure(etcd, listed.error());
+  json::array all;
+  if (!options.json) std::printf("%-36s  %-9s  %-36s  %s\n", "UUID", "STATE", "HOST", "IP");
+  for (const KeyValue& kv : listed->kvs) {
+    auto record = decode_instance(kv.value);
+    if (!record) {
+      spdlog::warn("skipping corrupt record {}", kv.key);
+      continue;
+    }
+    if (options.json) {
+      all.push_back(instance_json(*record));
+    } else {
+      std::printf("%-36s  %-9s  %-36s  %s\n", record->uuid.c_str(),
+                  std::string(to_string(record->state)).c_str(), record->host.c_str(),
+                  record->ip.empty() ? "-" : record->ip.c_str());
+    }
+  }
+  if (options.json) std::printf("%s\n", json::serialize(all).c_str());
+  co_return 0;
+}
+
+// Hosts with a record are alive (the record lives on the agent's lease); hosts that still
+// have work but no record are listed as dead.
+awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+  // One transaction reads both at the same revision.
+  std::vector<EtcdOp> reads{EtcdOp::get(keys.hosts_prefix(), prefix_range_end(keys.hosts_prefix())),
+                            EtcdOp::get(keys.work_root(), prefix_range_end(keys.work_root()))};
+  auto txn = co_await etcd.txn({}, std::move(reads));
+  if (!txn) co_return etcd_failure(etcd, txn.error());
+  struct Row {
+    std::optional<HostRecord> record;
+    ResourceAmounts usage;
+    int instances = 0;
+  };
+  std::map<std::string, Row> rows;
+  for (const KeyValue& kv : txn->ranges[0].kvs) {
+    auto record = decode_host(kv.value);
+    if (record) rows[record->provider].record = std::move(*record);
+  }
+  for (const KeyValue& kv : txn->ranges[1].kvs) {
+    auto key = keys.parse_work(kv.key);
+    auto spec = decode_work(kv.value);
+    if (!key || !spec) continue;
+    Row& row = rows[key->host];
+    row.instances += 1;
+    for (auto& [rc, n] : spec->resources) row.usage[rc] += n;
+  }
+  json::array all;
+  if (!options.json)
+    std::printf("%-20s  %-36s  %-5s  %-8s  %-9s  %-40s  %s\n", "NAME", "PROVIDER", "ALIVE", "STATUS",
+                "INSTANCES", "CAPACITY", "USAGE");
+  for (auto& [provider, row] : rows) {
+    std::string name = row.record ? row.record->name : "-";
+    std::string status = row.record ? row.record->status : "-";
+    ResourceAmounts capacity = row.record ? row.record->capacity : ResourceAmounts{};
+    if (options.json) {
+      json::object cap, use;
+      for (auto& [rc, n] : capacity) cap[rc] = n;
+      for (auto& [rc, n] : row.usage) use[rc] = n;
+      all.push_back(json::object{{"provider", provider}, {"name", name}, {"alive", row.record.has_value()},
+                                 {"status", status}, {"instances", row.instances},
+                                 {"capacity", cap}, {"usage", use}});
+    } else {
+      std::printf("%-20s  %-36s  %-5s  %-8s  %-9d  %-40s  %s\n", name.c_str(), provider.c_str(),
+                  row.record ? "yes" : "no", status.c_str(), row.instances,
+                  amounts_text(capacity).c_str(), amounts_text(row.usage).c_str());
+    }
+  }
+  if (options.json) std::printf("%s\n", json::serialize(all).c_str());
+  co_return 0;
+}
+
+}  // namespace
+
+int run_show(const Config& config, const ShowOptions& options) {
+  if (!options.uuid.empty() && !is_uuid(options.uuid))
+    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  return run_on_loop([&](asio::io_context&) -> awaitable<int> {
+    auto etcd = EtcdClient::create(config.etcd);
+    KeyLayout keys(config.etcd.prefix);
+    if (options.hosts) co_return co_await show_hosts(*etcd, keys, options);
+    if (options.uuid.empty()) co_return co_await show_all(*etcd, keys, options);
+    co_return co_await show_one(*etcd, keys, options);
+  });
+}
+
+int run_destroy(const Config& config, const DestroyOptions& options) {
+  if (!is_uuid(options.uuid))
+    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
+    auto etcd = EtcdClient::create(config.etcd);
+    KeyLayout keys(config.etcd.prefix);
+    const std::string instance_key = keys.instance(options.uuid);
+    auto found = co_await etcd->range(instance_key);
+    if (!found) co_return etcd_failure(*etcd, found.error());
+    if (found->kvs.empty())
+      co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
+    auto record = decode_instance(found->kvs.front().value);
+    if (!record || !is_uuid(record->host))
+      co_return report_failure(errc::corrupt_record,
+                               fmt::format("instance {} has a corrupt record in etcd", options.uuid));
+
+    // Desired power "deleted" on the work key, written only over the version we read.
+    const std::string work_key = keys.work(record->host, options.uuid);
+    auto work = co_await etcd->range(work_key);
+    if (!work) co_return etcd_failure(*etcd, work.error());
+    if (work->kvs.empty())
+      co_return report_failure(errc::not_found, fmt::format("instance {} has no work on host {}",
+                                                            options.uuid, record->host));
+    auto spec = decode_work(work->kvs.front().value);
+    if (!spec)
+      co_return report_failure(errc::corrupt_record,
+                               fmt::format("instance {} has a corrupt work record in etcd", options.uuid));
+    if (spec->power != PowerState::deleted) {
+      spec->power = PowerState::deleted;
+      std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision)};
+      std::vector<EtcdOp> mark{EtcdOp::put(work_key, encode(*spec))};
+      auto txn = co_await etcd->txn(std::move(unchanged), std::move(mark));
+      if (!txn) co_return etcd_failure(*etcd, txn.error());
+      if (!txn->succeeded)
+        co_return report_failure(ExitCode::failed,
+                                 fmt::format("instance {} changed while destroying it; try again", options.uuid));
+    }
+    if (!options.wait) {
+      std::printf("DESTROYING INSTANCE %s\n", options.uuid.c_str());
+      co_return 0;
+    }
+
+    // Done when the agent has deleted the instance key.
+    auto watch = etcd->watch(WatchOptions{instance_key, {}, found->revision + 1, false});
+    bool gone = false;  // the watch starts right after our read, so it sees the delete
+    bool timed_out = false;
+    asio::steady_timer deadline(io, std::chrono::milliseconds(int64_t(options.wait_timeout_s * 1000)));
+    deadline.async_wait([&](const error_code& ec) {
+      if (ec) return;
+      timed_out = true;
+      watch->cancel();
+    });
+    while (!gone) {
+      WatchBatch batch = co_await watch->next();
+      if (timed_out)
+        co_return report_failure(ExitCode::failed,
+                                 fmt::format("instance {} is not gone after {} s; its host may be down",
+                                             options.uuid, options.wait_timeout_s));
+      if (batch.error || batch.canceled) co_return etcd_failure(*etcd, batch.error);
+      for (const WatchEvent& event : batch.events) gone = gone || event.type == WatchEvent::Type::erase;
+    }
+    std::printf("DESTROYED INSTANCE %s\n", options.uuid.c_str());
+    co_return 0;
+  });
+}
+
+}  // namespace toyvm

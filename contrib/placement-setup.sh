@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Prepares a private OpenStack Placement (noauth2, sqlite) in DIR, to be served on
+# 127.0.0.1:PORT by `uwsgi --ini DIR/uwsgi.ini`. Used by the tests, the benchmark and the
+# quick start. With a third argument, the database is copied from that prepared sqlite file
+# instead of being created (saves the ~2 s schema sync).
+#   usage: placement-setup.sh DIR PORT [TEMPLATE_DB] [WORKERS]
+set -euo pipefail
+dir=$1 port=$2 template=${3:-} workers=${4:-2}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+
+cat > "$dir/placement.conf" <<CONF
+[DEFAULT]
+debug = false
+[api]
+auth_strategy = noauth2
+[placement_database]
+connection = sqlite:///$dir/placement.sqlite
+CONF
+
+# uWSGI's own HTTP router in front of the workers, so idle keep-alive clients do not pin a
+# worker (with http11-socket one idle client can stall others for seconds).
+cat > "$dir/uwsgi.ini" <<INI
+[uwsgi]
+plugins = python3,http
+http = 127.0.0.1:$port
+http-keepalive = 1
+socket = $dir/uwsgi.sock
+wsgi-file = /usr/bin/placement-api
+env = OS_PLACEMENT_CONFIG_DIR=$dir
+master = true
+lazy-apps = true
+processes = $workers
+threads = 1
+need-app = true
+die-on-term = true
+no-orphans = true
+buffer-size = 65535
+disable-logging = true
+logto = $dir/uwsgi.log
+INI
+
+if [ -n "$template" ] && [ -f "$template" ]; then
+  cp "$template" "$dir/placement.sqlite"
+else
+  # Debian's Python tools need Debian's interpreter, not whatever python3 is first on PATH.
+  /usr/bin/placement-manage --config-file "$dir/placement.conf" db sync >/dev/null
+  # Seed the standard traits once, before several workers race to do it.
+  OS_PLACEMENT_CONFIG_DIR=$dir /usr/bin/python3 -c \
+    'from placement.wsgi import init_application; init_application()' >/dev/null 2>&1
+fi

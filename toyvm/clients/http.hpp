@@ -1,0 +1,51 @@
+#pragma once
+// A small HTTP/1.1 client over Boost.Beast: kept-alive connections reused across requests,
+// a timeout per request, and no Beast type in this header.
+
+#include "core/async.hpp"
+#include "core/error.hpp"
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace toyvm {
+
+struct HttpRequest {
+  std::string method = "GET";
+  std::string target;  // path and query, joined to the endpoint's base path
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;    // sent as application/json when not empty
+};
+
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+
+struct HttpClientOptions {
+  std::string url;  // http://host:port[/base]
+  std::chrono::milliseconds timeout{10'000};
+  std::chrono::milliseconds max_idle{20'000};  // older idle connections are not reused
+};
+
+class HttpClient {
+ public:
+  HttpClient(asio::any_io_executor executor, HttpClientOptions options);
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  // Errors are transport failures (connection refused, timeout); any HTTP status is a response.
+  awaitable<result<HttpResponse>> request(HttpRequest request);
+
+  const std::string& url() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace toyvm

@@ -1,0 +1,69 @@
+#pragma once
+// A thin client for the OpenStack Placement API. Every call pins its own microversion.
+
+#include "clients/http.hpp"
+#include "core/config.hpp"
+#include "model/inventory.hpp"
+#include "model/placement_error.hpp"
+#include "model/query.hpp"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace toyvm {
+
+// One way to satisfy a request: resource provider uuid -> what to claim from it.
+using Allocations = std::map<std::string, ResourceAmounts>;
+
+struct ProviderSummary {
+  ResourceAmounts capacity;  // (total - reserved) * allocation_ratio
+  ResourceAmounts used;
+};
+
+struct Candidates {
+  std::vector<Allocations> allocation_requests;
+  std::map<std::string, ProviderSummary> provider_summaries;
+};
+
+struct Usages {
+  ResourceAmounts used;
+};
+
+class PlacementClient {
+ public:
+  PlacementClient(asio::any_io_executor executor, const PlacementConfig& config);
+
+  // GET /allocation_candidates?<query>
+  awaitable<result<Candidates>> allocation_candidates(std::string query);
+  // PUT /allocations/{consumer} for a new consumer (consumer_generation null).
+  awaitable<result<void>> claim(std::string consumer, Allocations allocations);
+  // DELETE /allocations/{consumer}; releasing what is already gone succeeds.
+  awaitable<result<void>> release(std::string consumer);
+  awaitable<result<Allocations>> allocations_of(std::string consumer);
+  awaitable<result<ResourceAmounts>> usages(std::string provider);
+  awaitable<result<Inventory>> inventory(std::string provider);
+  awaitable<result<std::vector<std::string>>> traits(std::string provider);
+
+  // Creates the provider if it does not exist (idempotent).
+  awaitable<result<void>> ensure_provider(std::string uuid, std::string name);
+  // Replaces the provider's inventory, retrying on generation conflicts.
+  awaitable<result<void>> set_inventory(std::string uuid, Inventory inventory);
+  // Creates custom traits as needed and sets the provider's traits to exactly these.
+  awaitable<result<void>> set_traits(std::string uuid, std::vector<std::string> traits);
+
+  // Placement's words about the last failure, for messages.
+  const PlacementError& last_error() const { return last_error_; }
+  const std::string& endpoint() const { return http_.url(); }
+
+ private:
+  awaitable<result<HttpResponse>> call(std::string method, std::string target,
+                                       std::string microversion, std::string body = {});
+  awaitable<result<int64_t>> provider_generation(const std::string& uuid);
+
+  HttpClient http_;
+  PlacementConfig config_;
+  PlacementError last_error_;
+};
+
+}  // namespace toyvm

@@ -1,0 +1,47 @@
+#pragma once
+// Helpers shared by the subcommands' entry functions.
+
+#include "core/async.hpp"
+#include "core/error.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <string>
+
+namespace toyvm {
+
+// The single line a failing command prints on stderr; returns the exit code to use.
+inline int report_failure(ExitCode code, const std::string& message) {
+  std::fprintf(stderr, "toyvm: %s\n", message.c_str());
+  return static_cast<int>(code);
+}
+
+inline int report_failure(const error_code& ec, const std::string& message) {
+  return report_failure(exit_code_for(ec), message);
+}
+
+// Runs `main_task` (an awaitable<int>) on a fresh event loop; the loop ends with it.
+template <class MakeTask>
+int run_on_loop(MakeTask make_task) {
+  asio::io_context io(1);
+  int exit_code = static_cast<int>(ExitCode::failed);
+  std::exception_ptr failure;
+  asio::co_spawn(io, make_task(io), [&](std::exception_ptr e, int code) {
+    failure = e;
+    exit_code = code;
+    io.stop();
+  });
+  io.run();
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      return report_failure(ExitCode::failed, fmt::format("internal error: {}", e.what()));
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace toyvm

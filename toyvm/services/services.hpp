@@ -1,0 +1,39 @@
+#pragma once
+// One entry function per subcommand. Each runs its own event loop and returns the process
+// exit code; errors are reported on stderr in one line.
+
+#include "core/config.hpp"
+
+#include <string>
+#include <vector>
+
+namespace toyvm {
+
+int run_compute(const Config& config);
+
+struct ScheduleOptions {
+  std::string query;
+  std::string image;  // empty: config's default
+  std::string name;
+  bool wait = false;
+  double wait_timeout_s = 600;
+};
+int run_schedule(const Config& config, const ScheduleOptions& options);
+
+struct ShowOptions {
+  std::string uuid;  // empty: list every instance
+  bool json = false;
+  bool hosts = false;
+};
+int run_show(const Config& config, const ShowOptions& options);
+
+struct DestroyOptions {
+  std::string uuid;
+  bool wait = true;
+  double wait_timeout_s = 120;
+};
+int run_destroy(const Config& config, const DestroyOptions& options);
+
+int run_mdserver(const Config& config);
+
+}  // namespace toyvm
