@@ -29,6 +29,8 @@ PlacementError classify_placement_error(int status, std::string_view body) {
     } else {
       out.code = errc::placement_conflict;
     }
+  } else if (status == 400) {
+    out.code = errc::invalid_argument;  // the query itself, e.g. an unknown trait
   } else if (status == 404) {
     out.code = errc::not_found;
   } else if (status >= 500) {

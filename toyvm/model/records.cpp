@@ -122,6 +122,7 @@ std::string encode(const HostRecord& r) {
   o["capacity"] = amounts_to_json(r.capacity);
   o["agent_version"] = r.agent_version;
   o["started_at"] = r.started_at;
+  o["domains"] = r.domains;
   return json::serialize(o);
 }
 
@@ -163,6 +164,7 @@ result<HostRecord> decode_host(std::string_view text, std::string* detail) {
     if (key == "capacity") return read_amounts(v, r.capacity);
     if (key == "agent_version") return read_string(v, r.agent_version);
     if (key == "started_at") return read_int(v, r.started_at);
+    if (key == "domains") return read_int(v, r.domains);
     return true;  // unknown fields: written by a newer agent
   });
   if (!parsed) return parsed.error();
@@ -203,6 +205,7 @@ result<InstanceRecord> decode_instance(std::string_view text, std::string* detai
     if (key == "mac") return read_string(v, r.mac);
     if (key == "updated_at") return read_int(v, r.updated_at);
     if (key == "error") {
+      if (v.is_null()) return true;
       od::object error;
       if (v.get_object().get(error)) return false;
       for (auto field : error) {

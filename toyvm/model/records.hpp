@@ -18,6 +18,7 @@ struct HostRecord {
   ResourceAmounts capacity;      // (total - reserved) * allocation_ratio per class
   std::string agent_version;
   int64_t started_at = 0;        // unix seconds
+  int64_t domains = 0;           // domains libvirt has for this agent, as last counted
 
   bool operator==(const HostRecord&) const = default;
 };

@@ -163,6 +163,7 @@ class ComputeAgent {
     record.capacity = capacity_of(inventory_);
     record.agent_version = TOYVM_VERSION;
     record.started_at = started_at_;
+    record.domains = domain_count_;
     return record;
   }
 
@@ -181,6 +182,25 @@ class ComputeAgent {
       spdlog::warn("announcing host in etcd at {}: unavailable; retrying", etcd_->endpoints_text());
       co_await backoff(delay);
     }
+  }
+
+  // Re-puts the host record with a fresh domain count. Calls coalesce: under a burst of
+  // builds one put is in flight and at most one more follows it.
+  void publish_host() {
+    host_dirty_ = true;
+    if (host_publishing_ || !lease_) return;
+    host_publishing_ = true;
+    asio::co_spawn(io_, publish_host_loop(), asio::detached);
+  }
+
+  awaitable<void> publish_host_loop() {
+    while (host_dirty_ && !stopping_) {
+      host_dirty_ = false;
+      auto domains = co_await virt(&VirtBackend::list);
+      if (domains) domain_count_ = int64_t(domains.value.size());
+      co_await etcd_->put(keys_.host(provider_), encode(host_record()), lease_);
+    }
+    host_publishing_ = false;
   }
 
   awaitable<void> keep_lease_alive() {
@@ -247,6 +267,7 @@ class ComputeAgent {
     for (const std::string& uuid : domains.value) {
       if (!seen.count(uuid) && !slots_.count(uuid)) kick(uuid);
     }
+    publish_host();
   }
 
   // Returns the instance uuid the event was about, if it was one of ours.
@@ -327,6 +348,7 @@ class ComputeAgent {
       case ReconcileAction::remove_domain: {
         auto gone = co_await virt(&VirtBackend::destroy, uuid);
         if (!gone) spdlog::error("instance {}: destroying: {}", uuid, gone.failure->message);
+        publish_host();
         co_return bool(gone);
       }
     }
@@ -396,6 +418,7 @@ class ComputeAgent {
       co_return co_await write_instance(failed) && released;
     }
     spdlog::info("instance {}: active", spec.uuid);
+    publish_host();
     co_return co_await record(spec, InstanceState::active);
   }
 
@@ -427,6 +450,7 @@ class ComputeAgent {
     auto erased = co_await etcd_->txn({}, std::move(ops));
     if (!erased) co_return false;
     spdlog::info("instance {}: deleted", spec.uuid);
+    publish_host();
     co_return true;
   }
 
@@ -451,6 +475,9 @@ class ComputeAgent {
   Inventory inventory_;
   int64_t lease_ = 0;
   int64_t started_at_ = unix_seconds();
+  int64_t domain_count_ = 0;
+  bool host_dirty_ = false;
+  bool host_publishing_ = false;
   std::map<std::string, Slot> slots_;
   std::unique_ptr<EtcdWatch> watch_;
   std::chrono::milliseconds retry_delay_ = 1s;

@@ -115,8 +115,8 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
   }
   json::array all;
   if (!options.json)
-    std::printf("%-20s  %-36s  %-5s  %-8s  %-9s  %-40s  %s\n", "NAME", "PROVIDER", "ALIVE", "STATUS",
-                "INSTANCES", "CAPACITY", "USAGE");
+    std::printf("%-20s  %-36s  %-5s  %-8s  %-9s  %-7s  %-40s  %s\n", "NAME", "PROVIDER", "ALIVE", "STATUS",
+                "INSTANCES", "DOMAINS", "CAPACITY", "USAGE");
   for (auto& [provider, row] : rows) {
     std::string name = row.record ? row.record->name : "-";
     std::string status = row.record ? row.record->status : "-";
@@ -127,10 +127,12 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
       for (auto& [rc, n] : row.usage) use[rc] = n;
       all.push_back(json::object{{"provider", provider}, {"name", name}, {"alive", row.record.has_value()},
                                  {"status", status}, {"instances", row.instances},
+                                 {"domains", row.record ? row.record->domains : 0},
                                  {"capacity", cap}, {"usage", use}});
     } else {
-      std::printf("%-20s  %-36s  %-5s  %-8s  %-9d  %-40s  %s\n", name.c_str(), provider.c_str(),
+      std::printf("%-20s  %-36s  %-5s  %-8s  %-9d  %-7lld  %-40s  %s\n", name.c_str(), provider.c_str(),
                   row.record ? "yes" : "no", status.c_str(), row.instances,
+                  static_cast<long long>(row.record ? row.record->domains : 0),
                   amounts_text(capacity).c_str(), amounts_text(row.usage).c_str());
     }
   }

@@ -1,0 +1,324 @@
+#include "harness.hpp"
+
+#include "model/keys.hpp"
+#include "model/records.hpp"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace toyvm::test {
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+TempDir::TempDir() {
+  std::string pattern = (fs::temp_directory_path() / "toyvm-test-XXXXXX").string();
+  if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (!std::getenv("TOYVM_KEEP_TEST_DIRS")) fs::remove_all(path_, ec);
+}
+
+uint16_t free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+Process::Process(std::vector<std::string> argv, std::string log_file) : log_file_(std::move(log_file)) {
+  std::vector<char*> args;
+  for (auto& arg : argv) args.push_back(arg.data());
+  args.push_back(nullptr);
+  pid_t parent = getpid();
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    // Never outlive the test run, even when it crashes.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    setpgid(0, 0);
+    int fd = open(log_file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int null = open("/dev/null", O_RDONLY);
+    dup2(null, 0);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+}
+
+Process::~Process() {
+  if (running()) {
+    signal(SIGKILL);
+    wait(10);
+  }
+}
+
+bool Process::running() {
+  if (status_ != -1) return false;
+  int status = 0;
+  pid_t done = waitpid(pid_, &status, WNOHANG);
+  if (done == pid_) {
+    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return false;
+  }
+  return true;
+}
+
+void Process::signal(int sig) {
+  if (status_ == -1) ::kill(pid_, sig);
+}
+
+int Process::wait(double timeout_s) {
+  wait_for([this] { return !running(); }, timeout_s);
+  return status_;
+}
+
+bool wait_for(const std::function<bool()>& condition, double timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (true) {
+    if (condition()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(2ms);  // polling interval, not a wait for an outcome
+  }
+}
+
+namespace {
+
+std::string toyvm_binary() { return TOYVM_BINARY; }
+std::string source_root() { return TOYVM_SOURCE_ROOT; }
+
+// Creating Placement's schema takes seconds; every test copies one prepared database.
+const std::string& placement_template() {
+  static TempDir dir;
+  static std::string db = [] {
+    std::string setup = source_root() + "/contrib/placement-setup.sh";
+    std::string command = setup + " " + dir.path() + " 1 >" + dir.path() + "/setup.log 2>&1";
+    if (std::system(command.c_str()) != 0)
+      throw std::runtime_error("placement-setup.sh failed: " + read_file(dir.path() + "/setup.log"));
+    return dir.path() + "/placement.sqlite";
+  }();
+  return db;
+}
+
+}  // namespace
+
+Servers::Servers() {
+  start_etcd();
+  start_placement();
+  wait_for(
+      [&] {
+        return run_sync<bool>([&](asio::io_context&) -> awaitable<bool> {
+          auto etcd = EtcdClient::create(config.etcd);
+          auto r = co_await etcd->range("probe");
+          co_return bool(r);
+        });
+      },
+      20);
+  bool placement_up = wait_for(
+      [&] {
+        return run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
+          HttpClient http(io.get_executor(), HttpClientOptions{config.placement.endpoint});
+          HttpRequest request{"GET", "/", {}, {}};
+          auto r = co_await http.request(std::move(request));
+          co_return r && r->status == 200;
+        });
+      },
+      30);
+  if (!placement_up) throw std::runtime_error("Placement did not start: " + read_file(dir() + "/placement/uwsgi.log"));
+}
+
+Servers::~Servers() = default;
+
+void Servers::start_etcd() {
+  etcd_port_ = etcd_port_ ? etcd_port_ : free_port();
+  uint16_t peer = free_port();
+  std::string client_url = "http://127.0.0.1:" + std::to_string(etcd_port_);
+  std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
+  etcd_ = std::make_unique<Process>(
+      std::vector<std::string>{"etcd", "--name", "n1", "--data-dir", dir() + "/etcd", "--logger=zap",
+                               "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                               "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                               "--initial-cluster", "n1=" + peer_url},
+      dir() + "/etcd.log");
+  config.etcd.endpoints = {client_url};
+  config.etcd.timeout_s = 3;
+}
+
+void Servers::start_placement() {
+  placement_port_ = placement_port_ ? placement_port_ : free_port();
+  std::string pdir = dir() + "/placement";
+  std::string command = source_root() + "/contrib/placement-setup.sh " + pdir + " " +
+                        std::to_string(placement_port_) + " " + placement_template();
+  if (std::system(command.c_str()) != 0) throw std::runtime_error("placement-setup.sh failed");
+  placement_ = std::make_unique<Process>(std::vector<std::string>{"uwsgi", "--ini", pdir + "/uwsgi.ini"},
+                                         dir() + "/uwsgi-console.log");
+  config.placement.endpoint = "http://127.0.0.1:" + std::to_string(placement_port_);
+  config.placement.timeout_s = 5;
+}
+
+void Servers::stop_etcd() {
+  etcd_->signal(SIGKILL);
+  etcd_->wait();
+}
+
+void Servers::stop_placement() {
+  placement_->signal(SIGTERM);
+  placement_->wait();
+}
+
+std::vector<std::string> Servers::toyvm_argv(std::vector<std::string> args) const {
+  std::vector<std::string> argv{toyvm_binary(), "--etcd", config.etcd.endpoints.front(), "--placement",
+                                config.placement.endpoint};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+CommandResult Servers::toyvm(std::vector<std::string> args, double timeout_s) const {
+  static int counter = 0;
+  std::string base = dir() + "/cmd-" + std::to_string(++counter);
+  std::vector<std::string> argv = toyvm_argv(std::move(args));
+  // stdout and stderr apart: a shell keeps them apart more simply than dup2 juggling here.
+  std::string command;
+  for (auto& arg : argv) command += "'" + arg + "' ";
+  command += ">" + base + ".out 2>" + base + ".err";
+  Process process({"/bin/sh", "-c", command}, base + ".log");
+  CommandResult result;
+  result.exit_code = process.wait(timeout_s);
+  result.out = read_file(base + ".out");
+  result.err = read_file(base + ".err");
+  return result;
+}
+
+std::unique_ptr<Process> Servers::spawn_toyvm(std::vector<std::string> args, const std::string& log_name) const {
+  return std::make_unique<Process>(toyvm_argv(std::move(args)), dir() + "/" + log_name);
+}
+
+std::unique_ptr<Process> Servers::start_compute(const std::string& name, const std::string& inventory,
+                                                std::string* provider, std::vector<std::string> extra) {
+  std::vector<std::string> args{"compute", "--state-dir", dir() + "/" + name, "--libvirt-uri",
+                                "test:///default", "--inventory", inventory, "--name", name};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto process = spawn_toyvm(args, name + ".log");
+  std::string uuid_file = dir() + "/" + name + "/provider_uuid";
+  bool up = wait_for(
+      [&] {
+        std::string uuid = read_file(uuid_file);
+        if (uuid.size() < 36) return false;
+        uuid = uuid.substr(0, 36);
+        return !etcd_prefix(KeyLayout().host(uuid)).empty();
+      },
+      30);
+  if (!up) throw std::runtime_error("compute " + name + " did not come up: " + process->output());
+  if (provider) *provider = read_file(uuid_file).substr(0, 36);
+  return process;
+}
+
+std::vector<KeyValue> Servers::etcd_prefix(const std::string& prefix) const {
+  return run_sync<std::vector<KeyValue>>([&](asio::io_context&) -> awaitable<std::vector<KeyValue>> {
+    auto etcd = EtcdClient::create(config.etcd);
+    auto r = co_await etcd->range_prefix(prefix);
+    if (!r) throw std::runtime_error("etcd range failed: " + r.error().message());
+    co_return r->kvs;
+  });
+}
+
+void Servers::etcd_put(const std::string& key, const std::string& value) const {
+  run_sync<bool>([&](asio::io_context&) -> awaitable<bool> {
+    auto etcd = EtcdClient::create(config.etcd);
+    auto r = co_await etcd->put(key, value);
+    if (!r) throw std::runtime_error("etcd put failed");
+    co_return true;
+  });
+}
+
+ResourceAmounts Servers::usages(const std::string& provider) const {
+  return run_sync<ResourceAmounts>([&](asio::io_context& io) -> awaitable<ResourceAmounts> {
+    PlacementClient placement(io.get_executor(), config.placement);
+    auto r = co_await placement.usages(provider);
+    if (!r) throw std::runtime_error("usages failed: " + placement.last_error().detail);
+    co_return *r;
+  });
+}
+
+Allocations Servers::allocations(const std::string& consumer) const {
+  return run_sync<Allocations>([&](asio::io_context& io) -> awaitable<Allocations> {
+    PlacementClient placement(io.get_executor(), config.placement);
+    auto r = co_await placement.allocations_of(consumer);
+    if (!r) throw std::runtime_error("allocations failed: " + placement.last_error().detail);
+    co_return *r;
+  });
+}
+
+void Servers::set_traits(const std::string& provider, std::vector<std::string> traits) const {
+  run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
+    PlacementClient placement(io.get_executor(), config.placement);
+    auto r = co_await placement.set_traits(provider, traits);
+    if (!r) throw std::runtime_error("set_traits failed: " + placement.last_error().detail);
+    co_return true;
+  });
+}
+
+int Servers::provider_count() const {
+  return run_sync<int>([&](asio::io_context& io) -> awaitable<int> {
+    HttpClient http(io.get_executor(), HttpClientOptions{config.placement.endpoint});
+    HttpRequest request{"GET", "/resource_providers", {{"X-Auth-Token", "admin"}}, {}};
+    auto r = co_await http.request(std::move(request));
+    if (!r || r->status != 200) throw std::runtime_error("listing providers failed");
+    int count = 0;
+    for (size_t pos = 0; (pos = r->body.find("\"uuid\"", pos)) != std::string::npos; ++pos) ++count;
+    co_return count;
+  });
+}
+
+std::string wait_for_state(const Servers& servers, const std::string& uuid, const std::string& state,
+                           double timeout_s) {
+  std::string last;
+  wait_for(
+      [&] {
+        auto kvs = servers.etcd_prefix(KeyLayout().instance(uuid));
+        if (kvs.empty()) return false;
+        last = kvs.front().value;
+        auto record = decode_instance(last);
+        return record && to_string(record->state) == state;
+      },
+      timeout_s);
+  return last;
+}
+
+std::pair<std::string, std::string> parse_notified(const std::string& out) {
+  static const std::regex line("NOTIFIED TARGET, ([0-9a-f-]{36}), OF INSTANCE ([0-9a-f-]{36})");
+  std::smatch m;
+  if (!std::regex_search(out, m, line)) return {};
+  return {m[1], m[2]};
+}
+
+}  // namespace toyvm::test

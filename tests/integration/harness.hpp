@@ -1,0 +1,117 @@
+#pragma once
+// Test harness: private etcd and Placement servers on free loopback ports in temporary
+// directories, toyvm processes, and synchronous helpers to inspect the servers' state.
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "core/config.hpp"
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace toyvm::test {
+
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+uint16_t free_port();
+std::string read_file(const std::string& path);
+
+// A child process, killed (SIGKILL) when this object goes and when the test process dies.
+class Process {
+ public:
+  Process(std::vector<std::string> argv, std::string log_file);
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running();
+  void signal(int sig);
+  // The exit code (128 + signal when killed); -1 if it did not end within the timeout.
+  int wait(double timeout_s = 60);
+  const std::string& log_file() const { return log_file_; }
+  std::string output() const { return read_file(log_file_); }
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = -1;
+  std::string log_file_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Polls `condition` until it holds or the deadline passes.
+bool wait_for(const std::function<bool()>& condition, double timeout_s);
+
+// Runs a coroutine to completion on a private event loop.
+template <class T>
+T run_sync(std::function<awaitable<T>(asio::io_context&)> make);
+
+class Servers {
+ public:
+  Servers();
+  ~Servers();
+
+  Config config;  // endpoints of these servers
+  const std::string& dir() const { return dir_.path(); }
+
+  std::vector<std::string> toyvm_argv(std::vector<std::string> args) const;
+  CommandResult toyvm(std::vector<std::string> args, double timeout_s = 60) const;
+  // Runs toyvm in the background; its output goes to a log file in the temp dir.
+  std::unique_ptr<Process> spawn_toyvm(std::vector<std::string> args, const std::string& log_name) const;
+
+  // Starts `toyvm compute` on libvirt's test driver and waits until its host record is in
+  // etcd; returns its provider uuid through `provider`.
+  std::unique_ptr<Process> start_compute(const std::string& name, const std::string& inventory,
+                                         std::string* provider, std::vector<std::string> extra = {});
+
+  void stop_etcd();
+  void stop_placement();
+
+  // Synchronous views of the servers.
+  std::vector<KeyValue> etcd_prefix(const std::string& prefix) const;
+  void etcd_put(const std::string& key, const std::string& value) const;
+  ResourceAmounts usages(const std::string& provider) const;
+  Allocations allocations(const std::string& consumer) const;
+  void set_traits(const std::string& provider, std::vector<std::string> traits) const;
+  std::string provider_uuid_of(const std::string& compute_name) const;
+  int provider_count() const;
+
+ private:
+  void start_etcd();
+  void start_placement();
+
+  TempDir dir_;
+  uint16_t etcd_port_ = 0;
+  uint16_t placement_port_ = 0;
+  std::unique_ptr<Process> etcd_;
+  std::unique_ptr<Process> placement_;
+};
+
+// Waits until the instance record says `state` (e.g. "ACTIVE"); returns the last `show --json`.
+std::string wait_for_state(const Servers& servers, const std::string& uuid, const std::string& state,
+                           double timeout_s = 30);
+
+// "NOTIFIED TARGET, <rp>, OF INSTANCE <uuid>" -> {rp, uuid}; empty strings otherwise.
+std::pair<std::string, std::string> parse_notified(const std::string& out);
+
+}  // namespace toyvm::test
+
+#include "harness_impl.hpp"

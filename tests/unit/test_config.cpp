@@ -1,0 +1,106 @@
+#include "core/config.hpp"
+
+#include "catch_result.hpp"
+
+#include <cstdlib>
+#include <fstream>
+
+using namespace toyvm;
+
+TEST_CASE("an empty file gives the documented defaults") {
+  std::string detail;
+  auto config = parse_config("", &detail);
+  REQUIRE(config);
+  CHECK(config->etcd.endpoints == std::vector<std::string>{"http://127.0.0.1:2379"});
+  CHECK(config->placement.endpoint == "http://127.0.0.1:8080");
+  CHECK(config->placement.token == "admin");
+  CHECK(config->compute.policy.reserved_memory_mb == 512);
+  CHECK(config->compute.policy.cpu_allocation_ratio == 4.0);
+}
+
+TEST_CASE("every section is read") {
+  std::string detail;
+  auto config = parse_config(R"(
+[etcd]
+endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+prefix = "/other"
+[placement]
+endpoint = "http://placement:8778"
+token = "secret"
+candidate_limit = 7
+[compute]
+state_dir = "/srv/toyvm"
+libvirt_uri = "test:///default"
+inventory = "VCPU:2"
+traits = ["CUSTOM_A"]
+cpu_allocation_ratio = 2
+reserved_memory_mb = 0
+[schedule]
+image = "cirros"
+)", &detail);
+  REQUIRE(config);
+  CHECK(config->etcd.endpoints.size() == 2);
+  CHECK(config->etcd.prefix == "/other");
+  CHECK(config->placement.candidate_limit == 7);
+  CHECK(config->compute.traits == std::vector<std::string>{"CUSTOM_A"});
+  CHECK(config->compute.policy.cpu_allocation_ratio == 2.0);
+  CHECK(config->compute.policy.reserved_memory_mb == 0);
+  CHECK(config->schedule.image == "cirros");
+}
+
+TEST_CASE("typos and wrong types are errors that say where") {
+  struct Case {
+    const char* toml;
+    const char* mentions;
+  };
+  const Case cases[] = {
+      {"[etcd]\nendpoint = \"x\"", "unknown key 'endpoint' in [etcd]"},
+      {"[placment]\n", "unknown section [placment]"},
+      {"[placement]\ncandidate_limit = \"many\"", "must be an integer"},
+      {"[etcd]\nendpoints = \"http://x\"", "must be an array of strings"},
+      {"[etcd\n", "line 1"},
+      {"etcd = 3", "[etcd] must be a table"},
+      {"[etcd]\nendpoints = []", "etcd.endpoints is empty"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.toml);
+    std::string detail;
+    auto config = parse_config(c.toml, &detail);
+    REQUIRE_FALSE(config);
+    CHECK(config.error() == errc::invalid_config);
+    CHECK_THAT(detail, Catch::Contains(c.mentions));
+  }
+}
+
+TEST_CASE("flags win over the environment, the environment over the file") {
+  char path[] = "/tmp/toyvm-config-XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  std::ofstream(path) << "[etcd]\nendpoints = [\"http://file:1\"]\n[placement]\nendpoint = \"http://file:2\"\n";
+
+  setenv("TOYVM_CONFIG", path, 1);
+  setenv("TOYVM_ETCD", "http://env:1,http://env:3", 1);
+  unsetenv("TOYVM_PLACEMENT");
+  std::string detail;
+  auto config = load_config({}, &detail);
+  REQUIRE(config);
+  CHECK(config->etcd.endpoints == std::vector<std::string>{"http://env:1", "http://env:3"});
+  CHECK(config->placement.endpoint == "http://file:2");
+
+  CommonOverrides flags;
+  flags.etcd = "http://flag:1";
+  flags.placement = "http://flag:2";
+  config = load_config(flags, &detail);
+  REQUIRE(config);
+  CHECK(config->etcd.endpoints == std::vector<std::string>{"http://flag:1"});
+  CHECK(config->placement.endpoint == "http://flag:2");
+
+  flags.config_file = "/no/such/file.toml";
+  CHECK_FALSE(load_config(flags, &detail));
+  CHECK_THAT(detail, Catch::Contains("/no/such/file.toml"));
+
+  unsetenv("TOYVM_CONFIG");
+  unsetenv("TOYVM_ETCD");
+  std::remove(path);
+}

@@ -1,0 +1,41 @@
+#include "model/keys.hpp"
+
+#include "catch_result.hpp"
+
+using namespace toyvm;
+
+namespace {
+const std::string rp = "853557e9-7dc3-438c-9239-f54b9673f509";
+const std::string vm = "7387cdc8-291c-4b02-87ce-895f460b7a80";
+}  // namespace
+
+TEST_CASE("the key layout keeps hosts, work and instances apart") {
+  KeyLayout keys;
+  CHECK(keys.host(rp) == "/toyvm/v1/hosts/" + rp);
+  CHECK(keys.work(rp, vm) == "/toyvm/v1/work/" + rp + "/" + vm);
+  CHECK(keys.work_prefix(rp) == "/toyvm/v1/work/" + rp + "/");
+  CHECK(keys.instance(vm) == "/toyvm/v1/instances/" + vm);
+}
+
+TEST_CASE("a custom prefix loses its trailing slash") {
+  KeyLayout keys("/test/abc/");
+  CHECK(keys.instance(vm) == "/test/abc/instances/" + vm);
+}
+
+TEST_CASE("work keys parse back; anything else does not") {
+  KeyLayout keys;
+  auto parsed = keys.parse_work(keys.work(rp, vm));
+  REQUIRE(parsed);
+  CHECK(parsed->host == rp);
+  CHECK(parsed->instance == vm);
+  CHECK_FALSE(keys.parse_work(keys.instance(vm)));
+  CHECK_FALSE(keys.parse_work("/toyvm/v1/work/" + rp));
+  CHECK_FALSE(keys.parse_work("/toyvm/v1/work/" + rp + "/not-a-uuid"));
+  CHECK_FALSE(keys.parse_work("/toyvm/v1/work/" + rp + "/" + vm + "/extra"));
+}
+
+TEST_CASE("prefix range ends cover exactly the prefix") {
+  CHECK(prefix_range_end("/a/") == "/a0");
+  CHECK(prefix_range_end("ab\xff") == "ac");
+  CHECK(prefix_range_end("") == std::string(1, '\0'));
+}

@@ -1,0 +1,50 @@
+#include "model/reconcile.hpp"
+
+#include "catch_result.hpp"
+
+using namespace toyvm;
+using A = ReconcileAction;
+using S = InstanceState;
+using D = DomainState;
+
+namespace {
+WorkSpec with_power(PowerState power) {
+  WorkSpec spec;
+  spec.uuid = "7387cdc8-291c-4b02-87ce-895f460b7a80";
+  spec.power = power;
+  return spec;
+}
+}  // namespace
+
+TEST_CASE("running work builds, starts, or records what already runs") {
+  WorkSpec spec = with_power(PowerState::running);
+  CHECK(decide(&spec, D::absent, std::nullopt) == A::build);
+  CHECK(decide(&spec, D::absent, S::scheduled) == A::build);
+  CHECK(decide(&spec, D::stopped, std::nullopt) == A::start);
+  CHECK(decide(&spec, D::running, std::nullopt) == A::record_active);  // adopted after a restart
+  CHECK(decide(&spec, D::running, S::active) == A::none);               // a replayed event
+}
+
+TEST_CASE("a failed build is not retried in a loop") {
+  WorkSpec spec = with_power(PowerState::running);
+  CHECK(decide(&spec, D::absent, S::error) == A::none);
+}
+
+TEST_CASE("stopped work stops a running domain and records it once") {
+  WorkSpec spec = with_power(PowerState::stopped);
+  CHECK(decide(&spec, D::running, S::active) == A::stop);
+  CHECK(decide(&spec, D::stopped, std::nullopt) == A::record_stopped);
+  CHECK(decide(&spec, D::stopped, S::stopped) == A::none);
+}
+
+TEST_CASE("deleted work is removed whatever the domain's state") {
+  WorkSpec spec = with_power(PowerState::deleted);
+  CHECK(decide(&spec, D::absent, std::nullopt) == A::remove);
+  CHECK(decide(&spec, D::running, S::active) == A::remove);
+}
+
+TEST_CASE("domains without work are destroyed; nothing without either") {
+  CHECK(decide(nullptr, D::running, std::nullopt) == A::remove_domain);
+  CHECK(decide(nullptr, D::stopped, S::stopped) == A::remove_domain);
+  CHECK(decide(nullptr, D::absent, std::nullopt) == A::none);
+}

@@ -1,0 +1,81 @@
+#include "model/records.hpp"
+
+#include "catch_result.hpp"
+
+using namespace toyvm;
+
+TEST_CASE("host records survive a round trip") {
+  HostRecord r{"c1", "853557e9-7dc3-438c-9239-f54b9673f509", "READY", {{"VCPU", 16}, {"MEMORY_MB", 512}},
+               "0.1.0", 1700000000};
+  auto back = decode_host(encode(r));
+  REQUIRE(back);
+  CHECK(*back == r);
+}
+
+TEST_CASE("work specs survive a round trip") {
+  WorkSpec s;
+  s.uuid = "7387cdc8-291c-4b02-87ce-895f460b7a80";
+  s.name = "web \"1\"";
+  s.image = "debian";
+  s.query = "resources=VCPU:1";
+  s.resources = {{"VCPU", 1}};
+  s.power = PowerState::stopped;
+  s.attempt = 2;
+  s.created_at = 42;
+  auto back = decode_work(encode(s));
+  REQUIRE(back);
+  CHECK(*back == s);
+}
+
+TEST_CASE("instance records survive a round trip, with and without an error") {
+  InstanceRecord r;
+  r.uuid = "7387cdc8-291c-4b02-87ce-895f460b7a80";
+  r.host = "853557e9-7dc3-438c-9239-f54b9673f509";
+  r.state = InstanceState::active;
+  r.ip = "192.168.122.10";
+  r.updated_at = 1;
+  auto back = decode_instance(encode(r));
+  REQUIRE(back);
+  CHECK(*back == r);
+  r.state = InstanceState::error;
+  r.error_code = "launch_failure";
+  r.error_message = "no such\nthing";
+  back = decode_instance(encode(r));
+  REQUIRE(back);
+  CHECK(*back == r);
+}
+
+TEST_CASE("unknown fields are ignored so newer writers do not break older readers") {
+  auto back = decode_work(R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","future":{"x":[1,2]},"power":"running"})");
+  REQUIRE(back);
+  CHECK(back->power == PowerState::running);
+}
+
+TEST_CASE("garbage decodes to corrupt_record with a detail, never a crash") {
+  const char* garbage[] = {"", "not json", "[]", "{", R"({"uuid":"x"})", R"({"uuid":7})", "\xff\xfe\x00"};
+  for (const char* text : garbage) {
+    INFO(text);
+    std::string detail;
+    auto work = decode_work(text, &detail);
+    CHECK_FALSE(work);
+    CHECK(work.error() == errc::corrupt_record);
+    CHECK_FALSE(detail.empty());
+    CHECK_FALSE(decode_instance(text));
+    CHECK_FALSE(decode_host(text));
+  }
+}
+
+TEST_CASE("work specs with bad field values are refused") {
+  const char* bad[] = {
+      R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","power":"sideways"})",
+      R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","resources":{"VCPU":"one"}})",
+      R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","resources":{"vcpu":1}})",
+      R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","attempt":-1})",
+  };
+  for (const char* text : bad) {
+    INFO(text);
+    std::string detail;
+    CHECK_FALSE(decode_work(text, &detail));
+    CHECK_THAT(detail, Catch::Contains("bad field"));
+  }
+}
