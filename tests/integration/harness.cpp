@@ -134,11 +134,11 @@ const std::string& placement_template() {
 Servers::Servers() {
   start_etcd();
   start_placement();
+  etcd_client_ = EtcdClient::create(config.etcd);
   wait_for(
       [&] {
         return run_sync<bool>([&](asio::io_context&) -> awaitable<bool> {
-          auto etcd = EtcdClient::create(config.etcd);
-          auto r = co_await etcd->range("probe");
+          auto r = co_await etcd_client_->range("probe");
           co_return bool(r);
         });
       },
@@ -244,8 +244,7 @@ std::unique_ptr<Process> Servers::start_compute(const std::string& name, const s
 
 std::vector<KeyValue> Servers::etcd_prefix(const std::string& prefix) const {
   return run_sync<std::vector<KeyValue>>([&](asio::io_context&) -> awaitable<std::vector<KeyValue>> {
-    auto etcd = EtcdClient::create(config.etcd);
-    auto r = co_await etcd->range_prefix(prefix);
+    auto r = co_await etcd_client_->range_prefix(prefix);
     if (!r) throw std::runtime_error("etcd range failed: " + r.error().message());
     co_return r->kvs;
   });
@@ -253,8 +252,7 @@ std::vector<KeyValue> Servers::etcd_prefix(const std::string& prefix) const {
 
 void Servers::etcd_put(const std::string& key, const std::string& value) const {
   run_sync<bool>([&](asio::io_context&) -> awaitable<bool> {
-    auto etcd = EtcdClient::create(config.etcd);
-    auto r = co_await etcd->put(key, value);
+    auto r = co_await etcd_client_->put(key, value);
     if (!r) throw std::runtime_error("etcd put failed");
     co_return true;
   });

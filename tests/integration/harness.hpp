@@ -99,6 +99,7 @@ class Servers {
   void start_placement();
 
   TempDir dir_;
+  std::shared_ptr<EtcdClient> etcd_client_;  // one channel for the whole test
   uint16_t etcd_port_ = 0;
   uint16_t placement_port_ = 0;
   std::unique_ptr<Process> etcd_;
