@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Quick start: installs what is missing, builds toyvm, starts etcd and Placement on
+# loopback (their data under one directory), starts one compute agent on libvirt's test
+# driver, schedules an instance, waits for ACTIVE and shows it. Safe to run again.
+#   usage: contrib/quickstart.sh          start everything and schedule an instance
+#          contrib/quickstart.sh stop     stop what it started (the data stays)
+# Data: $TOYVM_QUICKSTART_DIR, default /var/tmp/toyvm-quickstart (delete it to start over).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+data=${TOYVM_QUICKSTART_DIR:-/var/tmp/toyvm-quickstart}
+toyvm=$root/build/toyvm/toyvm
+etcd_url=http://127.0.0.1:2379
+placement_url=http://127.0.0.1:8080
+export TOYVM_ETCD=$etcd_url TOYVM_PLACEMENT=$placement_url
+
+alive() { [ -f "$data/$1.pid" ] && kill -0 "$(cat "$data/$1.pid")" 2>/dev/null; }
+
+stop_one() {
+  if alive "$1"; then
+    kill "$(cat "$data/$1.pid")"
+    while kill -0 "$(cat "$data/$1.pid")" 2>/dev/null; do sleep 0.1; done
+    echo "stopped $1"
+  fi
+  rm -f "$data/$1.pid"
+}
+
+if [ "${1:-}" = stop ]; then
+  stop_one compute
+  stop_one placement
+  stop_one etcd
+  exit 0
+fi
+
+"$root/contrib/install-deps.sh"
+[ -f "$root/build/build.ninja" ] || meson setup "$root/build" --wrap-mode=nodownload >/dev/null
+ninja -C "$root/build" -j2 toyvm/toyvm >/dev/null
+mkdir -p "$data"
+
+# Polls a command until it succeeds, for at most $1 seconds.
+wait_until() {
+  local limit=$1; shift
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $deadline ]; then echo "quickstart: timed out waiting for: $*" >&2; return 1; fi
+    sleep 0.2
+  done
+}
+placement_up() { /usr/bin/python3 -c "import urllib.request; urllib.request.urlopen('$placement_url/')"; }
+
+if ! alive etcd; then
+  setsid etcd --name quickstart --data-dir "$data/etcd" --logger=zap --log-outputs="$data/etcd.log" \
+    --listen-client-urls $etcd_url --advertise-client-urls $etcd_url \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster quickstart=http://127.0.0.1:2380 >/dev/null 2>&1 < /dev/null &
+  echo $! > "$data/etcd.pid"
+  echo "started etcd at $etcd_url"
+fi
+if ! alive placement; then
+  [ -f "$data/placement/placement.sqlite" ] || "$root/contrib/placement-setup.sh" "$data/placement" 8080
+  setsid uwsgi --ini "$data/placement/uwsgi.ini" >/dev/null 2>&1 < /dev/null &
+  echo $! > "$data/placement.pid"
+  echo "started Placement at $placement_url"
+fi
+wait_until 20 "$toyvm" show
+wait_until 30 placement_up
+
+if ! alive compute; then
+  setsid "$toyvm" compute --state-dir "$data/compute" --libvirt-uri test:///default --name quickstart \
+    >"$data/compute.log" 2>&1 < /dev/null &
+  echo $! > "$data/compute.pid"
+  echo "started toyvm compute (log: $data/compute.log)"
+fi
+wait_until 30 sh -c "'$toyvm' show --hosts | grep -q ' yes '"
+
+echo
+echo "\$ toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait"
+out=$("$toyvm" schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait)
+echo "$out"
+uuid=$(echo "$out" | sed -n 's/^NOTIFIED TARGET, .*, OF INSTANCE \(.*\)$/\1/p')
+echo
+echo "\$ toyvm show --hosts"
+"$toyvm" show --hosts
+echo
+echo "\$ toyvm show $uuid"
+"$toyvm" show "$uuid"
+echo
+echo "toyvm is at $toyvm; the servers keep running. Stop them with: $0 stop"
