@@ -1,27 +1,25 @@
 #include "virt/backend.hpp"
 
+#include "virt/libvirt_api.hpp"
+
 #include "model/uuid.hpp"
 
 #include <fmt/format.h>
-#include <libvirt/libvirt.h>
-#include <libvirt/virterror.h>
 #include <spdlog/spdlog.h>
 
-#include <mutex>
 
 namespace toyvm {
 namespace {
 
-// libvirt prints every error to stderr unless told otherwise; toyvm reports them itself.
-void silent_error_handler(void*, virErrorPtr) {}
+const LibvirtApi* api = nullptr;  // set by open_libvirt before any backend exists
 
 std::string last_virt_error() {
-  virErrorPtr error = virGetLastError();
+  virErrorPtr error = api->virGetLastError();
   return error && error->message ? error->message : "unknown libvirt error";
 }
 
 bool last_error_is_no_domain() {
-  virErrorPtr error = virGetLastError();
+  virErrorPtr error = api->virGetLastError();
   return error && error->code == VIR_ERR_NO_DOMAIN;
 }
 
@@ -29,7 +27,7 @@ struct DomainHandle {
   virDomainPtr ptr = nullptr;
   explicit DomainHandle(virDomainPtr p) : ptr(p) {}
   ~DomainHandle() {
-    if (ptr) virDomainFree(ptr);
+    if (ptr) api->virDomainFree(ptr);
   }
   DomainHandle(const DomainHandle&) = delete;
   DomainHandle& operator=(const DomainHandle&) = delete;
@@ -39,72 +37,72 @@ class LibvirtBackend final : public VirtBackend {
  public:
   LibvirtBackend(virConnectPtr conn, std::string domain_type)
       : conn_(conn), domain_type_(std::move(domain_type)) {}
-  ~LibvirtBackend() override { virConnectClose(conn_); }
+  ~LibvirtBackend() override { api->virConnectClose(conn_); }
 
   VirtResult<bool> create(const DomainSpec& spec) override {
-    DomainHandle dom(virDomainLookupByUUIDString(conn_, spec.uuid.c_str()));
+    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, spec.uuid.c_str()));
     if (!dom.ptr) {
       if (!last_error_is_no_domain()) return fail<bool>("launch_failure");
-      dom.ptr = virDomainDefineXML(conn_, domain_xml(spec, domain_type_).c_str());
+      dom.ptr = api->virDomainDefineXML(conn_, domain_xml(spec, domain_type_).c_str());
       if (!dom.ptr) return fail<bool>("launch_failure");
     }
-    int active = virDomainIsActive(dom.ptr);
+    int active = api->virDomainIsActive(dom.ptr);
     if (active == 1) return {true, {}};
-    if (active < 0 || virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure");
+    if (active < 0 || api->virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure");
     return {true, {}};
   }
 
   VirtResult<bool> start(const std::string& uuid) override {
-    DomainHandle dom(virDomainLookupByUUIDString(conn_, uuid.c_str()));
+    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
     if (!dom.ptr) return fail<bool>("launch_failure");
-    if (virDomainIsActive(dom.ptr) == 1) return {true, {}};
-    if (virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure");
+    if (api->virDomainIsActive(dom.ptr) == 1) return {true, {}};
+    if (api->virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure");
     return {true, {}};
   }
 
   VirtResult<bool> stop(const std::string& uuid) override {
-    DomainHandle dom(virDomainLookupByUUIDString(conn_, uuid.c_str()));
+    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
     if (!dom.ptr) return fail<bool>("invalid_data");
-    if (virDomainIsActive(dom.ptr) != 1) return {true, {}};
-    if (virDomainDestroy(dom.ptr) < 0) return fail<bool>("launch_failure");
+    if (api->virDomainIsActive(dom.ptr) != 1) return {true, {}};
+    if (api->virDomainDestroy(dom.ptr) < 0) return fail<bool>("launch_failure");
     return {true, {}};
   }
 
   VirtResult<bool> destroy(const std::string& uuid) override {
-    DomainHandle dom(virDomainLookupByUUIDString(conn_, uuid.c_str()));
+    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
     if (!dom.ptr) {
       if (last_error_is_no_domain()) return {true, {}};
       return fail<bool>("launch_failure");
     }
-    if (virDomainIsActive(dom.ptr) == 1 && virDomainDestroy(dom.ptr) < 0)
+    if (api->virDomainIsActive(dom.ptr) == 1 && api->virDomainDestroy(dom.ptr) < 0)
       return fail<bool>("launch_failure");
-    if (virDomainUndefine(dom.ptr) < 0 && !last_error_is_no_domain())
+    if (api->virDomainUndefine(dom.ptr) < 0 && !last_error_is_no_domain())
       return fail<bool>("launch_failure");
     return {true, {}};
   }
 
   VirtResult<DomainState> state(const std::string& uuid) override {
-    DomainHandle dom(virDomainLookupByUUIDString(conn_, uuid.c_str()));
+    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
     if (!dom.ptr) {
       if (last_error_is_no_domain()) return {DomainState::absent, {}};
       return fail<DomainState>("launch_failure");
     }
-    int active = virDomainIsActive(dom.ptr);
+    int active = api->virDomainIsActive(dom.ptr);
     if (active < 0) return fail<DomainState>("launch_failure");
     return {active == 1 ? DomainState::running : DomainState::stopped, {}};
   }
 
   VirtResult<std::vector<std::string>> list() override {
     virDomainPtr* domains = nullptr;
-    int count = virConnectListAllDomains(conn_, &domains, 0);
+    int count = api->virConnectListAllDomains(conn_, &domains, 0);
     if (count < 0) return fail<std::vector<std::string>>("launch_failure");
     std::vector<std::string> uuids;
     char uuid[VIR_UUID_STRING_BUFLEN];
     for (int i = 0; i < count; ++i) {
-      const char* name = virDomainGetName(domains[i]);
-      if (name && virDomainGetUUIDString(domains[i], uuid) == 0 && domain_name(uuid) == name)
+      const char* name = api->virDomainGetName(domains[i]);
+      if (name && api->virDomainGetUUIDString(domains[i], uuid) == 0 && domain_name(uuid) == name)
         uuids.emplace_back(uuid);
-      virDomainFree(domains[i]);
+      api->virDomainFree(domains[i]);
     }
     free(domains);
     return {std::move(uuids), {}};
@@ -157,12 +155,9 @@ std::string domain_xml(const DomainSpec& spec, const std::string& domain_type) {
 }
 
 result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options, std::string* detail) {
-  static std::once_flag init;
-  std::call_once(init, [] {
-    virInitialize();
-    virSetErrorFunc(nullptr, silent_error_handler);
-  });
-  virConnectPtr conn = virConnectOpen(options.uri.c_str());
+  api = load_libvirt(detail);
+  if (!api) return errc::virt_error;
+  virConnectPtr conn = api->virConnectOpen(options.uri.c_str());
   if (!conn) {
     if (detail) *detail = fmt::format("cannot open libvirt {}: {}", options.uri, last_virt_error());
     return errc::virt_error;

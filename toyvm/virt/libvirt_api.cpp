@@ -1,0 +1,43 @@
+#include "virt/libvirt_api.hpp"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+namespace toyvm {
+namespace {
+
+// libvirt prints every error to stderr unless told otherwise; toyvm reports them itself.
+void silent_error_handler(void*, virErrorPtr) {}
+
+}  // namespace
+
+const LibvirtApi* load_libvirt(std::string* detail) {
+  static LibvirtApi api;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* handle = dlopen("libvirt.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      error = std::string("cannot load libvirt: ") + dlerror();
+      return;
+    }
+#define TOYVM_LIBVIRT_RESOLVE(name)                                              \
+  api.name = reinterpret_cast<decltype(&::name)>(dlsym(handle, #name));          \
+  if (!api.name) {                                                               \
+    error = "libvirt has no " #name;                                             \
+    return;                                                                      \
+  }
+    TOYVM_LIBVIRT_FUNCTIONS(TOYVM_LIBVIRT_RESOLVE)
+#undef TOYVM_LIBVIRT_RESOLVE
+    api.virInitialize();
+    api.virSetErrorFunc(nullptr, silent_error_handler);
+  });
+  if (!error.empty()) {
+    if (detail) *detail = error;
+    return nullptr;
+  }
+  return &api;
+}
+
+}  // namespace toyvm

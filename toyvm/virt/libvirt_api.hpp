@@ -1,0 +1,40 @@
+#pragma once
+// libvirt's C API, loaded with dlopen the first time a backend is opened. Only
+// `toyvm compute` talks to libvirt; the short-lived commands (schedule, show, destroy) would
+// otherwise spend most of their start-up resolving symbols of libvirt and the ~60 libraries
+// it pulls in (glib, gnutls, libxml2, curl, ...).
+
+#include <libvirt/libvirt.h>
+#include <libvirt/virterror.h>
+
+#include <string>
+
+namespace toyvm {
+
+#define TOYVM_LIBVIRT_FUNCTIONS(X) \
+  X(virInitialize)                 \
+  X(virSetErrorFunc)               \
+  X(virGetLastError)               \
+  X(virConnectOpen)                \
+  X(virConnectClose)               \
+  X(virConnectListAllDomains)      \
+  X(virDomainLookupByUUIDString)   \
+  X(virDomainDefineXML)            \
+  X(virDomainIsActive)             \
+  X(virDomainCreate)               \
+  X(virDomainDestroy)              \
+  X(virDomainUndefine)             \
+  X(virDomainFree)                 \
+  X(virDomainGetName)              \
+  X(virDomainGetUUIDString)
+
+struct LibvirtApi {
+#define TOYVM_LIBVIRT_POINTER(name) decltype(&::name) name = nullptr;
+  TOYVM_LIBVIRT_FUNCTIONS(TOYVM_LIBVIRT_POINTER)
+#undef TOYVM_LIBVIRT_POINTER
+};
+
+// Loads libvirt once per process; nullptr (and a detail) when it cannot.
+const LibvirtApi* load_libvirt(std::string* detail);
+
+}  // namespace toyvm
