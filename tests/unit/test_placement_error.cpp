@@ -30,3 +30,34 @@ TEST_CASE("other statuses map to codes, and non-JSON bodies are kept short") {
   CHECK(bad.code == errc::invalid_argument);
   CHECK(bad.detail == "Invalid query string parameters");
 }
+
+#include "model/candidates.hpp"
+
+TEST_CASE("allocation candidates parse, and only live hosts are chosen, in Placement's order") {
+  const std::string body = R"({
+    "allocation_requests": [
+      {"allocations": {"aaaaaaaa-0000-4000-8000-000000000001": {"resources": {"VCPU": 1, "MEMORY_MB": 64}}}},
+      {"allocations": {"aaaaaaaa-0000-4000-8000-000000000002": {"resources": {"VCPU": 1, "MEMORY_MB": 64}}}},
+      {"allocations": {"aaaaaaaa-0000-4000-8000-000000000003": {"resources": {"VCPU": 1}},
+                       "bbbbbbbb-0000-4000-8000-000000000009": {"resources": {"DISK_GB": 5}}}}
+    ],
+    "provider_summaries": {
+      "aaaaaaaa-0000-4000-8000-000000000001": {"resources": {"VCPU": {"capacity": 4, "used": 1}}}
+    }})";
+  auto candidates = parse_allocation_candidates(body);
+  REQUIRE(candidates.has_value());
+  REQUIRE(candidates->allocation_requests.size() == 3);
+  CHECK(candidates->allocation_requests[2].at("bbbbbbbb-0000-4000-8000-000000000009").at("DISK_GB") == 5);
+  CHECK(candidates->provider_summaries.at("aaaaaaaa-0000-4000-8000-000000000001").capacity.at("VCPU") == 4);
+
+  std::set<std::string> live{"aaaaaaaa-0000-4000-8000-000000000003", "aaaaaaaa-0000-4000-8000-000000000001"};
+  auto choices = rank_candidates(*candidates, live);
+  REQUIRE(choices.size() == 2);
+  CHECK(choices[0].host == "aaaaaaaa-0000-4000-8000-000000000001");
+  CHECK(choices[1].host == "aaaaaaaa-0000-4000-8000-000000000003");
+  CHECK(choices[1].allocations->size() == 2);  // the sharing provider's part comes along
+
+  CHECK(rank_candidates(*candidates, {}).empty());
+  CHECK_FALSE(parse_allocation_candidates("{}").has_value());
+  CHECK_FALSE(parse_allocation_candidates(R"({"allocation_requests":[{"allocations":[]}]})").has_value());
+}

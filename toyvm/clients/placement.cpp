@@ -36,42 +36,6 @@ bool read_amounts(simdjson::dom::object object, ResourceAmounts& out) {
   return true;
 }
 
-result<Candidates> parse_candidates(const std::string& body) {
-  simdjson::dom::parser parser;
-  simdjson::dom::element doc;
-  if (parser.parse(body).get(doc)) return errc::placement_error;
-  Candidates out;
-  simdjson::dom::array requests;
-  if (doc["allocation_requests"].get_array().get(requests)) return errc::placement_error;
-  for (simdjson::dom::element request : requests) {
-    simdjson::dom::object allocations;
-    if (request["allocations"].get_object().get(allocations)) return errc::placement_error;
-    Allocations candidate;
-    for (auto [rp, entry] : allocations) {
-      simdjson::dom::object resources;
-      if (entry["resources"].get_object().get(resources)) return errc::placement_error;
-      if (!read_amounts(resources, candidate[std::string(rp)])) return errc::placement_error;
-    }
-    out.allocation_requests.push_back(std::move(candidate));
-  }
-  simdjson::dom::object summaries;
-  if (!doc["provider_summaries"].get_object().get(summaries)) {
-    for (auto [rp, summary] : summaries) {
-      simdjson::dom::object resources;
-      if (summary["resources"].get_object().get(resources)) continue;
-      ProviderSummary& s = out.provider_summaries[std::string(rp)];
-      for (auto [rc, amounts] : resources) {
-        int64_t capacity = 0, used = 0;
-        if (amounts["capacity"].get_int64().get(capacity) || amounts["used"].get_int64().get(used))
-          continue;
-        s.capacity[std::string(rc)] = capacity;
-        s.used[std::string(rc)] = used;
-      }
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 PlacementClient::PlacementClient(asio::any_io_executor executor, const PlacementConfig& config)
@@ -118,7 +82,7 @@ awaitable<result<Candidates>> PlacementClient::allocation_candidates(std::string
   auto response = co_await call("GET", "/allocation_candidates?" + query, mv_candidates);
   if (!response) co_return response.error();
   if (response->status != 200) co_return last_error_.code;
-  auto parsed = parse_candidates(response->body);
+  auto parsed = parse_allocation_candidates(response->body);
   if (!parsed) last_error_ = {errc::placement_error, {}, "malformed allocation candidates"};
   co_return parsed;
 }

@@ -3,6 +3,7 @@
 
 #include "clients/http.hpp"
 #include "core/config.hpp"
+#include "model/candidates.hpp"
 #include "model/inventory.hpp"
 #include "model/placement_error.hpp"
 #include "model/query.hpp"
@@ -12,23 +13,6 @@
 #include <vector>
 
 namespace toyvm {
-
-// One way to satisfy a request: resource provider uuid -> what to claim from it.
-using Allocations = std::map<std::string, ResourceAmounts>;
-
-struct ProviderSummary {
-  ResourceAmounts capacity;  // (total - reserved) * allocation_ratio
-  ResourceAmounts used;
-};
-
-struct Candidates {
-  std::vector<Allocations> allocation_requests;
-  std::map<std::string, ProviderSummary> provider_summaries;
-};
-
-struct Usages {
-  ResourceAmounts used;
-};
 
 class PlacementClient {
  public:

@@ -20,14 +20,6 @@ namespace {
 
 using namespace asio::experimental::awaitable_operators;
 
-// The host a candidate targets: the provider in it that is a live toyvm host.
-const std::string* target_host(const Allocations& candidate, const std::set<std::string>& live) {
-  for (auto& [rp, resources] : candidate) {
-    if (live.count(rp)) return &rp;
-  }
-  return nullptr;
-}
-
 struct Claim {
   std::string host;
   Allocations allocations;
@@ -112,12 +104,10 @@ class Scheduler {
   // conflict moves on to the next.
   awaitable<result<Claim>> claim_first_fit(const std::string& uuid, const Candidates& candidates,
                                            const std::set<std::string>& live) {
-    for (const Allocations& candidate : candidates.allocation_requests) {
-      const std::string* host = target_host(candidate, live);
-      if (!host) continue;
+    for (const Choice& choice : rank_candidates(candidates, live)) {
       for (int attempt = 1; attempt <= config_.schedule.max_claim_attempts; ++attempt) {
-        auto claimed = co_await placement_.claim(uuid, candidate);
-        if (claimed) co_return Claim{*host, candidate};
+        auto claimed = co_await placement_.claim(uuid, *choice.allocations);
+        if (claimed) co_return Claim{choice.host, *choice.allocations};
         if (claimed.error() == errc::placement_concurrent_update) continue;
         if (claimed.error() == errc::placement_capacity) break;
         co_return claimed.error();
