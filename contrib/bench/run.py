@@ -1,0 +1,362 @@
+#!/usr/bin/python3
+"""toyvm's benchmark: where toyvm stands against Placement's own limit.
+
+Starts a private etcd and Placement on loopback, compute agents on libvirt's test driver, and
+measures in one run: the raw floor (candidates + claim + etcd Txn on kept-alive connections),
+one `toyvm schedule` process, throughput at several concurrencies against Placement's ceiling
+for the same request mix, schedule -> ACTIVE latency and the agent's CPU and memory, conflicts
+and overbooking under 16 concurrent schedulers, and candidate latency at 10, 100 and 1,000
+providers. Prints a table, writes JSON and draws PNG plots with gnuplot.
+
+    contrib/bench/run.py [--quick] [--out DIR]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+QUERY = "resources=VCPU:1,MEMORY_MB:64,DISK_GB:1"
+BIG = "VCPU:100000,MEMORY_MB:100000000,DISK_GB:1000000"
+
+
+def percentile(values, p):
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary(values):
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99), "n": len(values)}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what, check, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"bench: timed out waiting for {what}")
+
+
+class Bench:
+    def __init__(self, build, workdir, placement_workers):
+        self.build = build
+        self.toyvm = str(build / "toyvm" / "toyvm")
+        self.bench = str(build / "contrib" / "bench" / "toyvm-bench")
+        self.dir = pathlib.Path(workdir)
+        self.procs = []
+        self.etcd_url = self.start_etcd()
+        self.placement_url, self.placement_log = self.start_placement("placement", placement_workers)
+        self.env = dict(os.environ, TOYVM_ETCD=self.etcd_url, TOYVM_PLACEMENT=self.placement_url)
+
+    def spawn(self, args, log, env=None):
+        proc = subprocess.Popen(args, stdout=open(self.dir / log, "w"), stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def start_etcd(self):
+        client, peer = free_port(), free_port()
+        url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+        self.spawn(["etcd", "--name", "bench", "--data-dir", str(self.dir / "etcd"), "--logger=zap",
+                    "--listen-client-urls", url, "--advertise-client-urls", url,
+                    "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                    "--initial-cluster", f"bench={peer_url}"], "etcd.log")
+        wait_until("etcd", lambda: subprocess.run([self.toyvm, "--etcd", url, "show"],
+                                                  capture_output=True).returncode == 0)
+        return url
+
+    def start_placement(self, name, workers):
+        port = free_port()
+        pdir = self.dir / name
+        subprocess.run([str(ROOT / "contrib" / "placement-setup.sh"), str(pdir), str(port), "", str(workers)],
+                       check=True)
+        self.spawn(["uwsgi", "--ini", str(pdir / "uwsgi.ini")], f"{name}-console.log")
+        url = f"http://127.0.0.1:{port}"
+        wait_until("Placement", lambda: urllib.request.urlopen(url + "/").status == 200)
+        return url, pdir / "uwsgi.log"
+
+    def start_compute(self, name, inventory, extra=()):
+        state = self.dir / name
+        proc = self.spawn([self.toyvm, "compute", "--state-dir", str(state), "--libvirt-uri", "test:///default",
+                           "--inventory", inventory, "--name", name, *extra], f"{name}.log", self.env)
+        uuid_file = state / "provider_uuid"
+        wait_until(f"compute {name}", lambda: uuid_file.exists() and len(uuid_file.read_text().strip()) == 36)
+        uuid = uuid_file.read_text().strip()
+        wait_until(f"host record of {name}", lambda: uuid in self.run_toyvm("show", "--hosts"))
+        return proc, uuid
+
+    def run_toyvm(self, *args):
+        return subprocess.run([self.toyvm, *args], capture_output=True, text=True, env=self.env).stdout
+
+    def measure(self, mode, *args, placement=None):
+        out = subprocess.run([self.bench, mode, "--etcd", self.etcd_url, "--placement",
+                              placement or self.placement_url, *args],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+
+    def conflicts(self):
+        """409 answers to claims so far, from Placement's request log."""
+        text = self.placement_log.read_text(errors="replace") if self.placement_log.exists() else ""
+        return sum(1 for line in text.splitlines() if '"PUT /allocations/' in line and "status: 409" in line)
+
+    def placement_get(self, path, url=None):
+        request = urllib.request.Request((url or self.placement_url) + path, headers={
+            "X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.39"})
+        return json.load(urllib.request.urlopen(request))
+
+    def overbooked(self):
+        """Providers whose usage exceeds their capacity, for any resource class."""
+        bad = 0
+        for rp in self.placement_get("/resource_providers")["resource_providers"]:
+            inventories = self.placement_get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"]
+            usages = self.placement_get(f"/resource_providers/{rp['uuid']}/usages")["usages"]
+            for rc, used in usages.items():
+                inv = inventories.get(rc)
+                if inv and used > (inv["total"] - inv["reserved"]) * inv["allocation_ratio"]:
+                    bad += 1
+                    break
+        return bad
+
+    def stop(self):
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def proc_stat(pid):
+    """(cpu seconds, rss kB, peak rss kB) of a process."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    status = dict(line.split(":", 1) for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if ":" in line)
+    return cpu, int(status["VmRSS"].split()[0]), int(status["VmHWM"].split()[0])
+
+
+def run(args):
+    results = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                           "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                                        if l.startswith("model name")), "?")},
+               "command": " ".join(["contrib/bench/run.py", *sys.argv[1:]])}
+    n_single = 50 if args.quick else 200
+    n_throughput = 200 if args.quick else 1000
+    n_active = 200 if args.quick else 1000
+    with tempfile.TemporaryDirectory(prefix="toyvm-bench-") as workdir:
+        bench = Bench(args.build, workdir, args.placement_workers)
+        try:
+            hosts = [bench.start_compute(f"host{i}", BIG)[1] for i in range(args.hosts)]
+            results["hosts"] = len(hosts)
+            print(f"bench: {len(hosts)} agents up; Placement with {args.placement_workers} workers", file=sys.stderr)
+
+            # Warm Placement up so the first samples do not pay for imports and caches.
+            bench.measure("floor", "--count", "20")
+
+            floor = bench.measure("floor", "--count", str(n_single))
+            single = bench.measure("exec", "--count", str(n_single), "--", bench.toyvm, "--etcd", bench.etcd_url,
+                                   "--placement", bench.placement_url, "schedule", QUERY)
+            results["floor_ms"] = summary(floor["latencies_ms"])
+            results["schedule_ms"] = summary(single["latencies_ms"])
+            results["schedule_overhead"] = results["schedule_ms"]["p50"] / results["floor_ms"]["p50"] - 1
+            print("bench: floor and single schedule done", file=sys.stderr)
+
+            results["throughput"] = []
+            for concurrency in (1, 4, 16):
+                ceiling = bench.measure("floor", "--count", str(n_throughput), "--concurrency", str(concurrency))
+                before = bench.conflicts()
+                run_ = bench.measure("exec", "--count", str(n_throughput), "--concurrency", str(concurrency), "--",
+                                     bench.toyvm, "--etcd", bench.etcd_url, "--placement", bench.placement_url,
+                                     "schedule", QUERY)
+                ok = run_["exit_codes"].get("0", 0)
+                conflicts = bench.conflicts() - before
+                row = {"concurrency": concurrency,
+                       "toyvm_per_s": ok / run_["wall_s"],
+                       "ceiling_per_s": ceiling["ok"] / ceiling["wall_s"],
+                       "toyvm_latency_ms": summary(run_["latencies_ms"]),
+                       "floor_latency_ms": summary(ceiling["latencies_ms"]),
+                       "succeeded": ok, "failed": n_throughput - ok,
+                       "conflicts_409": conflicts,
+                       "extra_attempts_per_success": conflicts / ok if ok else float("nan")}
+                row["fraction_of_ceiling"] = row["toyvm_per_s"] / row["ceiling_per_s"]
+                results["throughput"].append(row)
+                print(f"bench: throughput at concurrency {concurrency} done", file=sys.stderr)
+
+            # Saturation: 16 schedulers race for 100 slots on 4 hosts; exactly 100 may win.
+            for i in range(4):
+                bench.start_compute(f"small{i}", "VCPU:25,MEMORY_MB:100000,DISK_GB:10000",
+                                    ("--trait", "CUSTOM_BENCH_SMALL"))
+            before = bench.conflicts()
+            sat = bench.measure("exec", "--count", "150", "--concurrency", "16", "--", bench.toyvm,
+                                "--etcd", bench.etcd_url, "--placement", bench.placement_url, "schedule",
+                                QUERY + "&required=CUSTOM_BENCH_SMALL")
+            won = sat["exit_codes"].get("0", 0)
+            results["saturation"] = {"attempts": 150, "slots": 100, "succeeded": won,
+                                     "no_allocations": sat["exit_codes"].get("1", 0),
+                                     "conflicts_409": bench.conflicts() - before,
+                                     "overbooked_providers": bench.overbooked()}
+            print("bench: saturation done", file=sys.stderr)
+
+            # The agent on its own: idle memory, then 1,000 instances handed over through etcd.
+            agent, agent_rp = bench.start_compute("agent", BIG)
+            idle_cpu, idle_rss, idle_peak = proc_stat(agent.pid)
+            active = bench.measure("active", "--host", agent_rp, "--count", str(n_active))
+            busy_cpu, busy_rss, busy_peak = proc_stat(agent.pid)
+            results["active_ms"] = summary(active["latencies_ms"])
+            results["active_failed"] = active["failed"]
+            results["agent"] = {"idle_rss_kb": idle_rss, "idle_peak_rss_kb": idle_peak,
+                                "instances": n_active, "rss_kb": busy_rss, "peak_rss_kb": busy_peak,
+                                "cpu_ms_per_instance": (busy_cpu - idle_cpu) * 1000 / n_active}
+            print("bench: agent done", file=sys.stderr)
+        finally:
+            bench.stop()
+
+        # Scale, on a Placement of its own so the providers above do not count.
+        scale_dir = pathlib.Path(workdir) / "scale"
+        scale_dir.mkdir()
+        bench = Bench(args.build, scale_dir, args.placement_workers)
+        try:
+            results["scale"] = []
+            have = 0
+            for providers in (10, 100, 1000):
+                bench.measure("providers", "--count", str(providers - have))
+                have = providers
+                samples = 10 if providers < 1000 else 5
+                limited = bench.measure("candidates", "--count", str(samples), "--limit", "50")
+                unlimited = bench.measure("candidates", "--count", str(samples), "--limit", "0")
+                results["scale"].append({
+                    "providers": providers,
+                    "candidates_limit50_ms": summary(limited["latencies_ms"]),
+                    "candidates_nolimit_ms": summary(unlimited["latencies_ms"]),
+                    "decision_limit50_ms": summary(limited["decision_ms"]),
+                    "decision_nolimit_ms": summary(unlimited["decision_ms"]),
+                    "returned_nolimit": unlimited["candidates"]})
+                print(f"bench: scale {providers} done", file=sys.stderr)
+        finally:
+            bench.stop()
+    return results
+
+
+def report(results):
+    f, s = results["floor_ms"], results["schedule_ms"]
+    lines = [
+        f"machine: {results['machine']['cpus']} cpus, {results['machine']['cpu']}",
+        "",
+        "| measure | p50 | p99 |",
+        "|---|---|---|",
+        f"| raw floor: candidates + claim + etcd Txn (ms) | {f['p50']:.2f} | {f['p99']:.2f} |",
+        f"| one `toyvm schedule` process (ms) | {s['p50']:.2f} | {s['p99']:.2f} |",
+        f"| schedule overhead above the floor | {results['schedule_overhead'] * 100:+.1f}% | |",
+        f"| work -> ACTIVE on the test driver (ms) | {results['active_ms']['p50']:.2f} | {results['active_ms']['p99']:.2f} |",
+        "",
+        "| concurrency | toyvm inst/s | Placement ceiling inst/s | fraction | toyvm p50 / p99 ms | 409s | extra attempts per success |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in results["throughput"]:
+        lat = row["toyvm_latency_ms"]
+        lines.append(f"| {row['concurrency']} | {row['toyvm_per_s']:.1f} | {row['ceiling_per_s']:.1f} | "
+                     f"{row['fraction_of_ceiling'] * 100:.0f}% | {lat['p50']:.1f} / {lat['p99']:.1f} | "
+                     f"{row['conflicts_409']} | {row['extra_attempts_per_success']:.3f} |")
+    sat, agent = results["saturation"], results["agent"]
+    lines += [
+        "",
+        f"saturation: {sat['attempts']} schedules by 16 processes for {sat['slots']} slots: "
+        f"{sat['succeeded']} succeeded, {sat['no_allocations']} NO ALLOCATIONS LEFT, "
+        f"{sat['conflicts_409']} conflicts (409), {sat['overbooked_providers']} overbooked providers",
+        f"agent: idle RSS {agent['idle_rss_kb'] / 1024:.1f} MB (peak {agent['idle_peak_rss_kb'] / 1024:.1f} MB); "
+        f"with {agent['instances']} instances RSS {agent['rss_kb'] / 1024:.1f} MB "
+        f"(peak {agent['peak_rss_kb'] / 1024:.1f} MB); CPU {agent['cpu_ms_per_instance']:.3f} ms per instance",
+        "",
+        "| providers | candidates limit=50 p50 ms | no limit p50 ms | toyvm decision limit=50 ms | no limit ms |",
+        "|---|---|---|---|---|",
+    ]
+    for row in results["scale"]:
+        lines.append(f"| {row['providers']} | {row['candidates_limit50_ms']['p50']:.1f} | "
+                     f"{row['candidates_nolimit_ms']['p50']:.1f} | {row['decision_limit50_ms']['p50']:.3f} | "
+                     f"{row['decision_nolimit_ms']['p50']:.3f} |")
+    return "\n".join(lines)
+
+
+def plot(results, out):
+    if not shutil.which("gnuplot"):
+        print("bench: gnuplot not found, no plots", file=sys.stderr)
+        return
+    data = out / "concurrency.dat"
+    data.write_text("".join(f"{r['concurrency']} {r['toyvm_latency_ms']['p50']} {r['toyvm_latency_ms']['p99']} "
+                            f"{r['floor_latency_ms']['p50']} {r['floor_latency_ms']['p99']}\n"
+                            for r in results["throughput"]))
+    scale = out / "providers.dat"
+    scale.write_text("".join(f"{r['providers']} {r['candidates_limit50_ms']['p50']} "
+                             f"{r['candidates_nolimit_ms']['p50']}\n" for r in results["scale"]))
+    script = f"""
+set terminal pngcairo size 800,500
+set grid
+set key left top
+set output '{out}/latency-vs-concurrency.png'
+set title 'Schedule latency against concurrency'
+set xlabel 'concurrent schedulers'
+set ylabel 'ms'
+set logscale x 2
+plot '{data}' using 1:2 with linespoints title 'toyvm schedule p50', \\
+     '{data}' using 1:3 with linespoints title 'toyvm schedule p99', \\
+     '{data}' using 1:4 with linespoints title 'raw floor p50', \\
+     '{data}' using 1:5 with linespoints title 'raw floor p99'
+unset logscale x
+set output '{out}/latency-vs-providers.png'
+set title 'GET /allocation_candidates latency against providers'
+set xlabel 'resource providers'
+set logscale x 10
+plot '{scale}' using 1:2 with linespoints title 'limit=50 p50', \\
+     '{scale}' using 1:3 with linespoints title 'no limit p50'
+"""
+    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer samples, for a fast look")
+    parser.add_argument("--hosts", type=int, default=10, help="compute agents for the schedule runs")
+    parser.add_argument("--placement-workers", type=int, default=2)
+    parser.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "bench")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = run(args)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    plot(results, args.out)
+    text = report(results)
+    (args.out / "report.md").write_text(text + "\n")
+    print(text)
+    print(f"\nwritten: {args.out}/results.json, report.md, latency-vs-concurrency.png, latency-vs-providers.png")
+
+
+if __name__ == "__main__":
+    main()

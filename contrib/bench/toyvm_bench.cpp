@@ -1,0 +1,291 @@
+// toyvm-bench: the measuring half of contrib/bench/run.py. Each mode prints one JSON object
+// on stdout; the driver starts the servers and agents and turns the numbers into a report.
+//
+//   floor      GET /allocation_candidates + PUT /allocations + one etcd Txn per instance,
+//              over kept-alive connections, at a given concurrency (the raw floor and, at high
+//              concurrency, Placement's ceiling for the same request mix)
+//   exec       runs a command N times at a given concurrency, timing each run
+//   active     hands instances straight to one host through etcd and times until ACTIVE
+//   providers  creates N resource providers with inventory
+//   candidates times GET /allocation_candidates and toyvm's own decision on the answer
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "model/candidates.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+#include "model/uuid.hpp"
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+using namespace toyvm;
+namespace json = boost::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+struct Options {
+  std::string placement = "http://127.0.0.1:8080";
+  std::string etcd = "http://127.0.0.1:2379";
+  std::string query = "resources=VCPU:1,MEMORY_MB:64,DISK_GB:1";
+  std::string host;
+  int count = 100;
+  int concurrency = 1;
+  int limit = 50;
+  std::vector<std::string> command;
+};
+
+Config make_config(const Options& o) {
+  Config config;
+  config.etcd.endpoints = split_endpoints(o.etcd);
+  config.placement.endpoint = o.placement;
+  return config;
+}
+
+json::array to_json(const std::vector<double>& values) {
+  json::array out;
+  for (double v : values) out.push_back(v);
+  return out;
+}
+
+template <class Fn>
+void run_loop(Fn make_task) {
+  asio::io_context io(1);
+  asio::co_spawn(io, make_task(io), asio::detached);
+  io.run();
+}
+
+// One worker: its own Placement connection, `n` instances one after another.
+awaitable<void> floor_worker(asio::io_context& io, const Config& config, std::shared_ptr<EtcdClient> etcd,
+                             std::string query, int n, std::vector<double>& latencies, int& failures) {
+  PlacementClient placement(io.get_executor(), config.placement);
+  KeyLayout keys("/toyvm-bench");
+  for (int i = 0; i < n; ++i) {
+    std::string uuid = new_uuid();
+    auto start = Clock::now();
+    auto candidates = co_await placement.allocation_candidates(query);
+    if (!candidates || candidates->allocation_requests.empty()) {
+      ++failures;
+      continue;
+    }
+    auto claimed = co_await placement.claim(uuid, candidates->allocation_requests.front());
+    if (!claimed) {
+      ++failures;  // a generation conflict: the floor does not retry
+      continue;
+    }
+    std::vector<EtcdCompare> compare{EtcdCompare::absent(keys.instance(uuid))};
+    std::vector<EtcdOp> ops{EtcdOp::put(keys.instance(uuid), "{}")};
+    auto txn = co_await etcd->txn(std::move(compare), std::move(ops));
+    if (!txn) {
+      ++failures;
+      continue;
+    }
+    latencies.push_back(ms_since(start));
+  }
+}
+
+int run_floor(const Options& o) {
+  Config config = make_config(o);
+  auto etcd = EtcdClient::create(config.etcd);
+  std::string query = parse_placement_query(o.query, nullptr).value().to_query_string(o.limit);
+  std::vector<std::vector<double>> latencies(size_t(o.concurrency));
+  int failures = 0;
+  auto start = Clock::now();
+  run_loop([&](asio::io_context& io) -> awaitable<void> {
+    for (int w = 0; w < o.concurrency; ++w) {
+      int n = o.count / o.concurrency + (w < o.count % o.concurrency ? 1 : 0);
+      asio::co_spawn(io, floor_worker(io, config, etcd, query, n, latencies[size_t(w)], failures), asio::detached);
+    }
+    co_return;
+  });
+  double wall = ms_since(start) / 1000;
+  std::vector<double> all;
+  for (auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
+  json::object out{{"latencies_ms", to_json(all)}, {"wall_s", wall}, {"ok", all.size()}, {"failed", failures}};
+  std::printf("%s\n", json::serialize(out).c_str());
+  return 0;
+}
+
+// Runs the command `count` times with `concurrency` runs in flight, timing each.
+int run_exec(const Options& o) {
+  std::vector<char*> argv;
+  std::vector<std::string> args = o.command;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+
+  std::map<pid_t, Clock::time_point> running;
+  std::vector<double> latencies;
+  std::map<int, int> exit_codes;
+  int started = 0;
+  auto start = Clock::now();
+  while (started < o.count || !running.empty()) {
+    while (started < o.count && int(running.size()) < o.concurrency) {
+      pid_t pid = 0;
+      auto t0 = Clock::now();
+      if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
+        std::fprintf(stderr, "cannot run %s\n", argv[0]);
+        return 1;
+      }
+      running[pid] = t0;
+      ++started;
+    }
+    int status = 0;
+    pid_t done = waitpid(-1, &status, 0);
+    auto it = running.find(done);
+    if (it == running.end()) continue;
+    latencies.push_back(ms_since(it->second));
+    exit_codes[WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)] += 1;
+    running.erase(it);
+  }
+  double wall = ms_since(start) / 1000;
+  json::object codes;
+  for (auto& [code, n] : exit_codes) codes[std::to_string(code)] = n;
+  json::object out{{"latencies_ms", to_json(latencies)}, {"wall_s", wall}, {"exit_codes", codes}};
+  std::printf("%s\n", json::serialize(out).c_str());
+  return 0;
+}
+
+// Writes work for `host` the way `toyvm schedule` does (one create-only Txn, no Placement
+// claim) and times until the agent's ACTIVE arrives through a watch.
+int run_active(const Options& o) {
+  Config config = make_config(o);
+  auto etcd = EtcdClient::create(config.etcd);
+  KeyLayout keys;
+  std::vector<double> latencies;
+  int failures = 0;
+  run_loop([&](asio::io_context&) -> awaitable<void> {
+    auto watch = etcd->watch(WatchOptions{keys.instances_prefix(), prefix_range_end(keys.instances_prefix()), 0, false});
+    co_await watch->next();  // created
+    for (int i = 0; i < o.count; ++i) {
+      WorkSpec spec;
+      spec.uuid = new_uuid();
+      spec.image = "bench";
+      spec.resources = {{"VCPU", 1}, {"MEMORY_MB", 64}, {"DISK_GB", 1}};
+      InstanceRecord record;
+      record.uuid = spec.uuid;
+      record.host = o.host;
+      std::vector<EtcdCompare> absent{EtcdCompare::absent(keys.work(o.host, spec.uuid))};
+      std::vector<EtcdOp> create{EtcdOp::put(keys.work(o.host, spec.uuid), encode(spec)),
+                                 EtcdOp::put(keys.instance(spec.uuid), encode(record))};
+      auto start = Clock::now();
+      auto txn = co_await etcd->txn(std::move(absent), std::move(create));
+      if (!txn) {
+        ++failures;
+        continue;
+      }
+      bool active = false;
+      while (!active) {
+        WatchBatch batch = co_await watch->next();
+        if (batch.error) co_return;
+        for (const WatchEvent& event : batch.events) {
+          auto r = decode_instance(event.kv.value);
+          if (r && r->uuid == spec.uuid && r->state == InstanceState::active) active = true;
+          if (r && r->uuid == spec.uuid && r->state == InstanceState::error) active = true, ++failures;
+        }
+      }
+      latencies.push_back(ms_since(start));
+    }
+  });
+  json::object out{{"latencies_ms", to_json(latencies)}, {"failed", failures}};
+  std::printf("%s\n", json::serialize(out).c_str());
+  return 0;
+}
+
+int run_providers(const Options& o) {
+  Config config = make_config(o);
+  int created = 0;
+  run_loop([&](asio::io_context& io) -> awaitable<void> {
+    PlacementClient placement(io.get_executor(), config.placement);
+    Inventory inventory = inventory_from_amounts({{"VCPU", 64}, {"MEMORY_MB", 262144}, {"DISK_GB", 4096}});
+    for (int i = 0; i < o.count; ++i) {
+      std::string uuid = new_uuid();
+      if (!co_await placement.ensure_provider(uuid, "bench-" + uuid)) continue;
+      if (co_await placement.set_inventory(uuid, inventory)) ++created;
+    }
+  });
+  std::printf("{\"created\": %d}\n", created);
+  return 0;
+}
+
+int run_candidates(const Options& o) {
+  Config config = make_config(o);
+  std::vector<double> latencies, decisions;
+  size_t returned = 0;
+  auto query = parse_placement_query(o.query, nullptr).value();
+  run_loop([&](asio::io_context& io) -> awaitable<void> {
+    HttpClient http(io.get_executor(), HttpClientOptions{o.placement});
+    for (int i = 0; i < o.count; ++i) {
+      HttpRequest request{"GET", "/allocation_candidates?" + query.to_query_string(o.limit),
+                          {{"OpenStack-API-Version", "placement 1.39"}, {"X-Auth-Token", "admin"}}, {}};
+      auto start = Clock::now();
+      auto response = co_await http.request(std::move(request));
+      latencies.push_back(ms_since(start));
+      if (!response || response->status != 200) continue;
+      // toyvm's own share: parse the answer and rank it against the live hosts.
+      auto decide_start = Clock::now();
+      auto candidates = parse_allocation_candidates(response->body);
+      std::set<std::string> live;
+      if (candidates) {
+        for (auto& [rp, summary] : candidates->provider_summaries) live.insert(rp);
+        returned = rank_candidates(*candidates, live).size();
+      }
+      decisions.push_back(ms_since(decide_start));
+    }
+  });
+  json::object out{{"latencies_ms", to_json(latencies)}, {"decision_ms", to_json(decisions)},
+                   {"candidates", returned}};
+  std::printf("%s\n", json::serialize(out).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"toyvm-bench: measurements for contrib/bench/run.py"};
+  app.require_subcommand(1);
+  Options o;
+  auto common = [&](CLI::App* sub) {
+    sub->add_option("--placement", o.placement);
+    sub->add_option("--etcd", o.etcd);
+    sub->add_option("--query", o.query);
+    sub->add_option("--count", o.count);
+    sub->add_option("--concurrency", o.concurrency);
+    sub->add_option("--limit", o.limit, "0: no limit");
+  };
+  auto* floor = app.add_subcommand("floor", "raw GET candidates + PUT allocations + etcd Txn");
+  auto* exec = app.add_subcommand("exec", "time a command");
+  auto* active = app.add_subcommand("active", "time work -> ACTIVE on one host");
+  auto* providers = app.add_subcommand("providers", "create providers");
+  auto* candidates = app.add_subcommand("candidates", "time candidates and toyvm's decision");
+  for (auto* sub : {floor, exec, active, providers, candidates}) common(sub);
+  active->add_option("--host", o.host)->required();
+  exec->add_option("command", o.command)->required();
+  CLI11_PARSE(app, argc, argv);
+  int code = 1;
+  if (*floor) code = run_floor(o);
+  if (*exec) code = run_exec(o);
+  if (*active) code = run_active(o);
+  if (*providers) code = run_providers(o);
+  if (*candidates) code = run_candidates(o);
+  std::fflush(stdout);
+  std::_Exit(code);
+}
