@@ -7,6 +7,8 @@
 #include "core/log.hpp"
 #include "services/services.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -103,6 +105,7 @@ int main(int argc, char** argv) {
   }
 
   init_logging(verbose);
+  spdlog::debug("toyvm {} starting", TOYVM_VERSION);
   std::string detail;
   auto config = load_config(common, &detail);
   if (!config) {

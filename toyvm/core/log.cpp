@@ -30,7 +30,7 @@ void init_logging(bool verbose) {
   if (std::getenv("JOURNAL_STREAM")) {
     formatter->add_flag<SyslogPriorityFlag>('*').set_pattern("%*%v");
   } else {
-    formatter->set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
+    formatter->set_pattern(verbose ? "%Y-%m-%dT%H:%M:%S.%f %l %v" : "%Y-%m-%dT%H:%M:%S.%e %l %v");
   }
   logger->set_formatter(std::move(formatter));
   logger->set_level(verbose ? spdlog::level::debug : spdlog::level::info);

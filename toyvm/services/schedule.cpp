@@ -12,6 +12,7 @@
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <spdlog/spdlog.h>
 
 #include <set>
 
@@ -41,6 +42,7 @@ class Scheduler {
     if (!query) co_return report_failure(query.error(), "invalid query: " + detail);
 
     // Candidates and live hosts are independent: ask Placement and etcd at once.
+    spdlog::debug("schedule: asking Placement and etcd");
     auto [candidates, hosts] = co_await (
         placement_.allocation_candidates(query->to_query_string(config_.placement.candidate_limit)) &&
         etcd_->range_prefix(keys_.hosts_prefix()));
@@ -53,6 +55,7 @@ class Scheduler {
       if (host && host->status == "READY") live.insert(host->provider);
     }
 
+    spdlog::debug("schedule: {} candidates, {} live hosts", candidates->allocation_requests.size(), live.size());
     const std::string uuid = new_uuid();
     auto claim = co_await claim_first_fit(uuid, *candidates, live);
     if (!claim) {
@@ -77,6 +80,7 @@ class Scheduler {
     record.state = InstanceState::scheduled;
     record.updated_at = unix_millis();
 
+    spdlog::debug("schedule: claimed on {}", claim->host);
     const std::string work_key = keys_.work(claim->host, uuid);
     const std::string instance_key = keys_.instance(uuid);
     // Create-only: the instance exists exactly once or not at all. (Vectors built outside
@@ -93,6 +97,7 @@ class Scheduler {
                                fmt::format("cannot hand instance {} to host {} through etcd at {}: {}",
                                            uuid, claim->host, etcd_->endpoints_text(), what));
     }
+    spdlog::debug("schedule: handed over through etcd");
     std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", claim->host.c_str(), uuid.c_str());
     std::fflush(stdout);
     if (!options_.wait) co_return 0;
