@@ -93,7 +93,6 @@ class ComputeAgent {
  private:
   struct Slot {
     std::optional<WorkSpec> desired;
-    int64_t work_revision = 0;  // mod_revision of the work key we last saw
     std::optional<InstanceState> recorded;
     bool busy = false;
     bool dirty = false;
@@ -289,7 +288,6 @@ class ComputeAgent {
         return std::nullopt;
       }
       slot.desired = std::move(*spec);
-      slot.work_revision = event.kv.mod_revision;
     }
     kick(key->instance);
     return key->instance;
