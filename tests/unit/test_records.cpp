@@ -19,6 +19,8 @@ TEST_CASE("work specs survive a round trip") {
   s.image = "debian";
   s.query = "resources=VCPU:1";
   s.resources = {{"VCPU", 1}};
+  s.user_data = std::string("#cloud-config\n\0\xff binary", 23);
+  s.keys = {{"alice", "ssh-ed25519 AAAA alice@example"}, {"bob", "ssh-rsa BBBB"}};
   s.power = PowerState::stopped;
   s.attempt = 2;
   s.created_at = 42;

@@ -1,7 +1,9 @@
 #include "model/records.hpp"
 
+#include "model/metadata.hpp"
 #include "model/uuid.hpp"
 
+#include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 #include <fmt/format.h>
@@ -133,6 +135,12 @@ std::string encode(const WorkSpec& s) {
   o["image"] = s.image;
   o["query"] = s.query;
   o["resources"] = amounts_to_json(s.resources);
+  if (!s.user_data.empty()) o["user_data"] = base64_encode(s.user_data);
+  if (!s.keys.empty()) {
+    json::array keys;
+    for (auto& [name, key] : s.keys) keys.push_back(json::object{{"name", name}, {"key", key}});
+    o["keys"] = std::move(keys);
+  }
   o["power"] = to_string(s.power);
   o["attempt"] = s.attempt;
   o["created_at"] = s.created_at;
@@ -182,6 +190,22 @@ result<WorkSpec> decode_work(std::string_view text, std::string* detail) {
     if (key == "image") return read_string(v, s.image);
     if (key == "query") return read_string(v, s.query);
     if (key == "resources") return read_amounts(v, s.resources);
+    if (key == "user_data") {
+      std::string encoded;
+      return read_string(v, encoded) && base64_decode(encoded, s.user_data);
+    }
+    if (key == "keys") {
+      od::array keys;
+      if (v.get_array().get(keys)) return false;
+      for (auto item : keys) {
+        od::object entry;
+        if (item.get_object().get(entry)) return false;
+        std::string_view name, data;
+        if (entry["name"].get_string().get(name) || entry["key"].get_string().get(data)) return false;
+        s.keys.emplace_back(std::string(name), std::string(data));
+      }
+      return true;
+    }
     if (key == "power") return read_enum(v, power_names, s.power);
     if (key == "attempt") return read_int(v, attempt) && attempt > 0 && attempt < 1000;
     if (key == "created_at") return read_int(v, s.created_at);

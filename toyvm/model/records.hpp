@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace toyvm {
 
@@ -31,6 +33,8 @@ struct WorkSpec {
   std::string image;
   std::string query;          // the placement query it was scheduled with
   ResourceAmounts resources;  // what it consumes on its host
+  std::string user_data;      // raw bytes for cloud-init (base64 in JSON)
+  std::vector<std::pair<std::string, std::string>> keys;  // ssh key name, public key
   PowerState power = PowerState::running;
   int attempt = 1;
   int64_t created_at = 0;     // unix seconds

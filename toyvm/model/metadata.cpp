@@ -1,0 +1,217 @@
+#include "model/metadata.hpp"
+
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <array>
+#include <charconv>
+
+namespace toyvm {
+namespace {
+
+namespace json = boost::json;
+
+// The OpenStack metadata versions cloud-init knows, oldest first.
+constexpr std::string_view openstack_versions[] = {
+    "2012-08-10", "2013-04-04", "2013-10-17", "2015-10-15", "2016-06-30",
+    "2016-10-06", "2017-02-22", "2018-08-27", "latest"};
+
+// EC2 versions from the first with public-keys on (2009-04-04, as required) to the newest
+// cloud-init asks for.
+constexpr std::string_view ec2_versions[] = {
+    "2009-04-04", "2011-01-01", "2012-01-12", "2014-02-25", "2014-11-05",
+    "2015-10-20", "2016-04-19", "2016-06-30", "2016-09-02", "2018-09-24",
+    "2019-10-01", "2020-10-27", "2021-01-03", "2021-03-23", "2021-07-15",
+    "2022-09-24", "latest"};
+
+MetadataResponse text(std::string body) { return {200, "text/plain", std::move(body)}; }
+MetadataResponse status(int code, std::string body) { return {code, "text/plain", std::move(body)}; }
+MetadataResponse not_found() { return status(404, "Not Found\n"); }
+
+template <size_t N>
+bool known(const std::string_view (&list)[N], std::string_view version) {
+  for (std::string_view v : list) {
+    if (v == version) return true;
+  }
+  return false;
+}
+
+template <size_t N>
+std::string lines(const std::string_view (&list)[N]) {
+  std::string out;
+  for (std::string_view v : list) {
+    if (!out.empty()) out += '\n';
+    out += v;
+  }
+  return out;
+}
+
+// Splits "/a/b/c/" into {"a","b","c"}; false for empty, "." or ".." segments (no traversal,
+// no aliases of other paths).
+bool split_path(std::string_view path, std::vector<std::string_view>& parts) {
+  if (path.empty() || path.front() != '/') return false;
+  path.remove_prefix(1);
+  while (!path.empty()) {
+    size_t slash = path.find('/');
+    std::string_view part = path.substr(0, slash);
+    if (part.empty() || part == "." || part == "..") return false;
+    parts.push_back(part);
+    if (slash == std::string_view::npos) break;
+    path.remove_prefix(slash + 1);
+  }
+  return true;
+}
+
+MetadataResponse ec2(const std::vector<std::string_view>& p, const GuestView& g) {
+  // p[0] is the version.
+  if (p.size() == 1) return text(g.user_data.empty() ? "meta-data/" : "meta-data/\nuser-data");
+  if (p[1] == "user-data" && p.size() == 2) {
+    if (g.user_data.empty()) return not_found();
+    return {200, "application/octet-stream", g.user_data};
+  }
+  if (p[1] != "meta-data") return not_found();
+  if (p.size() == 2)
+    return text("hostname\ninstance-id\nlocal-hostname\nlocal-ipv4\nplacement/\npublic-keys/");
+  std::string_view item = p[2];
+  if (p.size() == 3) {
+    if (item == "instance-id") return text(g.uuid);
+    if (item == "hostname" || item == "local-hostname") return text(g.hostname);
+    if (item == "local-ipv4") return text(g.ip);
+    if (item == "placement") return text("availability-zone");
+  }
+  if (item == "placement" && p.size() == 4 && p[3] == "availability-zone") return text(g.availability_zone);
+  if (item == "public-keys") {
+    if (p.size() == 3) {
+      std::string out;
+      for (size_t i = 0; i < g.public_keys.size(); ++i)
+        out += (i ? "\n" : "") + std::to_string(i) + "=" + g.public_keys[i].first;
+      return text(out);
+    }
+    size_t index = 0;
+    auto [ptr, ec] = std::from_chars(p[3].data(), p[3].data() + p[3].size(), index);
+    if (ec != std::errc{} || ptr != p[3].data() + p[3].size() || index >= g.public_keys.size())
+      return not_found();
+    if (p.size() == 4) return text("openssh-key");
+    if (p.size() == 5 && p[4] == "openssh-key") return text(g.public_keys[index].second + "\n");
+  }
+  return not_found();
+}
+
+MetadataResponse openstack(const std::vector<std::string_view>& p, const GuestView& g) {
+  if (p.size() == 1) return text(lines(openstack_versions));
+  if (!known(openstack_versions, p[1])) return not_found();
+  if (p.size() == 2)
+    return text(g.user_data.empty() ? "meta_data.json\nnetwork_data.json\nvendor_data.json"
+                                     : "meta_data.json\nnetwork_data.json\nuser_data\nvendor_data.json");
+  if (p.size() != 3) return not_found();
+  std::string_view file = p[2];
+  if (file == "meta_data.json") {
+    json::object keys;
+    json::array key_list;
+    for (auto& [name, key] : g.public_keys) {
+      keys[name] = key;
+      key_list.push_back(json::object{{"name", name}, {"type", "ssh"}, {"data", key}});
+    }
+    json::object meta{{"uuid", g.uuid},
+                      {"name", g.name.empty() ? g.hostname : g.name},
+                      {"hostname", g.hostname},
+                      {"public_keys", keys},
+                      {"keys", key_list},
+                      {"launch_index", g.launch_index},
+                      {"availability_zone", g.availability_zone},
+                      {"project_id", "toyvm"},
+                      {"meta", json::object{}},
+                      {"devices", json::array{}}};
+    return {200, "application/json", json::serialize(meta)};
+  }
+  if (file == "user_data") {
+    if (g.user_data.empty()) return not_found();
+    return {200, "application/octet-stream", g.user_data};
+  }
+  if (file == "network_data.json") {
+    // No static layout: cloud-init falls back to DHCP on the first NIC.
+    return {200, "application/json", R"({"links":[],"networks":[],"services":[]})"};
+  }
+  if (file == "vendor_data.json" || file == "vendor_data2.json") return {200, "application/json", "{}"};
+  return not_found();
+}
+
+}  // namespace
+
+MetadataResponse route_metadata(std::string_view method, std::string_view target, const GuestView* guest) {
+  if (method != "GET" && method != "HEAD") return status(405, "Method Not Allowed\n");
+  std::string_view path = target.substr(0, target.find('?'));
+  std::vector<std::string_view> parts;
+  if (!split_path(path, parts)) return status(400, "Bad Request\n");
+  if (!guest) return not_found();  // never another guest's data, not even the version lists
+  if (parts.empty()) return text(lines(ec2_versions));
+  if (parts[0] == "openstack") return openstack(parts, *guest);
+  if (known(ec2_versions, parts[0])) return ec2(parts, *guest);
+  return not_found();
+}
+
+std::string hostname_for(std::string_view name, std::string_view uuid) {
+  std::string out;
+  for (char c : name) {
+    char lower = (c >= 'A' && c <= 'Z') ? char(c - 'A' + 'a') : c;
+    bool ok = (lower >= 'a' && lower <= 'z') || (lower >= '0' && lower <= '9');
+    if (ok) {
+      out.push_back(lower);
+    } else if (!out.empty() && out.back() != '-') {
+      out.push_back('-');
+    }
+    if (out.size() == 63) break;
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  if (out.empty()) out = "instance-" + std::string(uuid.substr(0, 8));
+  return out;
+}
+
+std::string base64_encode(std::string_view bytes) {
+  static constexpr char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 | uint32_t(uint8_t(bytes[i + 1])) << 8 | uint8_t(bytes[i + 2]);
+    for (int shift : {18, 12, 6, 0}) out.push_back(alphabet[(v >> shift) & 63]);
+  }
+  if (i < bytes.size()) {
+    uint32_t v = uint32_t(uint8_t(bytes[i])) << 16;
+    if (i + 1 < bytes.size()) v |= uint32_t(uint8_t(bytes[i + 1])) << 8;
+    out.push_back(alphabet[(v >> 18) & 63]);
+    out.push_back(alphabet[(v >> 12) & 63]);
+    out.push_back(i + 1 < bytes.size() ? alphabet[(v >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
+}
+
+bool base64_decode(std::string_view text, std::string& out) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  if (text.size() % 4 != 0) return false;
+  out.clear();
+  out.reserve(text.size() / 4 * 3);
+  for (size_t i = 0; i < text.size(); i += 4) {
+    int pad = (text[i + 3] == '=') + (text[i + 2] == '=');
+    if (pad && i + 4 != text.size()) return false;
+    int a = value(text[i]), b = value(text[i + 1]);
+    int c = pad >= 2 ? 0 : value(text[i + 2]);
+    int d = pad >= 1 ? 0 : value(text[i + 3]);
+    if (a < 0 || b < 0 || c < 0 || d < 0) return false;
+    uint32_t v = uint32_t(a) << 18 | uint32_t(b) << 12 | uint32_t(c) << 6 | uint32_t(d);
+    out.push_back(char(v >> 16));
+    if (pad < 2) out.push_back(char((v >> 8) & 0xff));
+    if (pad < 1) out.push_back(char(v & 0xff));
+  }
+  return true;
+}
+
+}  // namespace toyvm

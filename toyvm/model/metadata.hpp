@@ -1,0 +1,40 @@
+#pragma once
+// The metadata service's answers, as cloud-init reads them: EC2-style paths
+// (/latest/meta-data/...) and OpenStack paths (/openstack/latest/meta_data.json). Pure: a
+// request path and what is known of the asking guest in, a response out.
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace toyvm {
+
+struct GuestView {
+  std::string uuid;
+  std::string name;
+  std::string hostname;
+  std::string ip;
+  std::string availability_zone = "nova";
+  std::string user_data;  // raw bytes; empty: none
+  std::vector<std::pair<std::string, std::string>> public_keys;  // name, OpenSSH public key
+  int launch_index = 0;
+};
+
+struct MetadataResponse {
+  int status = 200;
+  std::string content_type = "text/plain";
+  std::string body;
+};
+
+// `guest` is null when the source address belongs to no known instance.
+MetadataResponse route_metadata(std::string_view method, std::string_view target, const GuestView* guest);
+
+// A hostname cloud-init accepts: the name reduced to [a-z0-9-], or one made from the uuid.
+std::string hostname_for(std::string_view name, std::string_view uuid);
+
+std::string base64_encode(std::string_view bytes);
+// Empty optional-like: returns false on malformed input.
+bool base64_decode(std::string_view text, std::string& out);
+
+}  // namespace toyvm
