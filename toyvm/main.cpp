@@ -70,7 +70,10 @@ int main(int argc, char** argv) {
   auto* sched = app.add_subcommand("schedule", "claim resources and start an instance on a host");
   sched->add_option("query", schedule.query, "Placement query, e.g. 'resources=VCPU:1,MEMORY_MB:256'")->required();
   sched->add_option("--image", schedule.image, "image reference");
-  sched->add_option("--name", schedule.name, "instance name");
+  sched->add_option("--name", schedule.name, "instance name (also its hostname)");
+  sched->add_option("--user-data", schedule.user_data_file, "file given to cloud-init as user data");
+  sched->add_option("--key", schedule.keys, "ssh public key as NAME=PUBKEY (repeatable)");
+  sched->add_option("--key-file", schedule.key_files, "ssh public key file (repeatable)");
   sched->add_flag("--wait", schedule.wait, "wait for ACTIVE or ERROR, printing each state");
   sched->add_option("--timeout", schedule.wait_timeout_s, "seconds to --wait")->capture_default_str();
   sched->footer("Example: toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait");
@@ -93,9 +96,11 @@ int main(int argc, char** argv) {
     service = [&](const Config& c) { return run_destroy(c, destroy); };
   });
 
+  MdserverOptions mdserver;
   auto* md = app.add_subcommand("mdserver", "serve cloud-init metadata to guests");
-  md->footer("Example: toyvm mdserver --config /etc/toyvm/toyvm.toml");
-  md->callback([&] { service = [&](const Config& c) { return run_mdserver(c); }; });
+  md->add_option("--listen", mdserver.listen, "ADDRESS:PORT to serve on (repeatable; default 169.254.169.254:80)");
+  md->footer("Example: toyvm mdserver --listen 169.254.169.254:80");
+  md->callback([&] { service = [&](const Config& c) { return run_mdserver(c, mdserver); }; });
 
   try {
     app.parse(argc, argv);

@@ -136,8 +136,15 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   schedule.get("max_claim_attempts", config.schedule.max_claim_attempts);
   schedule.finish();
 
+  TableReader mdserver(section("mdserver"), "mdserver", &error);
+  mdserver.get("listen", config.mdserver.listen);
+  mdserver.get("max_connections", config.mdserver.max_connections);
+  mdserver.get("idle_timeout", config.mdserver.idle_timeout_s);
+  mdserver.get("availability_zone", config.mdserver.availability_zone);
+  mdserver.finish();
+
   for (auto& [key, node] : root) {
-    static const std::set<std::string> sections{"etcd", "placement", "compute", "schedule"};
+    static const std::set<std::string> sections{"etcd", "placement", "compute", "schedule", "mdserver"};
     if (error.empty() && !sections.count(std::string(key.str())))
       error = fmt::format("unknown section [{}]", key.str());
   }

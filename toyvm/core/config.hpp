@@ -42,11 +42,19 @@ struct ScheduleConfig {
   int max_claim_attempts = 8;  // PUT /allocations retries on concurrent_update per candidate
 };
 
+struct MdserverConfig {
+  std::vector<std::string> listen{"169.254.169.254:80"};
+  int max_connections = 4096;
+  double idle_timeout_s = 10.0;  // a connection that sends nothing for this long is closed
+  std::string availability_zone = "nova";
+};
+
 struct Config {
   EtcdConfig etcd;
   PlacementConfig placement;
   ComputeConfig compute;
   ScheduleConfig schedule;
+  MdserverConfig mdserver;
 };
 
 // What the flags common to every subcommand can set; empty means "not given".

@@ -14,12 +14,70 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <set>
 
 namespace toyvm {
 namespace {
 
 using namespace asio::experimental::awaitable_operators;
+
+// Nova's limit on user data; etcd's on a request is 1.5 MiB.
+constexpr size_t max_user_data = 64 * 1024;
+
+std::optional<std::string> read_small_file(const std::string& path, size_t limit) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string data(limit + 1, '\0');
+  in.read(data.data(), std::streamsize(data.size()));
+  data.resize(size_t(in.gcount()));
+  return data;
+}
+
+// User data and ssh keys from the command line, checked before anything is claimed.
+result<void> read_guest_data(const ScheduleOptions& options, WorkSpec& spec, std::string* detail) {
+  if (!options.user_data_file.empty()) {
+    auto data = read_small_file(options.user_data_file, max_user_data);
+    if (!data) {
+      *detail = fmt::format("cannot read user data file {}", options.user_data_file);
+      return errc::invalid_argument;
+    }
+    if (data->size() > max_user_data) {
+      *detail = fmt::format("user data file {} is larger than {} bytes", options.user_data_file, max_user_data);
+      return errc::invalid_argument;
+    }
+    spec.user_data = std::move(*data);
+  }
+  for (const std::string& key : options.keys) {
+    size_t eq = key.find('=');
+    if (eq == 0 || eq == std::string::npos || key.find('\n') != std::string::npos) {
+      *detail = fmt::format("bad --key '{}' (expected NAME=PUBKEY)", key.substr(0, 40));
+      return errc::invalid_argument;
+    }
+    spec.keys.emplace_back(key.substr(0, eq), key.substr(eq + 1));
+  }
+  for (const std::string& file : options.key_files) {
+    auto text = read_small_file(file, 16 * 1024);
+    if (!text || text->size() > 16 * 1024) {
+      *detail = fmt::format("cannot read ssh public key file {}", file);
+      return errc::invalid_argument;
+    }
+    std::string line = text->substr(0, text->find('\n'));
+    // "type base64 comment": the comment names the key, else the file does.
+    size_t first = line.find(' ');
+    size_t second = first == std::string::npos ? first : line.find(' ', first + 1);
+    if (first == std::string::npos) {
+      *detail = fmt::format("{} is not an OpenSSH public key", file);
+      return errc::invalid_argument;
+    }
+    std::string name = second == std::string::npos ? std::filesystem::path(file).stem().string()
+                                                   : line.substr(second + 1);
+    spec.keys.emplace_back(name, line);
+  }
+  return {};
+}
 
 struct Claim {
   std::string host;
@@ -40,6 +98,9 @@ class Scheduler {
     std::string detail;
     auto query = parse_placement_query(options_.query, &detail);
     if (!query) co_return report_failure(query.error(), "invalid query: " + detail);
+    WorkSpec spec;
+    if (auto read = read_guest_data(options_, spec, &detail); !read)
+      co_return report_failure(read.error(), detail);
 
     // Candidates and live hosts are independent: ask Placement and etcd at once.
     spdlog::debug("schedule: asking Placement and etcd");
@@ -66,7 +127,6 @@ class Scheduler {
       co_return placement_failure(claim.error());
     }
 
-    WorkSpec spec;
     spec.uuid = uuid;
     spec.name = options_.name;
     spec.image = options_.image.empty() ? config_.schedule.image : options_.image;

@@ -15,6 +15,9 @@ struct ScheduleOptions {
   std::string query;
   std::string image;  // empty: config's default
   std::string name;
+  std::string user_data_file;
+  std::vector<std::string> keys;       // NAME=PUBKEY
+  std::vector<std::string> key_files;  // OpenSSH public key files; named by their comment
   bool wait = false;
   double wait_timeout_s = 600;
 };
@@ -34,6 +37,9 @@ struct DestroyOptions {
 };
 int run_destroy(const Config& config, const DestroyOptions& options);
 
-int run_mdserver(const Config& config);
+struct MdserverOptions {
+  std::vector<std::string> listen;  // ADDRESS:PORT; empty: config's
+};
+int run_mdserver(const Config& config, const MdserverOptions& options);
 
 }  // namespace toyvm
