@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The benchmark in one command: installs what is missing (gnuplot for the plots), builds,
-# and runs contrib/bench/run.py with the given arguments (--quick for a fast look).
+# The benchmark in one command: installs what is missing (gnuplot for the plots, wrk for the
+# metadata service), builds, and runs contrib/bench/run.py with the given arguments
+# (--quick for a fast look).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-"$root/contrib/install-deps.sh" gnuplot-nox
+"$root/contrib/install-deps.sh" gnuplot-nox wrk
 [ -f "$root/build/build.ninja" ] || meson setup "$root/build" --wrap-mode=nodownload >/dev/null
 ninja -C "$root/build" -j2 toyvm/toyvm contrib/bench/toyvm-bench >/dev/null
 exec /usr/bin/python3 "$root/contrib/bench/run.py" "$@"

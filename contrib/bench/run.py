@@ -239,6 +239,16 @@ def run(args):
         finally:
             bench.stop()
 
+        # The metadata service: 10,000 guests indexed, 16 keep-alive clients (wrk).
+        md_dir = pathlib.Path(workdir) / "mdserver"
+        md_dir.mkdir()
+        bench = Bench(args.build, md_dir, 1)
+        try:
+            results["mdserver"] = measure_mdserver(bench, 2000 if args.quick else 10000)
+            print("bench: mdserver done", file=sys.stderr)
+        finally:
+            bench.stop()
+
         # Scale, on a Placement of its own so the providers above do not count.
         scale_dir = pathlib.Path(workdir) / "scale"
         scale_dir.mkdir()
@@ -263,6 +273,33 @@ def run(args):
         finally:
             bench.stop()
     return results
+
+
+def measure_mdserver(bench, guests):
+    seeded = bench.measure("seed", "--count", str(guests))["written"]
+    port = free_port()
+    md = bench.spawn([bench.toyvm, "--etcd", bench.etcd_url, "mdserver", "--listen", f"127.0.0.1:{port}"],
+                     "mdserver.log")
+    url = f"http://127.0.0.1:{port}/openstack/latest/meta_data.json"
+    wait_until("mdserver", lambda: urllib.request.urlopen(url).status == 200)
+    _, rss, _ = proc_stat(md.pid)
+    out = subprocess.run(["wrk", "-t2", "-c16", "-d10s", "--latency", url], capture_output=True, text=True,
+                         check=True).stdout
+
+    def wrk_ms(label):
+        for line in out.splitlines():
+            parts = line.split()
+            if parts and parts[0] == label:
+                value = parts[1]
+                for unit, factor in (("us", 0.001), ("ms", 1.0), ("s", 1000.0)):
+                    if value.endswith(unit):
+                        return float(value[:-len(unit)]) * factor
+        return float("nan")
+
+    rate = next(float(line.split()[1]) for line in out.splitlines() if line.startswith("Requests/sec"))
+    errors = sum(int(n) for line in out.splitlines() if "Non-2xx" in line for n in line.split()[-1:])
+    return {"guests": seeded, "rss_kb": rss, "requests_per_s": rate, "p50_ms": wrk_ms("50%"),
+            "p99_ms": wrk_ms("99%"), "non_2xx": errors, "tool": "wrk -t2 -c16 -d10s --latency"}
 
 
 def report(results):
@@ -298,11 +335,18 @@ def report(results):
         "| providers | candidates limit=50 p50 ms | no limit p50 ms | toyvm decision limit=50 ms | no limit ms |",
         "|---|---|---|---|---|",
     ]
+    md = results["mdserver"]
+    lines_md = [
+        "",
+        f"mdserver: {md['requests_per_s']:.0f} requests/s for meta_data.json, p50 {md['p50_ms']:.3f} ms, "
+        f"p99 {md['p99_ms']:.3f} ms ({md['tool']}, {md['non_2xx']} non-2xx); "
+        f"RSS {md['rss_kb'] / 1024:.1f} MB with {md['guests']} guests indexed",
+    ]
     for row in results["scale"]:
         lines.append(f"| {row['providers']} | {row['candidates_limit50_ms']['p50']:.1f} | "
                      f"{row['candidates_nolimit_ms']['p50']:.1f} | {row['decision_limit50_ms']['p50']:.3f} | "
                      f"{row['decision_nolimit_ms']['p50']:.3f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + lines_md)
 
 
 def plot(results, out):

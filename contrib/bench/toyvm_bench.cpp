@@ -17,6 +17,7 @@
 #include "model/uuid.hpp"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
@@ -226,6 +227,41 @@ int run_providers(const Options& o) {
   return 0;
 }
 
+// Puts `count` instances with user data and keys into etcd (addresses 10.x.y.z, the first one
+// 127.0.0.1 so a local load generator is a known guest), 64 transactions in flight.
+awaitable<void> seed_worker(std::shared_ptr<EtcdClient> etcd, int first, int step, int count, int& written) {
+  KeyLayout keys;
+  const std::string host = "aaaaaaaa-0000-4000-8000-00000000000b";
+  for (int i = first; i < count; i += step) {
+    WorkSpec spec;
+    spec.uuid = new_uuid();
+    spec.name = "guest-" + std::to_string(i);
+    spec.user_data = "#cloud-config\nhostname: " + spec.name + "\n";
+    spec.keys = {{"bench", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBench bench@toyvm"}};
+    InstanceRecord record;
+    record.uuid = spec.uuid;
+    record.host = host;
+    record.state = InstanceState::active;
+    record.ip = i == 0 ? "127.0.0.1" : fmt::format("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
+    std::vector<EtcdOp> ops{EtcdOp::put(keys.work(host, spec.uuid), encode(spec)),
+                            EtcdOp::put(keys.instance(spec.uuid), encode(record))};
+    std::vector<EtcdCompare> always;
+    if (co_await etcd->txn(std::move(always), std::move(ops))) ++written;
+  }
+}
+
+int run_seed(const Options& o) {
+  Config config = make_config(o);
+  auto etcd = EtcdClient::create(config.etcd);
+  int written = 0;
+  run_loop([&](asio::io_context& io) -> awaitable<void> {
+    for (int w = 0; w < 64; ++w) asio::co_spawn(io, seed_worker(etcd, w, 64, o.count, written), asio::detached);
+    co_return;
+  });
+  std::printf("{\"written\": %d}\n", written);
+  return 0;
+}
+
 int run_candidates(const Options& o) {
   Config config = make_config(o);
   std::vector<double> latencies, decisions;
@@ -276,7 +312,8 @@ int main(int argc, char** argv) {
   auto* active = app.add_subcommand("active", "time work -> ACTIVE on one host");
   auto* providers = app.add_subcommand("providers", "create providers");
   auto* candidates = app.add_subcommand("candidates", "time candidates and toyvm's decision");
-  for (auto* sub : {floor, exec, active, providers, candidates}) common(sub);
+  auto* seed = app.add_subcommand("seed", "put instances for the metadata service into etcd");
+  for (auto* sub : {floor, exec, active, providers, candidates, seed}) common(sub);
   active->add_option("--host", o.host)->required();
   exec->add_option("command", o.command)->required();
   CLI11_PARSE(app, argc, argv);
@@ -286,6 +323,7 @@ int main(int argc, char** argv) {
   if (*active) code = run_active(o);
   if (*providers) code = run_providers(o);
   if (*candidates) code = run_candidates(o);
+  if (*seed) code = run_seed(o);
   std::fflush(stdout);
   std::_Exit(code);
 }
