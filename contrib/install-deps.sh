@@ -11,6 +11,7 @@ build_pkgs=(
 )
 # Real servers the integration tests and the quick start run on loopback.
 service_pkgs=(
+  iproute2 procps
   etcd-server etcd-client
   placement-api python3-placement uwsgi-core uwsgi-plugin-python3
   libvirt-clients

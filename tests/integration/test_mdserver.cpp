@@ -13,6 +13,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
+#include <filesystem>
 #include <fstream>
 
 using namespace toyvm;
@@ -27,7 +30,7 @@ const std::string vm_b = "22222222-0000-4000-8000-000000000002";
 // A TCP connection from a chosen loopback source address, so one test can be many guests.
 class Client {
  public:
-  Client(const std::string& source, uint16_t port) {
+  Client(const std::string& source, uint16_t port, const std::string& target = "127.0.0.1") {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in local{};
     local.sin_family = AF_INET;
@@ -36,7 +39,7 @@ class Client {
     sockaddr_in remote{};
     remote.sin_family = AF_INET;
     remote.sin_port = htons(port);
-    inet_pton(AF_INET, "127.0.0.1", &remote.sin_addr);
+    inet_pton(AF_INET, target.c_str(), &remote.sin_addr);
     connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&remote), sizeof remote) == 0;
   }
   ~Client() { close(fd_); }
@@ -78,8 +81,9 @@ class Client {
   bool connected_ = false;
 };
 
-std::pair<int, std::string> get_from(const std::string& source, uint16_t port, const std::string& path) {
-  Client client(source, port);
+std::pair<int, std::string> get_from(const std::string& source, uint16_t port, const std::string& path,
+                                     const std::string& target = "127.0.0.1") {
+  Client client(source, port, target);
   return client.get(path);
 }
 
@@ -201,4 +205,53 @@ TEST_CASE("bad requests get 4xx or a closed connection, and others are still ser
   }
   CHECK(md.process->running());
   CHECK(get_from("127.0.0.2", md.port, "/latest/meta-data/instance-id").second == vm_a);
+}
+
+TEST_CASE("a compute agent puts the metadata address on its interface and starts mdserver once", "[mdserver]") {
+  Servers servers;
+  const std::string address = "127.77.0.1";
+  const std::string listen = address + ":" + std::to_string(free_port());
+  std::string config = servers.dir() + "/compute.toml";
+  std::ofstream(config) << "[compute]\nmetadata_interface = \"lo\"\n[mdserver]\nlisten = [\"" << listen << "\"]\n";
+  // The started mdserver lives in a session of its own, as it should; the test ends it.
+  struct Cleanup {
+    std::string listen, address;
+    ~Cleanup() {
+      std::system(("pkill -f 'mdserver --listen " + listen + "'").c_str());
+      std::system(("ip addr del " + address + "/32 dev lo 2>/dev/null").c_str());
+    }
+  } cleanup{listen, address};
+  // Processes whose arguments end in "mdserver --listen <listen>".
+  auto count_mdservers = [&] {
+    int count = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      std::string cmdline = read_file(entry.path().string() + "/cmdline");
+      std::string wanted = std::string("mdserver\0--listen\0", 18) + listen + std::string(1, '\0');
+      if (cmdline.size() >= wanted.size() && cmdline.compare(cmdline.size() - wanted.size(), wanted.size(), wanted) == 0)
+        ++count;
+    }
+    return count;
+  };
+
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp, {});
+  compute.reset();  // started without the config; now with it
+  auto with_metadata = servers.spawn_toyvm({"--config", config, "compute", "--state-dir", servers.dir() + "/c1",
+                                            "--libvirt-uri", "test:///default", "--inventory", "VCPU:4",
+                                            "--name", "c1"}, "c1-md.log");
+  CHECK(wait_for([&] { return count_mdservers() == 1; }, 20));
+  std::system(("ip -4 addr show dev lo > " + servers.dir() + "/lo.txt").c_str());
+  CHECK_THAT(read_file(servers.dir() + "/lo.txt"), Catch::Contains(address + "/32"));
+  uint16_t port = uint16_t(std::stoi(listen.substr(listen.rfind(':') + 1)));
+  CHECK(wait_for([&] { return get_from(address, port, "/latest/meta-data/instance-id", address).first == 404; }, 20));
+
+  // A restarted agent finds the service answering and starts no second one.
+  with_metadata->signal(SIGTERM);
+  CHECK(with_metadata->wait(20) == 0);
+  auto again = servers.spawn_toyvm({"--config", config, "compute", "--state-dir", servers.dir() + "/c1",
+                                    "--libvirt-uri", "test:///default", "--inventory", "VCPU:4", "--name", "c1"},
+                                   "c1-md2.log");
+  CHECK(wait_for([&] { return read_file(servers.dir() + "/c1-md2.log").find("metadata service answers") !=
+                              std::string::npos; }, 20));
+  CHECK(count_mdservers() == 1);
 }

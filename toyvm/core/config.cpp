@@ -121,6 +121,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("name", c.name);
   compute.get("inventory", c.inventory);
   compute.get("traits", c.traits);
+  compute.get("metadata_interface", c.metadata_interface);
   compute.get("lease_ttl", c.lease_ttl_s);
   compute.get("workers", c.workers);
   compute.get("reserved_vcpu", c.policy.reserved_vcpu);
@@ -181,6 +182,7 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
     if (detail) *detail = fmt::format("{}: {}", path, parse_detail);
     return config.error();
   }
+  config->source_file = path;
   std::string etcd = !flags.etcd.empty() ? flags.etcd : env("TOYVM_ETCD");
   if (!etcd.empty()) config->etcd.endpoints = split_endpoints(etcd);
   std::string placement = !flags.placement.empty() ? flags.placement : env("TOYVM_PLACEMENT");

@@ -33,6 +33,7 @@ struct ComputeConfig {
   std::string inventory;      // "VCPU:4,DISK_GB:10,MEMORY_MB:512" overrides measuring the host
   std::vector<std::string> traits;  // CUSTOM_* traits to put on the provider
   InventoryPolicy policy;
+  std::string metadata_interface;  // e.g. virbr0: put the metadata address there, run mdserver if needed
   int lease_ttl_s = 10;
   int workers = 4;            // threads for blocking libvirt and disk work
 };
@@ -55,6 +56,7 @@ struct Config {
   ComputeConfig compute;
   ScheduleConfig schedule;
   MdserverConfig mdserver;
+  std::string source_file;  // the TOML file read, if any
 };
 
 // What the flags common to every subcommand can set; empty means "not given".

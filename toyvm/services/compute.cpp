@@ -4,6 +4,7 @@
 // reconnect. Each instance is reconciled by one coroutine at a time; instances run in parallel.
 
 #include "clients/etcd.hpp"
+#include "clients/http.hpp"
 #include "clients/placement.hpp"
 #include "core/log.hpp"
 #include "model/keys.hpp"
@@ -12,11 +13,17 @@
 #include "services/common.hpp"
 #include "services/services.hpp"
 #include "virt/backend.hpp"
+#include "virt/host_network.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <fcntl.h>
+#include <spawn.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -59,6 +66,27 @@ result<std::string> load_or_create_provider_uuid(const fs::path& state_dir, std:
   return uuid;
 }
 
+// Starts a process in a session of its own with its output in `log`; it is not waited for.
+bool spawn_detached(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<char*> argv;
+  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSID);
+  pid_t pid = 0;
+  int error = posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  errno = error;
+  return error == 0;
+}
+
 std::string host_name() {
   char buf[256] = {};
   gethostname(buf, sizeof buf - 1);
@@ -83,6 +111,7 @@ class ComputeAgent {
     signals.async_wait([this](const error_code& ec, int) {
       if (!ec) asio::co_spawn(io_, shutdown(), asio::detached);
     });
+    co_await ensure_metadata_service();
     co_await register_provider();
     co_await announce();
     asio::co_spawn(io_, keep_lease_alive(), asio::detached);
@@ -130,6 +159,42 @@ class ComputeAgent {
   awaitable<R> virt(R (VirtBackend::*method)(Params...), Args... args) {
     auto call = [backend = virt_.get(), method, args...] { return (backend->*method)(args...); };
     co_return co_await run_blocking(pool_, std::move(call));
+  }
+
+  // With [compute] metadata_interface set, guests reach the metadata service through this host:
+  // its address goes on that interface, and if nothing answers there an mdserver is started
+  // (in its own session, so it outlives a restart of the agent).
+  awaitable<void> ensure_metadata_service() {
+    const std::string& interface = config_.compute.metadata_interface;
+    if (interface.empty() || config_.mdserver.listen.empty()) co_return;
+    const std::string listen = config_.mdserver.listen.front();
+    const std::string address = listen.substr(0, listen.rfind(':'));
+    std::string detail;
+    if (!add_interface_address(interface, address, &detail)) {
+      spdlog::error("metadata service: {}", detail);
+      co_return;
+    }
+    if (co_await answers_http(address, listen.substr(listen.rfind(':') + 1))) {
+      spdlog::info("metadata service answers on {}", listen);
+      co_return;
+    }
+    std::vector<std::string> args{"/proc/self/exe"};
+    if (!config_.source_file.empty()) args.insert(args.end(), {"--config", config_.source_file});
+    args.insert(args.end(), {"--etcd", fmt::format("{}", fmt::join(config_.etcd.endpoints, ",")),
+                             "mdserver", "--listen", listen});
+    std::string log = config_.compute.state_dir + "/mdserver.log";
+    if (spawn_detached(args, log)) {
+      spdlog::info("started toyvm mdserver on {} (log: {})", listen, log);
+    } else {
+      spdlog::error("cannot start toyvm mdserver: {}", std::strerror(errno));
+    }
+  }
+
+  awaitable<bool> answers_http(std::string host, std::string port) {
+    HttpClient http(io_.get_executor(), HttpClientOptions{"http://" + host + ":" + port, 1000ms});
+    HttpRequest probe{"GET", "/", {}, {}};
+    auto response = co_await http.request(std::move(probe));
+    co_return bool(response);  // any answer, even 404 for this host's own address
   }
 
   // Waits with capped exponential backoff; used wherever a server may come back.
