@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
   auto* sched = app.add_subcommand("schedule", "claim resources and start an instance on a host");
   sched->add_option("query", schedule.query, "Placement query, e.g. 'resources=VCPU:1,MEMORY_MB:256'")->required();
   sched->add_option("--image", schedule.image, "image reference");
+  sched->add_option("--count", schedule.count, "place this many instances, all or nothing")
+      ->check(CLI::Range(1, 10000));
+  sched->add_option("--policy", schedule.policy, "host weighing: spread (default) or pack")
+      ->check(CLI::IsMember({"spread", "pack"}));
   sched->add_option("--name", schedule.name, "instance name (also its hostname)");
   sched->add_option("--user-data", schedule.user_data_file, "file given to cloud-init as user data");
   sched->add_option("--key", schedule.keys, "ssh public key as NAME=PUBKEY (repeatable)");

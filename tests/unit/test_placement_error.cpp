@@ -61,3 +61,49 @@ TEST_CASE("allocation candidates parse, and only live hosts are chosen, in Place
   CHECK_FALSE(parse_allocation_candidates("{}").has_value());
   CHECK_FALSE(parse_allocation_candidates(R"({"allocation_requests":[{"allocations":[]}]})").has_value());
 }
+
+namespace {
+// Three hosts, the first fullest: h1 has 1 of 8 VCPU free, h2 4, h3 7.
+Candidates three_hosts() {
+  Candidates c;
+  const char* hosts[] = {"h1", "h2", "h3"};
+  int64_t used[] = {7, 4, 1};
+  for (int i = 0; i < 3; ++i) {
+    c.allocation_requests.push_back({{hosts[i], {{"VCPU", 1}}}});
+    c.provider_summaries[hosts[i]] = ProviderSummary{{{"VCPU", 8}, {"MEMORY_MB", 1024}}, {{"VCPU", used[i]}, {"MEMORY_MB", 0}}};
+  }
+  return c;
+}
+std::vector<std::string> hosts_of(const std::vector<Choice>& choices) {
+  std::vector<std::string> out;
+  for (auto& c : choices) out.push_back(c.host);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("spread prefers the emptiest host, pack the fullest") {
+  Candidates c = three_hosts();
+  std::set<std::string> live{"h1", "h2", "h3"};
+  WeighPolicy spread;
+  CHECK(hosts_of(rank_candidates(c, live, spread)) == std::vector<std::string>{"h3", "h2", "h1"});
+  WeighPolicy pack;
+  pack.kind = WeighPolicy::Kind::pack;
+  CHECK(hosts_of(rank_candidates(c, live, pack)) == std::vector<std::string>{"h1", "h2", "h3"});
+  // A zero multiplier switches a weigher off: equal weights keep Placement's order.
+  spread.cpu_multiplier = 0;
+  CHECK(hosts_of(rank_candidates(c, live, spread)) == std::vector<std::string>{"h1", "h2", "h3"});
+}
+
+TEST_CASE("host_subset_size picks at random among the best hosts only") {
+  Candidates c = three_hosts();
+  std::set<std::string> live{"h1", "h2", "h3"};
+  WeighPolicy spread;
+  spread.host_subset_size = 2;
+  CHECK(rank_candidates(c, live, spread, 0.0).front().host == "h3");
+  CHECK(rank_candidates(c, live, spread, 0.99).front().host == "h2");
+  CHECK(rank_candidates(c, live, spread, 0.99).size() == 3);
+  spread.host_subset_size = 50;  // larger than the candidates: all of them
+  CHECK(rank_candidates(c, live, spread, 0.99).front().host == "h1");
+  CHECK(parse_weigh_kind("pack") == WeighPolicy::Kind::pack);
+  CHECK_FALSE(parse_weigh_kind("random"));
+}

@@ -135,6 +135,11 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   TableReader schedule(section("schedule"), "schedule", &error);
   schedule.get("image", config.schedule.image);
   schedule.get("max_claim_attempts", config.schedule.max_claim_attempts);
+  schedule.get("policy", config.schedule.policy);
+  schedule.get("ram_weight_multiplier", config.schedule.ram_weight_multiplier);
+  schedule.get("cpu_weight_multiplier", config.schedule.cpu_weight_multiplier);
+  schedule.get("disk_weight_multiplier", config.schedule.disk_weight_multiplier);
+  schedule.get("host_subset_size", config.schedule.host_subset_size);
   schedule.finish();
 
   TableReader mdserver(section("mdserver"), "mdserver", &error);
@@ -150,6 +155,8 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
       error = fmt::format("unknown section [{}]", key.str());
   }
   if (error.empty() && config.etcd.endpoints.empty()) error = "etcd.endpoints is empty";
+  if (error.empty() && config.schedule.policy != "spread" && config.schedule.policy != "pack")
+    error = "schedule.policy must be \"spread\" or \"pack\"";
   if (error.empty() && (config.compute.lease_ttl_s < 2 || config.compute.workers < 1))
     error = "compute.lease_ttl must be >= 2 and compute.workers >= 1";
   if (!error.empty()) {

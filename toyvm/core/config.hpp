@@ -40,6 +40,11 @@ struct ComputeConfig {
 
 struct ScheduleConfig {
   std::string image = "default";
+  std::string policy = "spread";  // spread or pack
+  double ram_weight_multiplier = 1.0;
+  double cpu_weight_multiplier = 1.0;
+  double disk_weight_multiplier = 1.0;
+  int host_subset_size = 1;
   int max_claim_attempts = 8;  // PUT /allocations retries on concurrent_update per candidate
 };
 

@@ -2,6 +2,8 @@
 
 #include <simdjson.h>
 
+#include <algorithm>
+
 namespace toyvm {
 namespace {
 
@@ -52,7 +54,8 @@ result<Candidates> parse_allocation_candidates(const std::string& body) {
   return out;
 }
 
-std::vector<Choice> rank_candidates(const Candidates& candidates, const std::set<std::string>& live_hosts) {
+std::vector<Choice> rank_candidates(const Candidates& candidates, const std::set<std::string>& live_hosts,
+                                    const WeighPolicy& policy, double random) {
   std::vector<Choice> choices;
   choices.reserve(candidates.allocation_requests.size());
   for (const Allocations& allocations : candidates.allocation_requests) {
@@ -63,7 +66,48 @@ std::vector<Choice> rank_candidates(const Candidates& candidates, const std::set
       }
     }
   }
-  return choices;
+  if (choices.size() < 2) return choices;
+
+  // Free share of each class per host, then each weigher scaled to 0..1 across the hosts.
+  static constexpr const char* classes[] = {"MEMORY_MB", "VCPU", "DISK_GB"};
+  const double multipliers[] = {policy.ram_multiplier, policy.cpu_multiplier, policy.disk_multiplier};
+  std::vector<double> weight(choices.size(), 0.0);
+  for (size_t c = 0; c < 3; ++c) {
+    std::vector<double> free(choices.size(), 0.0);
+    for (size_t i = 0; i < choices.size(); ++i) {
+      auto summary = candidates.provider_summaries.find(choices[i].host);
+      if (summary == candidates.provider_summaries.end()) continue;
+      auto capacity = summary->second.capacity.find(classes[c]);
+      auto used = summary->second.used.find(classes[c]);
+      if (capacity == summary->second.capacity.end() || capacity->second <= 0) continue;
+      free[i] = double(capacity->second - (used == summary->second.used.end() ? 0 : used->second)) /
+                double(capacity->second);
+    }
+    auto [lo, hi] = std::minmax_element(free.begin(), free.end());
+    double range = *hi - *lo;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      double scaled = range > 0 ? (free[i] - *lo) / range : 0.0;
+      weight[i] += multipliers[c] * (policy.kind == WeighPolicy::Kind::spread ? scaled : -scaled);
+    }
+  }
+  std::vector<size_t> order(choices.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // Stable: equal weights keep Placement's order.
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weight[a] > weight[b]; });
+  size_t subset = std::clamp<size_t>(size_t(std::max(policy.host_subset_size, 1)), 1, order.size());
+  size_t pick = std::min(size_t(random * double(subset)), subset - 1);
+  std::rotate(order.begin(), order.begin() + long(pick), order.begin() + long(pick) + 1);
+
+  std::vector<Choice> ranked;
+  ranked.reserve(choices.size());
+  for (size_t i : order) ranked.push_back(choices[i]);
+  return ranked;
+}
+
+std::optional<WeighPolicy::Kind> parse_weigh_kind(std::string_view name) {
+  if (name == "spread") return WeighPolicy::Kind::spread;
+  if (name == "pack") return WeighPolicy::Kind::pack;
+  return std::nullopt;
 }
 
 }  // namespace toyvm

@@ -5,6 +5,8 @@
 #include "model/query.hpp"
 
 #include <map>
+#include <optional>
+#include <string_view>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,8 +34,24 @@ struct Choice {
   const Allocations* allocations;   // points into the Candidates it was chosen from
 };
 
+// How to weigh hosts (Nova's weighers): each host's free share of RAM, VCPU and disk, scaled
+// to 0..1 across the candidates and multiplied; `spread` prefers the emptiest host, `pack`
+// the fullest. The best `host_subset_size` hosts are shuffled, so that concurrent schedulers
+// do not all race for the same one.
+struct WeighPolicy {
+  enum class Kind { spread, pack };
+  Kind kind = Kind::spread;
+  double ram_multiplier = 1.0;
+  double cpu_multiplier = 1.0;
+  double disk_multiplier = 1.0;
+  int host_subset_size = 1;
+};
+
 // The candidates worth claiming, best first: those whose allocation includes a live host.
-// Placement's order is kept.
-std::vector<Choice> rank_candidates(const Candidates& candidates, const std::set<std::string>& live_hosts);
+// `random` picks within the best subset (any value in [0, 1)).
+std::vector<Choice> rank_candidates(const Candidates& candidates, const std::set<std::string>& live_hosts,
+                                    const WeighPolicy& policy = {}, double random = 0.0);
+
+std::optional<WeighPolicy::Kind> parse_weigh_kind(std::string_view name);
 
 }  // namespace toyvm

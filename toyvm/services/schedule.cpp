@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <set>
 
 namespace toyvm {
@@ -117,59 +118,142 @@ class Scheduler {
     }
 
     spdlog::debug("schedule: {} candidates, {} live hosts", candidates->allocation_requests.size(), live.size());
-    const std::string uuid = new_uuid();
-    auto claim = co_await claim_first_fit(uuid, *candidates, live);
-    if (!claim) {
-      if (claim.error() == errc::no_allocations_left) {
+    const int count = std::max(1, options_.count);
+    std::vector<std::string> uuids(static_cast<size_t>(count));
+    for (std::string& uuid : uuids) uuid = new_uuid();
+    auto plan = plan_choices(*candidates, live, count);
+    auto claims = co_await claim_all(uuids, plan);
+    if (!claims) {
+      co_await release_all(uuids);
+      if (claims.error() == errc::no_allocations_left) {
         std::printf("NO ALLOCATIONS LEFT\n");
         co_return static_cast<int>(ExitCode::no_allocations);
       }
-      co_return placement_failure(claim.error());
+      co_return placement_failure(claims.error());
     }
+    spdlog::debug("schedule: claimed {} instance(s)", count);
 
-    spec.uuid = uuid;
-    spec.name = options_.name;
-    spec.image = options_.image.empty() ? config_.schedule.image : options_.image;
-    spec.query = options_.query;
-    spec.resources = claim->allocations[claim->host];
-    spec.created_at = unix_seconds();
-    InstanceRecord record;
-    record.uuid = uuid;
-    record.name = options_.name;
-    record.host = claim->host;
-    record.state = InstanceState::scheduled;
-    record.updated_at = unix_millis();
-
-    spdlog::debug("schedule: claimed on {}", claim->host);
-    const std::string work_key = keys_.work(claim->host, uuid);
-    const std::string instance_key = keys_.instance(uuid);
-    // Create-only: the instance exists exactly once or not at all. (Vectors built outside
-    // co_await: GCC 12 miscompiles initializer lists inside it.)
-    std::vector<EtcdCompare> absent{EtcdCompare::absent(work_key), EtcdCompare::absent(instance_key)};
-    std::vector<EtcdOp> create{EtcdOp::put(work_key, encode(spec)), EtcdOp::put(instance_key, encode(record))};
-    auto txn = co_await etcd_->txn(std::move(absent), std::move(create));
-    if (!txn || !txn->succeeded) {
-      auto released = co_await placement_.release(uuid);
-      std::string what = txn ? "the instance key already exists" : txn.error().message();
-      if (!released)
-        what += fmt::format("; releasing allocation {} also failed: {}", uuid, placement_.last_error().detail);
-      co_return report_failure(txn ? make_error_code(errc::already_exists) : txn.error(),
-                               fmt::format("cannot hand instance {} to host {} through etcd at {}: {}",
-                                           uuid, claim->host, etcd_->endpoints_text(), what));
+    std::vector<WorkSpec> specs;
+    std::vector<InstanceRecord> records;
+    for (int i = 0; i < count; ++i) {
+      const Claim& claim = (*claims)[size_t(i)];
+      WorkSpec& one = specs.emplace_back(spec);
+      one.uuid = uuids[size_t(i)];
+      one.name = count == 1 || options_.name.empty() ? options_.name : fmt::format("{}-{}", options_.name, i + 1);
+      one.image = options_.image.empty() ? config_.schedule.image : options_.image;
+      one.query = options_.query;
+      one.resources = claim.allocations.at(claim.host);
+      one.created_at = unix_seconds();
+      InstanceRecord& record = records.emplace_back();
+      record.uuid = one.uuid;
+      record.name = one.name;
+      record.host = claim.host;
+      record.state = InstanceState::scheduled;
+      record.updated_at = unix_millis();
+    }
+    auto handed = co_await hand_over(specs, records);
+    if (!handed) {
+      co_await release_all(uuids);
+      co_return report_failure(handed.error(), fmt::format("cannot hand the instance(s) over through etcd at {}: {}",
+                                                           etcd_->endpoints_text(), handed.error() == errc::already_exists
+                                                               ? "an instance key already exists"
+                                                               : handed.error().message()));
     }
     spdlog::debug("schedule: handed over through etcd");
-    std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", claim->host.c_str(), uuid.c_str());
+    for (const InstanceRecord& record : records)
+      std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", record.host.c_str(), record.uuid.c_str());
     std::fflush(stdout);
     if (!options_.wait) co_return 0;
-    co_return co_await wait_until_settled(uuid, txn->revision);
+    int worst = 0;
+    for (const std::string& uuid : uuids) worst = std::max(worst, co_await wait_until_settled(uuid, *handed));
+    co_return worst;
   }
 
  private:
-  // Tries the candidates in order: a generation conflict retries the same one, a capacity
+  WeighPolicy weigh_policy() const {
+    const ScheduleConfig& c = config_.schedule;
+    WeighPolicy policy;
+    policy.kind = parse_weigh_kind(options_.policy.empty() ? c.policy : options_.policy).value_or(WeighPolicy::Kind::spread);
+    policy.ram_multiplier = c.ram_weight_multiplier;
+    policy.cpu_multiplier = c.cpu_weight_multiplier;
+    policy.disk_multiplier = c.disk_weight_multiplier;
+    policy.host_subset_size = c.host_subset_size;
+    return policy;
+  }
+
+  // For each instance, the hosts to try, best first. A batch is planned against a local
+  // copy of the free capacity, so its instances spread (or pack) before they reach Placement
+  // instead of all colliding on the best host.
+  std::vector<std::vector<Choice>> plan_choices(const Candidates& candidates, const std::set<std::string>& live,
+                                                int count) {
+    view_ = candidates;
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    std::mt19937_64 rng{std::random_device{}()};
+    WeighPolicy policy = weigh_policy();
+    std::vector<std::vector<Choice>> plan;
+    for (int i = 0; i < count; ++i) {
+      std::vector<Choice> ranked = rank_candidates(view_, live, policy, uniform(rng));
+      auto fits = [&](const Choice& choice) {
+        for (auto& [rp, resources] : *choice.allocations) {
+          auto summary = view_.provider_summaries.find(rp);
+          if (summary == view_.provider_summaries.end()) continue;
+          for (auto& [rc, amount] : resources) {
+            auto capacity = summary->second.capacity.find(rc);
+            if (capacity != summary->second.capacity.end() && summary->second.used[rc] + amount > capacity->second)
+              return false;
+          }
+        }
+        return true;
+      };
+      auto first = std::find_if(ranked.begin(), ranked.end(), fits);
+      if (first != ranked.end()) {
+        std::rotate(ranked.begin(), first, first + 1);
+        for (auto& [rp, resources] : *first->allocations)
+          for (auto& [rc, amount] : resources) view_.provider_summaries[rp].used[rc] += amount;
+      }
+      plan.push_back(std::move(ranked));
+    }
+    return plan;
+  }
+
+  // Claims every instance, up to 16 at once over kept-alive connections; all or nothing
+  // (on failure the caller releases what was claimed).
+  awaitable<result<std::vector<Claim>>> claim_all(const std::vector<std::string>& uuids,
+                                                  const std::vector<std::vector<Choice>>& plan) {
+    std::vector<std::optional<Claim>> claims(uuids.size());
+    error_code failure;
+    size_t next = 0;
+    const size_t workers = std::min<size_t>(16, uuids.size());
+    auto done = std::make_shared<AsyncQueue<int>>();
+    for (size_t w = 0; w < workers; ++w) {
+      asio::co_spawn(io_, claim_worker(uuids, plan, claims, failure, next, done), asio::detached);
+    }
+    for (size_t w = 0; w < workers; ++w) co_await done->async_pop();
+    if (failure) co_return failure;
+    std::vector<Claim> out;
+    for (auto& claim : claims) out.push_back(std::move(*claim));
+    co_return out;
+  }
+
+  awaitable<void> claim_worker(const std::vector<std::string>& uuids, const std::vector<std::vector<Choice>>& plan,
+                               std::vector<std::optional<Claim>>& claims, error_code& failure, size_t& next,
+                               std::shared_ptr<AsyncQueue<int>> done) {
+    while (!failure && next < uuids.size()) {
+      size_t i = next++;
+      auto claim = co_await claim_first_fit(uuids[i], plan[i]);
+      if (claim) {
+        claims[i] = std::move(*claim);
+      } else if (!failure) {
+        failure = claim.error();
+      }
+    }
+    done->push(1);
+  }
+
+  // Tries the hosts in order: a generation conflict retries the same one, a capacity
   // conflict moves on to the next.
-  awaitable<result<Claim>> claim_first_fit(const std::string& uuid, const Candidates& candidates,
-                                           const std::set<std::string>& live) {
-    for (const Choice& choice : rank_candidates(candidates, live)) {
+  awaitable<result<Claim>> claim_first_fit(const std::string& uuid, const std::vector<Choice>& choices) {
+    for (const Choice& choice : choices) {
       for (int attempt = 1; attempt <= config_.schedule.max_claim_attempts; ++attempt) {
         auto claimed = co_await placement_.claim(uuid, *choice.allocations);
         if (claimed) co_return Claim{choice.host, *choice.allocations};
@@ -179,6 +263,47 @@ class Scheduler {
       }
     }
     co_return make_error_code(errc::no_allocations_left);
+  }
+
+  awaitable<void> release_all(const std::vector<std::string>& uuids) {
+    for (const std::string& uuid : uuids) {
+      if (!co_await placement_.release(uuid))
+        spdlog::error("releasing allocation {}: {}", uuid, placement_.last_error().detail);
+    }
+  }
+
+  // Create-only transactions (64 instances each, under etcd's 128 operations): every instance
+  // exists exactly once or not at all; a failed batch removes what earlier ones wrote.
+  // Returns the revision of the last write.
+  awaitable<result<int64_t>> hand_over(const std::vector<WorkSpec>& specs, const std::vector<InstanceRecord>& records) {
+    constexpr size_t per_txn = 64;
+    int64_t revision = 0;
+    std::vector<EtcdOp> written;
+    for (size_t first = 0; first < specs.size(); first += per_txn) {
+      std::vector<EtcdCompare> absent;
+      std::vector<EtcdOp> create;
+      for (size_t i = first; i < std::min(specs.size(), first + per_txn); ++i) {
+        std::string work_key = keys_.work(records[i].host, specs[i].uuid);
+        std::string instance_key = keys_.instance(specs[i].uuid);
+        absent.push_back(EtcdCompare::absent(work_key));
+        absent.push_back(EtcdCompare::absent(instance_key));
+        create.push_back(EtcdOp::put(work_key, encode(specs[i])));
+        create.push_back(EtcdOp::put(instance_key, encode(records[i])));
+      }
+      std::vector<EtcdOp> undo;
+      for (const EtcdOp& op : create) undo.push_back(EtcdOp::erase(op.key));
+      auto txn = co_await etcd_->txn(std::move(absent), std::move(create));
+      if (!txn || !txn->succeeded) {
+        if (!written.empty()) {
+          std::vector<EtcdCompare> always;
+          co_await etcd_->txn(std::move(always), std::move(written));
+        }
+        co_return txn ? make_error_code(errc::already_exists) : txn.error();
+      }
+      revision = txn->revision;
+      written.insert(written.end(), undo.begin(), undo.end());
+    }
+    co_return revision;
   }
 
   awaitable<int> wait_until_settled(const std::string& uuid, int64_t since_revision) {
@@ -237,6 +362,7 @@ class Scheduler {
   KeyLayout keys_;
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;
+  Candidates view_;  // candidates with the batch's planned usage added
 };
 
 }  // namespace

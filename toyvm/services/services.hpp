@@ -15,6 +15,8 @@ struct ScheduleOptions {
   std::string query;
   std::string image;  // empty: config's default
   std::string name;
+  std::string policy;  // spread or pack; empty: config's
+  int count = 1;       // instances placed all or nothing
   std::string user_data_file;
   std::vector<std::string> keys;       // NAME=PUBKEY
   std::vector<std::string> key_files;  // OpenSSH public key files; named by their comment

@@ -1,0 +1,89 @@
+// Weighing and batches against a real Placement and etcd.
+
+#include "harness.hpp"
+#include "model/keys.hpp"
+
+#include "catch_result.hpp"
+
+#include <map>
+#include <sstream>
+
+using namespace toyvm;
+using namespace toyvm::test;
+
+namespace {
+
+const std::string small = "resources=VCPU:1,DISK_GB:1,MEMORY_MB:256";
+
+std::vector<std::string> targets(const std::string& out) {
+  std::vector<std::string> hosts;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    auto [rp, uuid] = parse_notified(line);
+    if (!rp.empty()) hosts.push_back(rp);
+  }
+  return hosts;
+}
+
+}  // namespace
+
+TEST_CASE("pack fills one host before the next; spread balances", "[scheduling]") {
+  Servers servers;
+  std::string a, b;
+  auto ca = servers.start_compute("a", "VCPU:3,DISK_GB:100,MEMORY_MB:8192", &a);
+  auto cb = servers.start_compute("b", "VCPU:3,DISK_GB:100,MEMORY_MB:8192", &b);
+
+  SECTION("pack") {
+    std::vector<std::string> order;
+    for (int i = 0; i < 6; ++i) {
+      auto r = servers.toyvm({"schedule", small, "--policy", "pack"});
+      REQUIRE(r.exit_code == 0);
+      order.push_back(parse_notified(r.out).first);
+    }
+    // The first host to be used is filled (3 VCPU) before the other gets anything.
+    CHECK(order[0] == order[1]);
+    CHECK(order[1] == order[2]);
+    CHECK(order[3] != order[0]);
+    CHECK(order[4] == order[3]);
+  }
+  SECTION("spread") {
+    std::map<std::string, int> per_host;
+    for (int i = 0; i < 6; ++i) {
+      auto r = servers.toyvm({"schedule", small});
+      REQUIRE(r.exit_code == 0);
+      per_host[parse_notified(r.out).first] += 1;
+      int most = 0, least = 1 << 30;
+      for (auto& h : {a, b}) {
+        most = std::max(most, per_host[h]);
+        least = std::min(least, per_host[h]);
+      }
+      CHECK(most - least <= 1);  // within one instance per host at every step
+    }
+  }
+}
+
+TEST_CASE("--count places all or nothing", "[scheduling]") {
+  Servers servers;
+  std::string a, b;
+  auto ca = servers.start_compute("a", "VCPU:5,DISK_GB:100,MEMORY_MB:8192", &a);
+  auto cb = servers.start_compute("b", "VCPU:4,DISK_GB:100,MEMORY_MB:8192", &b);
+
+  auto too_many = servers.toyvm({"schedule", small, "--count", "10"});
+  CHECK(too_many.exit_code == 1);
+  CHECK(too_many.out == "NO ALLOCATIONS LEFT\n");
+  CHECK(servers.usages(a)["VCPU"] == 0);
+  CHECK(servers.usages(b)["VCPU"] == 0);
+  CHECK(servers.etcd_prefix(KeyLayout().instances_prefix()).empty());
+
+  auto fits = servers.toyvm({"schedule", small, "--count", "9", "--name", "web", "--wait"});
+  INFO(fits.err);
+  REQUIRE(fits.exit_code == 0);
+  auto hosts = targets(fits.out);
+  CHECK(hosts.size() == 9);
+  CHECK(std::count(hosts.begin(), hosts.end(), a) == 5);
+  CHECK(std::count(hosts.begin(), hosts.end(), b) == 4);
+  CHECK(servers.usages(a)["VCPU"] == 5);
+  CHECK(servers.usages(b)["VCPU"] == 4);
+  CHECK(servers.etcd_prefix(KeyLayout().instances_prefix()).size() == 9);
+  CHECK(std::count(fits.out.begin(), fits.out.end(), '\n') >= 9 + 9);  // NOTIFIED, then ACTIVE each
+}
