@@ -210,6 +210,15 @@ def run(args):
                 results["throughput"].append(row)
                 print(f"bench: throughput at concurrency {concurrency} done", file=sys.stderr)
 
+            # One process placing a whole batch: `toyvm schedule --count N`.
+            batch = bench.measure("exec", "--count", "1", "--", bench.toyvm, "--etcd", bench.etcd_url,
+                                  "--placement", bench.placement_url, "schedule", QUERY, "--count", str(n_throughput))
+            ceiling16 = results["throughput"][-1]["ceiling_per_s"]
+            results["batch"] = {"instances": n_throughput, "wall_s": batch["wall_s"],
+                                "per_s": n_throughput / batch["wall_s"] if batch["exit_codes"].get("0") else 0.0,
+                                "fraction_of_ceiling_16": (n_throughput / batch["wall_s"]) / ceiling16}
+            print("bench: batch done", file=sys.stderr)
+
             # Saturation: 16 schedulers race for 100 slots on 4 hosts; exactly 100 may win.
             for i in range(4):
                 bench.start_compute(f"small{i}", "VCPU:25,MEMORY_MB:100000,DISK_GB:10000",
@@ -324,9 +333,11 @@ def report(results):
         lines.append(f"| {row['concurrency']} | {row['toyvm_per_s']:.1f} | {row['ceiling_per_s']:.1f} | "
                      f"{row['fraction_of_ceiling'] * 100:.0f}% | {lat['p50']:.1f} / {lat['p99']:.1f} | "
                      f"{row['conflicts_409']} | {row['extra_attempts_per_success']:.3f} |")
-    sat, agent = results["saturation"], results["agent"]
+    sat, agent, batch = results["saturation"], results["agent"], results["batch"]
     lines += [
         "",
+        f"batch: one `toyvm schedule --count {batch['instances']}` process: {batch['per_s']:.1f} inst/s, "
+        f"{batch['fraction_of_ceiling_16'] * 100:.0f}% of the ceiling at concurrency 16",
         f"saturation: {sat['attempts']} schedules by 16 processes for {sat['slots']} slots: "
         f"{sat['succeeded']} succeeded, {sat['no_allocations']} NO ALLOCATIONS LEFT, "
         f"{sat['conflicts_409']} conflicts (409), {sat['overbooked_providers']} overbooked providers",
