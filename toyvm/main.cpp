@@ -53,6 +53,8 @@ int main(int argc, char** argv) {
   compute->add_option("--inventory", inventory, "inventory instead of measuring, e.g. VCPU:4,DISK_GB:10,MEMORY_MB:512");
   compute->add_option("--name", name, "provider name (default: the host name)");
   compute->add_option("--trait", traits, "a trait to report, e.g. CUSTOM_GPU (repeatable)");
+  std::string zone;
+  compute->add_option("--az", zone, "availability zone (a Placement aggregate)");
   compute->footer("Example: toyvm compute --state-dir /var/lib/toyvm --libvirt-uri qemu:///system");
   compute->callback([&] {
     service = [&](const Config& base) {
@@ -63,6 +65,7 @@ int main(int argc, char** argv) {
       if (!inventory.empty()) c.inventory = inventory;
       if (!name.empty()) c.name = name;
       if (!traits.empty()) c.traits = traits;
+      if (!zone.empty()) c.availability_zone = zone;
       return run_compute(config);
     };
   });
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
   auto* sched = app.add_subcommand("schedule", "claim resources and start an instance on a host");
   sched->add_option("query", schedule.query, "Placement query, e.g. 'resources=VCPU:1,MEMORY_MB:256'")->required();
   sched->add_option("--image", schedule.image, "image reference");
+  sched->add_option("--az", schedule.availability_zone, "only hosts in this availability zone");
   sched->add_option("--count", schedule.count, "place this many instances, all or nothing")
       ->check(CLI::Range(1, 10000));
   sched->add_option("--policy", schedule.policy, "host weighing: spread (default) or pack")

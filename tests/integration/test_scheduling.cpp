@@ -87,3 +87,24 @@ TEST_CASE("--count places all or nothing", "[scheduling]") {
   CHECK(servers.etcd_prefix(KeyLayout().instances_prefix()).size() == 9);
   CHECK(std::count(fits.out.begin(), fits.out.end(), '\n') >= 9 + 9);  // NOTIFIED, then ACTIVE each
 }
+
+TEST_CASE("availability zones and CPU traits pick only matching hosts", "[scheduling]") {
+  Servers servers;
+  std::string east, west;
+  auto ce = servers.start_compute("east", "VCPU:8,DISK_GB:100,MEMORY_MB:8192", &east, {"--az", "east"});
+  auto cw = servers.start_compute("west", "VCPU:8,DISK_GB:100,MEMORY_MB:8192", &west, {"--az", "west"});
+  for (int i = 0; i < 3; ++i) {
+    auto r = servers.toyvm({"schedule", small, "--az", "west"});
+    REQUIRE(r.exit_code == 0);
+    CHECK(parse_notified(r.out).first == west);
+  }
+  auto nowhere = servers.toyvm({"schedule", small, "--az", "north"});
+  CHECK(nowhere.exit_code == 1);
+  CHECK(nowhere.out == "NO ALLOCATIONS LEFT\n");
+
+  // Every x86-64 CPU has SSE2; agents report it from /proc/cpuinfo.
+  auto sse2 = servers.toyvm({"schedule", small + "&required=HW_CPU_X86_SSE2"});
+  CHECK(sse2.exit_code == 0);
+  auto none = servers.toyvm({"schedule", small + "&required=!HW_CPU_X86_SSE2"});
+  CHECK(none.exit_code == 1);
+}

@@ -2,6 +2,8 @@
 
 #include "catch_result.hpp"
 
+#include <algorithm>
+
 using namespace toyvm;
 
 TEST_CASE("inventory from the host applies reserved amounts and allocation ratios") {
@@ -43,4 +45,18 @@ TEST_CASE("measuring this host finds CPUs, memory and disk") {
   CHECK(facts->memory_mb > 0);
   CHECK(facts->disk_gb >= 0);
   CHECK_FALSE(measure_host("/no/such/dir"));
+}
+
+TEST_CASE("CPU flags become Placement's standard traits") {
+  std::string cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu mmx sse sse2 pni ssse3 sse4_1 "
+                        "sse4_2 avx avx2 fma aes bmi1 sha_ni svm\nbugs\t\t: sysret_ss_attrs\n";
+  auto traits = cpu_traits(cpuinfo);
+  for (const char* t : {"HW_CPU_X86_SSE2", "HW_CPU_X86_SSE3", "HW_CPU_X86_SSE41", "HW_CPU_X86_AVX2", "HW_CPU_X86_FMA3",
+                        "HW_CPU_X86_BMI", "HW_CPU_X86_SHA", "HW_CPU_X86_SVM"}) {
+    INFO(t);
+    CHECK(std::find(traits.begin(), traits.end(), t) != traits.end());
+  }
+  CHECK(std::find(traits.begin(), traits.end(), "HW_CPU_X86_AVX512F") == traits.end());
+  CHECK(std::find(traits.begin(), traits.end(), "HW_CPU_X86_BMI2") == traits.end());  // bmi1 only
+  CHECK(cpu_traits("no flags here").empty());
 }

@@ -39,3 +39,12 @@ TEST_CASE("prefix range ends cover exactly the prefix") {
   CHECK(prefix_range_end("ab\xff") == "ac");
   CHECK(prefix_range_end("") == std::string(1, '\0'));
 }
+
+#include "model/uuid.hpp"
+
+TEST_CASE("an availability zone maps to one aggregate uuid everywhere") {
+  CHECK(availability_zone_aggregate("zone-a") == availability_zone_aggregate("zone-a"));
+  CHECK(availability_zone_aggregate("zone-a") != availability_zone_aggregate("zone-b"));
+  CHECK(is_uuid(availability_zone_aggregate("zone-a")));
+  CHECK(availability_zone_aggregate("zone-a")[14] == '5');  // a name-based (SHA-1) uuid
+}

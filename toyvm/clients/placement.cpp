@@ -20,6 +20,7 @@ constexpr const char* mv_allocations = "1.39";
 constexpr const char* mv_providers = "1.20";
 constexpr const char* mv_inventory = "1.26";
 constexpr const char* mv_traits = "1.6";
+constexpr const char* mv_aggregates = "1.19";  // aggregates with the provider generation
 
 json::object amounts_json(const ResourceAmounts& amounts) {
   json::object out;
@@ -177,6 +178,21 @@ awaitable<result<std::vector<std::string>>> PlacementClient::traits(std::string 
   co_return out;
 }
 
+awaitable<result<std::vector<std::string>>> PlacementClient::known_traits(std::string prefix) {
+  auto response = co_await call("GET", "/traits?name=startswith:" + prefix, mv_traits);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  simdjson::dom::parser parser;
+  simdjson::dom::array traits;
+  if (parser.parse(response->body)["traits"].get_array().get(traits)) co_return errc::placement_error;
+  std::vector<std::string> out;
+  for (auto trait : traits) {
+    std::string_view name;
+    if (!trait.get_string().get(name)) out.emplace_back(name);
+  }
+  co_return out;
+}
+
 awaitable<result<int64_t>> PlacementClient::provider_generation(const std::string& uuid) {
   auto response = co_await call("GET", "/resource_providers/" + uuid, mv_providers);
   if (!response) co_return response.error();
@@ -214,6 +230,22 @@ awaitable<result<void>> PlacementClient::set_inventory(std::string uuid, Invento
     if (!generation) co_return generation.error();
     json::object body{{"resource_provider_generation", *generation}, {"inventories", inventories}};
     auto response = co_await call("PUT", "/resource_providers/" + uuid + "/inventories", mv_inventory,
+                                  json::serialize(body));
+    if (!response) co_return response.error();
+    if (response->status == 200) co_return result<void>{};
+    if (last_error_.code != errc::placement_concurrent_update) co_return last_error_.code;
+  }
+  co_return make_error_code(errc::placement_concurrent_update);
+}
+
+awaitable<result<void>> PlacementClient::set_aggregates(std::string uuid, std::vector<std::string> aggregates) {
+  json::array list;
+  for (const std::string& aggregate : aggregates) list.emplace_back(aggregate);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    auto generation = co_await provider_generation(uuid);
+    if (!generation) co_return generation.error();
+    json::object body{{"resource_provider_generation", *generation}, {"aggregates", list}};
+    auto response = co_await call("PUT", "/resource_providers/" + uuid + "/aggregates", mv_aggregates,
                                   json::serialize(body));
     if (!response) co_return response.error();
     if (response->status == 200) co_return result<void>{};

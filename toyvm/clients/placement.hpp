@@ -33,6 +33,10 @@ class PlacementClient {
   awaitable<result<void>> ensure_provider(std::string uuid, std::string name);
   // Replaces the provider's inventory, retrying on generation conflicts.
   awaitable<result<void>> set_inventory(std::string uuid, Inventory inventory);
+  // The traits Placement knows whose names start with `prefix`.
+  awaitable<result<std::vector<std::string>>> known_traits(std::string prefix);
+  // Sets the provider's aggregates to exactly these uuids.
+  awaitable<result<void>> set_aggregates(std::string uuid, std::vector<std::string> aggregates);
   // Creates custom traits as needed and sets the provider's traits to exactly these.
   awaitable<result<void>> set_traits(std::string uuid, std::vector<std::string> traits);
 

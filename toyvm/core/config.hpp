@@ -31,7 +31,8 @@ struct ComputeConfig {
   std::string libvirt_uri = "qemu:///system";
   std::string name;           // provider name; default: the host name
   std::string inventory;      // "VCPU:4,DISK_GB:10,MEMORY_MB:512" overrides measuring the host
-  std::vector<std::string> traits;  // CUSTOM_* traits to put on the provider
+  std::vector<std::string> traits;  // traits to put on the provider besides the CPU's
+  std::string availability_zone;    // empty: none
   InventoryPolicy policy;
   std::string metadata_interface;  // e.g. virbr0: put the metadata address there, run mdserver if needed
   int lease_ttl_s = 10;

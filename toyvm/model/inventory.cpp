@@ -44,6 +44,40 @@ ResourceAmounts capacity_of(const Inventory& inventory) {
   return out;
 }
 
+std::vector<std::string> cpu_traits(std::string_view cpuinfo) {
+  // /proc/cpuinfo flag -> os-traits name (hw/cpu/x86).
+  static constexpr std::pair<std::string_view, std::string_view> known[] = {
+      {"mmx", "MMX"},       {"sse", "SSE"},         {"sse2", "SSE2"},       {"pni", "SSE3"},
+      {"ssse3", "SSSE3"},   {"sse4_1", "SSE41"},    {"sse4_2", "SSE42"},    {"sse4a", "SSE4A"},
+      {"avx", "AVX"},       {"avx2", "AVX2"},       {"fma", "FMA3"},        {"fma4", "FMA4"},
+      {"aes", "AES"},       {"pclmulqdq", "CLMUL"}, {"bmi1", "BMI"},        {"bmi2", "BMI2"},
+      {"f16c", "F16C"},     {"abm", "ABM"},         {"sha_ni", "SHA"},      {"xop", "XOP"},
+      {"tbm", "TBM"},       {"vmx", "VMX"},         {"svm", "SVM"},         {"avx512f", "AVX512F"},
+      {"avx512cd", "AVX512CD"}, {"avx512bw", "AVX512BW"}, {"avx512dq", "AVX512DQ"},
+      {"avx512vl", "AVX512VL"},
+  };
+  std::vector<std::string> traits;
+  size_t at = cpuinfo.find("\nflags");
+  if (at == std::string_view::npos) return traits;
+  std::string_view line = cpuinfo.substr(at + 1);
+  line = line.substr(0, line.find('\n'));
+  line = line.substr(line.find(':') == std::string_view::npos ? line.size() : line.find(':') + 1);
+  auto has = [&](std::string_view flag) {
+    size_t pos = 0;
+    while ((pos = line.find(flag, pos)) != std::string_view::npos) {
+      bool starts = pos == 0 || line[pos - 1] == ' ';
+      bool ends = pos + flag.size() == line.size() || line[pos + flag.size()] == ' ';
+      if (starts && ends) return true;
+      pos += flag.size();
+    }
+    return false;
+  };
+  for (auto& [flag, trait] : known) {
+    if (has(flag)) traits.push_back("HW_CPU_X86_" + std::string(trait));
+  }
+  return traits;
+}
+
 result<HostFacts> measure_host(const std::string& instance_dir) {
   HostFacts facts;
   facts.cpus = sysconf(_SC_NPROCESSORS_ONLN);

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace toyvm {
 
@@ -45,6 +47,9 @@ Inventory inventory_from_host(const HostFacts& facts, const InventoryPolicy& pol
 // `--inventory VCPU:4,DISK_GB:10,MEMORY_MB:512`: totals as given, nothing reserved, ratio 1.
 Inventory inventory_from_amounts(const ResourceAmounts& amounts);
 ResourceAmounts capacity_of(const Inventory& inventory);
+
+// Placement's standard HW_CPU_X86_* traits for the flags in /proc/cpuinfo's text.
+std::vector<std::string> cpu_traits(std::string_view cpuinfo);
 
 // Reads /proc/meminfo, the CPU count and statvfs(instance_dir).
 result<HostFacts> measure_host(const std::string& instance_dir);

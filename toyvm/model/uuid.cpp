@@ -1,5 +1,9 @@
 #include "model/uuid.hpp"
 
+#include <boost/uuid/name_generator_sha1.hpp>
+#include <boost/uuid/string_generator.hpp>
+#include <boost/uuid/uuid_io.hpp>
+
 #include <array>
 #include <cctype>
 #include <cstdint>
@@ -25,6 +29,13 @@ std::string new_uuid() {
     out.push_back(hex[bytes[i] & 0xf]);
   }
   return out;
+}
+
+std::string availability_zone_aggregate(std::string_view zone) {
+  // toyvm's namespace for zone names (itself a random UUID, fixed forever).
+  static const boost::uuids::uuid ns = boost::uuids::string_generator()("6f3c2b1e-8a4d-4c55-9a1e-2f7b9d0c4e11");
+  boost::uuids::name_generator_sha1 generate(ns);
+  return boost::uuids::to_string(generate(zone.data(), zone.size()));
 }
 
 bool is_uuid(std::string_view text) noexcept {

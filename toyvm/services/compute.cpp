@@ -25,6 +25,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -146,6 +147,9 @@ class ComputeAgent {
       if (!facts) return report_failure(facts.error(), "cannot measure this host's resources");
       inventory_ = inventory_from_host(*facts, c.policy);
     }
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string text((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
+    cpu_traits_ = cpu_traits(text);
     auto virt = open_libvirt(LibvirtOptions{c.libvirt_uri, {}}, &detail);
     if (!virt) return report_failure(virt.error(), detail);
     virt_ = std::move(*virt);
@@ -209,8 +213,23 @@ class ComputeAgent {
     while (true) {
       auto ok = co_await placement_.ensure_provider(provider_, name_);
       if (ok) ok = co_await placement_.set_inventory(provider_, inventory_);
-      if (ok && !config_.compute.traits.empty())
-        ok = co_await placement_.set_traits(provider_, config_.compute.traits);
+      if (ok) {
+        // Only the CPU traits this Placement knows: an unknown standard trait is refused.
+        auto known = co_await placement_.known_traits("HW_CPU_X86_");
+        ok = known ? result<void>{} : result<void>(known.error());
+        if (ok) {
+          std::vector<std::string> traits = config_.compute.traits;
+          for (const std::string& trait : cpu_traits_)
+            if (std::find(known->begin(), known->end(), trait) != known->end()) traits.push_back(trait);
+          ok = co_await placement_.set_traits(provider_, std::move(traits));
+        }
+      }
+      if (ok) {
+        std::vector<std::string> aggregates;
+        if (!config_.compute.availability_zone.empty())
+          aggregates.push_back(availability_zone_aggregate(config_.compute.availability_zone));
+        ok = co_await placement_.set_aggregates(provider_, std::move(aggregates));
+      }
       if (ok) break;
       spdlog::warn("registering provider {} in Placement: {}; retrying", provider_,
                    placement_.last_error().detail);
@@ -536,6 +555,7 @@ class ComputeAgent {
   std::string provider_;
   std::string name_;
   Inventory inventory_;
+  std::vector<std::string> cpu_traits_;
   int64_t lease_ = 0;
   int64_t started_at_ = unix_seconds();
   int64_t domain_count_ = 0;

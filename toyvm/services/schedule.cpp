@@ -99,6 +99,8 @@ class Scheduler {
     std::string detail;
     auto query = parse_placement_query(options_.query, &detail);
     if (!query) co_return report_failure(query.error(), "invalid query: " + detail);
+    if (!options_.availability_zone.empty())
+      query->params.emplace_back("member_of", availability_zone_aggregate(options_.availability_zone));
     WorkSpec spec;
     if (auto read = read_guest_data(options_, spec, &detail); !read)
       co_return report_failure(read.error(), detail);
