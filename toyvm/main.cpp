@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   sched->add_option("query", schedule.query, "Placement query, e.g. 'resources=VCPU:1,MEMORY_MB:256'")->required();
   sched->add_option("--image", schedule.image, "image reference");
   sched->add_option("--az", schedule.availability_zone, "only hosts in this availability zone");
+  sched->add_option("--group", schedule.group, "server group to join");
+  sched->add_option("--group-policy", schedule.group_policy, "affinity, anti-affinity (default) or soft-anti-affinity")
+      ->check(CLI::IsMember({"affinity", "anti-affinity", "soft-anti-affinity"}));
   sched->add_option("--count", schedule.count, "place this many instances, all or nothing")
       ->check(CLI::Range(1, 10000));
   sched->add_option("--policy", schedule.policy, "host weighing: spread (default) or pack")

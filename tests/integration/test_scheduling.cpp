@@ -6,6 +6,7 @@
 #include "catch_result.hpp"
 
 #include <map>
+#include <set>
 #include <sstream>
 
 using namespace toyvm;
@@ -107,4 +108,63 @@ TEST_CASE("availability zones and CPU traits pick only matching hosts", "[schedu
   CHECK(sse2.exit_code == 0);
   auto none = servers.toyvm({"schedule", small + "&required=!HW_CPU_X86_SSE2"});
   CHECK(none.exit_code == 1);
+}
+
+TEST_CASE("server groups: anti-affinity under concurrency, affinity, and policy clashes", "[scheduling]") {
+  Servers servers;
+  std::vector<std::unique_ptr<Process>> computes;
+  std::vector<std::string> providers;
+  for (int i = 0; i < 5; ++i) {
+    std::string rp;
+    computes.push_back(servers.start_compute("h" + std::to_string(i), "VCPU:4,DISK_GB:100,MEMORY_MB:8192", &rp));
+    providers.push_back(rp);
+  }
+
+  SECTION("5 concurrent members of an anti-affinity group land on 5 hosts, or fail cleanly") {
+    std::vector<std::unique_ptr<Process>> schedulers;
+    for (int i = 0; i < 5; ++i)
+      schedulers.push_back(servers.spawn_toyvm({"schedule", small, "--group", "apart", "--group-policy",
+                                                "anti-affinity", "--wait"}, "g" + std::to_string(i) + ".log"));
+    std::set<std::string> active_hosts;
+    int active = 0;
+    for (auto& p : schedulers) {
+      int code = p->wait(60);
+      std::string out = p->output();
+      INFO(out);
+      auto [rp, uuid] = parse_notified(out);
+      if (code == 0) {
+        ++active;
+        active_hosts.insert(rp);
+      } else {
+        // The late check refused it: ERROR no_valid_host, and nothing held in Placement.
+        CHECK(code == 5);
+        CHECK_THAT(out, Catch::Contains("no_valid_host"));
+        if (!uuid.empty()) CHECK(servers.allocations(uuid).empty());
+      }
+    }
+    CHECK(active >= 1);
+    CHECK(int(active_hosts.size()) == active);  // never two on one host
+  }
+  SECTION("affinity keeps a group together; a clashing policy is refused") {
+    std::set<std::string> hosts;
+    for (int i = 0; i < 3; ++i) {
+      auto r = servers.toyvm({"schedule", small, "--group", "together", "--group-policy", "affinity"});
+      REQUIRE(r.exit_code == 0);
+      hosts.insert(parse_notified(r.out).first);
+    }
+    CHECK(hosts.size() == 1);
+    auto clash = servers.toyvm({"schedule", small, "--group", "together", "--group-policy", "anti-affinity"});
+    CHECK(clash.exit_code == 2);
+    CHECK_THAT(clash.err, Catch::Contains("policy affinity"));
+    auto bad = servers.toyvm({"schedule", small, "--group", "../x"});
+    CHECK(bad.exit_code == 2);
+  }
+  SECTION("a batch of an anti-affinity group spreads over distinct hosts, or fails whole") {
+    auto r = servers.toyvm({"schedule", small, "--count", "5", "--group", "batch", "--group-policy", "anti-affinity"});
+    REQUIRE(r.exit_code == 0);
+    auto hosts = targets(r.out);
+    CHECK(std::set<std::string>(hosts.begin(), hosts.end()).size() == 5);
+    auto sixth = servers.toyvm({"schedule", small, "--group", "batch", "--group-policy", "anti-affinity"});
+    CHECK(sixth.exit_code == 1);
+  }
 }

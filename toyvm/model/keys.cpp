@@ -22,6 +22,24 @@ std::string KeyLayout::instance(std::string_view uuid) const {
   return instances_prefix().append(uuid);
 }
 
+std::string KeyLayout::group_prefix(std::string_view group) const {
+  return prefix_ + "/groups/" + std::string(group) + "/";
+}
+
+std::string KeyLayout::group_member(std::string_view group, std::string_view instance) const {
+  return group_prefix(group).append(instance);
+}
+
+bool is_group_name(std::string_view name) noexcept {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+              c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  return name != "." && name != "..";
+}
+
 std::optional<KeyLayout::WorkKey> KeyLayout::parse_work(std::string_view key) const {
   std::string root = work_root();
   if (!key.starts_with(root)) return std::nullopt;

@@ -3,6 +3,7 @@
 //   <prefix>/hosts/<rp>              host record, attached to the agent's lease
 //   <prefix>/work/<rp>/<instance>    desired state of an instance on a host
 //   <prefix>/instances/<instance>    observed state of an instance
+//   <prefix>/groups/<name>/<instance> server group membership: the member's host
 
 #include <optional>
 #include <string>
@@ -23,6 +24,8 @@ class KeyLayout {
   std::string work(std::string_view rp, std::string_view instance) const;
   std::string instances_prefix() const { return prefix_ + "/instances/"; }
   std::string instance(std::string_view uuid) const;
+  std::string group_prefix(std::string_view group) const;
+  std::string group_member(std::string_view group, std::string_view instance) const;
 
   struct WorkKey {
     std::string host;
@@ -36,6 +39,9 @@ class KeyLayout {
  private:
   std::string prefix_;
 };
+
+// Server group names: 1 to 64 of [A-Za-z0-9_.-].
+bool is_group_name(std::string_view name) noexcept;
 
 // The smallest key greater than every key that starts with `prefix`: etcd's range_end.
 std::string prefix_range_end(std::string_view prefix);

@@ -1,5 +1,6 @@
 #include "model/records.hpp"
 
+#include "model/keys.hpp"
 #include "model/metadata.hpp"
 #include "model/uuid.hpp"
 
@@ -141,6 +142,10 @@ std::string encode(const WorkSpec& s) {
     for (auto& [name, key] : s.keys) keys.push_back(json::object{{"name", name}, {"key", key}});
     o["keys"] = std::move(keys);
   }
+  if (!s.group.empty()) {
+    o["group"] = s.group;
+    o["group_policy"] = s.group_policy;
+  }
   o["power"] = to_string(s.power);
   o["attempt"] = s.attempt;
   o["created_at"] = s.created_at;
@@ -206,6 +211,8 @@ result<WorkSpec> decode_work(std::string_view text, std::string* detail) {
       }
       return true;
     }
+    if (key == "group") return read_string(v, s.group) && is_group_name(s.group);
+    if (key == "group_policy") return read_string(v, s.group_policy);
     if (key == "power") return read_enum(v, power_names, s.power);
     if (key == "attempt") return read_int(v, attempt) && attempt > 0 && attempt < 1000;
     if (key == "created_at") return read_int(v, s.created_at);

@@ -35,6 +35,8 @@ struct WorkSpec {
   ResourceAmounts resources;  // what it consumes on its host
   std::string user_data;      // raw bytes for cloud-init (base64 in JSON)
   std::vector<std::pair<std::string, std::string>> keys;  // ssh key name, public key
+  std::string group;          // server group name, empty: none
+  std::string group_policy;   // affinity, anti-affinity, soft-anti-affinity
   PowerState power = PowerState::running;
   int attempt = 1;
   int64_t created_at = 0;     // unix seconds

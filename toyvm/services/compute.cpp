@@ -7,6 +7,7 @@
 #include "clients/http.hpp"
 #include "clients/placement.hpp"
 #include "core/log.hpp"
+#include "model/groups.hpp"
 #include "model/keys.hpp"
 #include "model/reconcile.hpp"
 #include "model/uuid.hpp"
@@ -484,24 +485,53 @@ class ComputeAgent {
   }
 
   awaitable<bool> build(WorkSpec spec) {
+    if (!spec.group.empty()) {
+      auto allowed = co_await group_allows_here(spec);
+      if (!allowed) co_return false;
+      if (!*allowed) co_return co_await fail_build(spec, "no_valid_host",
+                                                   fmt::format("server group {} ({}) does not allow this host",
+                                                               spec.group, spec.group_policy));
+    }
     spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image,
                  format_amounts(spec.resources));
     if (!co_await record(spec, InstanceState::building)) co_return false;
     DomainSpec domain = domain_spec(spec);
     auto created = co_await virt(&VirtBackend::create, domain);
     if (!created) {
-      spdlog::error("instance {}: {}: {}", spec.uuid, created.failure->reason, created.failure->message);
-      InstanceRecord failed = instance_record(spec, InstanceState::error);
-      failed.error_code = created.failure->reason;
-      failed.error_message = created.failure->message;
       // The domain may be half-made; nothing of a failed build stays behind.
       co_await virt(&VirtBackend::destroy, spec.uuid);
-      bool released = bool(co_await placement_.release(spec.uuid));
-      co_return co_await write_instance(failed) && released;
+      co_return co_await fail_build(spec, created.failure->reason, created.failure->message);
     }
     spdlog::info("instance {}: active", spec.uuid);
     publish_host();
     co_return co_await record(spec, InstanceState::active);
+  }
+
+  // ERROR with a reason code; the allocation and the group membership are given back.
+  awaitable<bool> fail_build(const WorkSpec& spec, std::string reason, std::string message) {
+    spdlog::error("instance {}: {}: {}", spec.uuid, reason, message);
+    InstanceRecord failed = instance_record(spec, InstanceState::error);
+    failed.error_code = std::move(reason);
+    failed.error_message = std::move(message);
+    bool released = bool(co_await placement_.release(spec.uuid));
+    if (!spec.group.empty()) co_await etcd_->erase(keys_.group_member(spec.group, spec.uuid));
+    co_return co_await write_instance(failed) && released;
+  }
+
+  // Nova's late check: concurrent schedules may have put members of a hard group against
+  // its policy; the member created later gives way.
+  awaitable<result<bool>> group_allows_here(const WorkSpec& spec) {
+    auto policy = parse_group_policy(spec.group_policy);
+    if (!policy) co_return true;
+    auto listed = co_await etcd_->range_prefix(keys_.group_prefix(spec.group));
+    if (!listed) co_return result<bool>(boost::system::in_place_error, listed.error());
+    std::vector<GroupMember> members;
+    for (const KeyValue& kv : listed->kvs) {
+      auto member = decode_group_member(kv.value);
+      auto instance = keys_.leaf(kv.key, keys_.group_prefix(spec.group));
+      if (member && instance) members.push_back(GroupMember{*instance, member->host, kv.create_revision});
+    }
+    co_return group_allows(*policy, members, spec.uuid, provider_);
   }
 
   awaitable<bool> power(WorkSpec spec, bool on) {
@@ -529,6 +559,7 @@ class ComputeAgent {
     }
     std::string work_key = keys_.work(provider_, spec.uuid);
     std::vector<EtcdOp> ops{EtcdOp::erase(work_key), EtcdOp::erase(keys_.instance(spec.uuid))};
+    if (!spec.group.empty()) ops.push_back(EtcdOp::erase(keys_.group_member(spec.group, spec.uuid)));
     auto erased = co_await etcd_->txn({}, std::move(ops));
     if (!erased) co_return false;
     spdlog::info("instance {}: deleted", spec.uuid);

@@ -4,6 +4,7 @@
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
+#include "model/groups.hpp"
 #include "model/keys.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
@@ -15,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -99,6 +101,9 @@ class Scheduler {
     std::string detail;
     auto query = parse_placement_query(options_.query, &detail);
     if (!query) co_return report_failure(query.error(), "invalid query: " + detail);
+    if (!options_.group.empty() && !is_group_name(options_.group))
+      co_return report_failure(errc::invalid_argument,
+                               fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group));
     if (!options_.availability_zone.empty())
       query->params.emplace_back("member_of", availability_zone_aggregate(options_.availability_zone));
     WorkSpec spec;
@@ -113,6 +118,15 @@ class Scheduler {
     if (!hosts) co_return etcd_failure(hosts.error());
     if (!candidates) co_return placement_failure(candidates.error());
 
+    std::map<std::string, int> group_members;  // host -> members of the group on it
+    if (!options_.group.empty()) {
+      auto members = co_await group_members_by_host();
+      if (!members) co_return members.error() == errc::invalid_argument
+                               ? report_failure(members.error(), group_error_)
+                               : etcd_failure(members.error());
+      group_members = std::move(*members);
+    }
+
     std::set<std::string> live;
     for (const KeyValue& kv : hosts->kvs) {
       auto host = decode_host(kv.value);
@@ -123,7 +137,7 @@ class Scheduler {
     const int count = std::max(1, options_.count);
     std::vector<std::string> uuids(static_cast<size_t>(count));
     for (std::string& uuid : uuids) uuid = new_uuid();
-    auto plan = plan_choices(*candidates, live, count);
+    auto plan = plan_choices(*candidates, live, count, group_members);
     auto claims = co_await claim_all(uuids, plan);
     if (!claims) {
       co_await release_all(uuids);
@@ -145,6 +159,8 @@ class Scheduler {
       one.image = options_.image.empty() ? config_.schedule.image : options_.image;
       one.query = options_.query;
       one.resources = claim.allocations.at(claim.host);
+      one.group = options_.group;
+      if (!one.group.empty()) one.group_policy = options_.group_policy;
       one.created_at = unix_seconds();
       InstanceRecord& record = records.emplace_back();
       record.uuid = one.uuid;
@@ -186,8 +202,29 @@ class Scheduler {
   // For each instance, the hosts to try, best first. A batch is planned against a local
   // copy of the free capacity, so its instances spread (or pack) before they reach Placement
   // instead of all colliding on the best host.
+  // Members of the requested group per host; invalid_argument (with group_error_ set) when
+  // the group exists with another policy.
+  awaitable<result<std::map<std::string, int>>> group_members_by_host() {
+    auto listed = co_await etcd_->range_prefix(keys_.group_prefix(options_.group));
+    if (!listed) co_return listed.error();
+    std::map<std::string, int> members;
+    for (const KeyValue& kv : listed->kvs) {
+      auto member = decode_group_member(kv.value);
+      if (!member) continue;
+      if (to_string(member->policy) != options_.group_policy) {
+        group_error_ = fmt::format("server group {} has policy {}, not {}", options_.group,
+                                   to_string(member->policy), options_.group_policy);
+        co_return make_error_code(errc::invalid_argument);
+      }
+      members[member->host] += 1;
+    }
+    co_return members;
+  }
+
   std::vector<std::vector<Choice>> plan_choices(const Candidates& candidates, const std::set<std::string>& live,
-                                                int count) {
+                                                int count, std::map<std::string, int> group_members) {
+    std::optional<GroupPolicy> group_policy;
+    if (!options_.group.empty()) group_policy = parse_group_policy(options_.group_policy);
     view_ = candidates;
     std::uniform_real_distribution<double> uniform(0.0, 1.0);
     std::mt19937_64 rng{std::random_device{}()};
@@ -195,6 +232,7 @@ class Scheduler {
     std::vector<std::vector<Choice>> plan;
     for (int i = 0; i < count; ++i) {
       std::vector<Choice> ranked = rank_candidates(view_, live, policy, uniform(rng));
+      if (group_policy) ranked = filter_for_group(std::move(ranked), *group_policy, group_members);
       auto fits = [&](const Choice& choice) {
         for (auto& [rp, resources] : *choice.allocations) {
           auto summary = view_.provider_summaries.find(rp);
@@ -212,6 +250,7 @@ class Scheduler {
         std::rotate(ranked.begin(), first, first + 1);
         for (auto& [rp, resources] : *first->allocations)
           for (auto& [rc, amount] : resources) view_.provider_summaries[rp].used[rc] += amount;
+        group_members[ranked.front().host] += 1;  // later instances of the batch see it
       }
       plan.push_back(std::move(ranked));
     }
@@ -274,11 +313,11 @@ class Scheduler {
     }
   }
 
-  // Create-only transactions (64 instances each, under etcd's 128 operations): every instance
+  // Create-only transactions: every instance
   // exists exactly once or not at all; a failed batch removes what earlier ones wrote.
   // Returns the revision of the last write.
   awaitable<result<int64_t>> hand_over(const std::vector<WorkSpec>& specs, const std::vector<InstanceRecord>& records) {
-    constexpr size_t per_txn = 64;
+    constexpr size_t per_txn = 42;  // 3 keys each, under etcd's 128 operations
     int64_t revision = 0;
     std::vector<EtcdOp> written;
     for (size_t first = 0; first < specs.size(); first += per_txn) {
@@ -291,6 +330,12 @@ class Scheduler {
         absent.push_back(EtcdCompare::absent(instance_key));
         create.push_back(EtcdOp::put(work_key, encode(specs[i])));
         create.push_back(EtcdOp::put(instance_key, encode(records[i])));
+        if (!specs[i].group.empty()) {
+          std::string member_key = keys_.group_member(specs[i].group, specs[i].uuid);
+          absent.push_back(EtcdCompare::absent(member_key));
+          create.push_back(EtcdOp::put(member_key, encode_group_member(records[i].host,
+                                                                       *parse_group_policy(specs[i].group_policy))));
+        }
       }
       std::vector<EtcdOp> undo;
       for (const EtcdOp& op : create) undo.push_back(EtcdOp::erase(op.key));
@@ -365,6 +410,7 @@ class Scheduler {
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;
   Candidates view_;  // candidates with the batch's planned usage added
+  std::string group_error_;
 };
 
 }  // namespace

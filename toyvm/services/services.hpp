@@ -18,6 +18,8 @@ struct ScheduleOptions {
   std::string policy;  // spread or pack; empty: config's
   int count = 1;       // instances placed all or nothing
   std::string availability_zone;  // becomes member_of=<the zone's aggregate>
+  std::string group;              // server group name
+  std::string group_policy = "anti-affinity";
   std::string user_data_file;
   std::vector<std::string> keys;       // NAME=PUBKEY
   std::vector<std::string> key_files;  // OpenSSH public key files; named by their comment
