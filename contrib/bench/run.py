@@ -219,19 +219,25 @@ def run(args):
                                 "fraction_of_ceiling_16": (n_throughput / batch["wall_s"]) / ceiling16}
             print("bench: batch done", file=sys.stderr)
 
-            # Saturation: 16 schedulers race for 100 slots on 4 hosts; exactly 100 may win.
-            for i in range(4):
-                bench.start_compute(f"small{i}", "VCPU:25,MEMORY_MB:100000,DISK_GB:10000",
-                                    ("--trait", "CUSTOM_BENCH_SMALL"))
-            before = bench.conflicts()
-            sat = bench.measure("exec", "--count", "150", "--concurrency", "16", "--", bench.toyvm,
-                                "--etcd", bench.etcd_url, "--placement", bench.placement_url, "schedule",
-                                QUERY + "&required=CUSTOM_BENCH_SMALL")
-            won = sat["exit_codes"].get("0", 0)
-            results["saturation"] = {"attempts": 150, "slots": 100, "succeeded": won,
-                                     "no_allocations": sat["exit_codes"].get("1", 0),
-                                     "conflicts_409": bench.conflicts() - before,
-                                     "overbooked_providers": bench.overbooked()}
+            # Saturation: 16 schedulers race for 100 slots on 4 hosts; exactly 100 may win. Run
+            # once with host_subset_size 1 and once with 3, to see what randomising saves.
+            results["saturation"] = []
+            for subset in (1, 3):
+                trait = f"CUSTOM_BENCH_SUBSET{subset}"
+                for i in range(4):
+                    bench.start_compute(f"small{subset}-{i}", "VCPU:25,MEMORY_MB:100000,DISK_GB:10000",
+                                        ("--trait", trait))
+                config = bench.dir / f"subset{subset}.toml"
+                config.write_text(f"[schedule]\nhost_subset_size = {subset}\n")
+                before = bench.conflicts()
+                sat = bench.measure("exec", "--count", "150", "--concurrency", "16", "--", bench.toyvm,
+                                    "--config", str(config), "--etcd", bench.etcd_url, "--placement",
+                                    bench.placement_url, "schedule", QUERY + "&required=" + trait)
+                results["saturation"].append({
+                    "host_subset_size": subset, "attempts": 150, "slots": 100,
+                    "succeeded": sat["exit_codes"].get("0", 0), "no_allocations": sat["exit_codes"].get("1", 0),
+                    "conflicts_409": bench.conflicts() - before})
+            results["overbooked_providers"] = bench.overbooked()
             print("bench: saturation done", file=sys.stderr)
 
             # The agent on its own: idle memory, then 1,000 instances handed over through etcd.
@@ -333,14 +339,15 @@ def report(results):
         lines.append(f"| {row['concurrency']} | {row['toyvm_per_s']:.1f} | {row['ceiling_per_s']:.1f} | "
                      f"{row['fraction_of_ceiling'] * 100:.0f}% | {lat['p50']:.1f} / {lat['p99']:.1f} | "
                      f"{row['conflicts_409']} | {row['extra_attempts_per_success']:.3f} |")
-    sat, agent, batch = results["saturation"], results["agent"], results["batch"]
+    agent, batch = results["agent"], results["batch"]
     lines += [
         "",
         f"batch: one `toyvm schedule --count {batch['instances']}` process: {batch['per_s']:.1f} inst/s, "
         f"{batch['fraction_of_ceiling_16'] * 100:.0f}% of the ceiling at concurrency 16",
-        f"saturation: {sat['attempts']} schedules by 16 processes for {sat['slots']} slots: "
-        f"{sat['succeeded']} succeeded, {sat['no_allocations']} NO ALLOCATIONS LEFT, "
-        f"{sat['conflicts_409']} conflicts (409), {sat['overbooked_providers']} overbooked providers",
+        *[f"saturation (host_subset_size {sat['host_subset_size']}): {sat['attempts']} schedules by 16 processes "
+          f"for {sat['slots']} slots: {sat['succeeded']} succeeded, {sat['no_allocations']} NO ALLOCATIONS LEFT, "
+          f"{sat['conflicts_409']} conflicts (409)" for sat in results["saturation"]],
+        f"overbooked providers after everything: {results['overbooked_providers']}",
         f"agent: idle RSS {agent['idle_rss_kb'] / 1024:.1f} MB (peak {agent['idle_peak_rss_kb'] / 1024:.1f} MB); "
         f"with {agent['instances']} instances RSS {agent['rss_kb'] / 1024:.1f} MB "
         f"(peak {agent['peak_rss_kb'] / 1024:.1f} MB); CPU {agent['cpu_ms_per_instance']:.3f} ms per instance",

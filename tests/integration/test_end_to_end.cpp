@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <fstream>
 
 using namespace toyvm;
 using namespace toyvm::test;
@@ -116,14 +117,19 @@ TEST_CASE("a required trait picks only the host that has it", "[e2e]") {
 }
 
 TEST_CASE("20 concurrent schedules for room for 10: exactly 10 win, nothing overbooked", "[e2e]") {
+  const int subset = GENERATE(1, 3);  // host_subset_size: 3 randomises among the best hosts
+  INFO("host_subset_size " << subset);
   Servers servers;
   std::string a, b;
   auto c1 = servers.start_compute("a", "VCPU:5,DISK_GB:100,MEMORY_MB:8192", &a);
   auto c2 = servers.start_compute("b", "VCPU:5,DISK_GB:100,MEMORY_MB:8192", &b);
+  std::string config = servers.dir() + "/schedule.toml";
+  std::ofstream(config) << "[schedule]\nhost_subset_size = " << subset << "\n";
 
   std::vector<std::unique_ptr<Process>> schedulers;
   for (int i = 0; i < 20; ++i)
-    schedulers.push_back(servers.spawn_toyvm({"schedule", small}, "sched-" + std::to_string(i) + ".log"));
+    schedulers.push_back(
+        servers.spawn_toyvm({"--config", config, "schedule", small}, "sched-" + std::to_string(i) + ".log"));
   int won = 0, full = 0;
   for (auto& p : schedulers) {
     int code = p->wait(120);
