@@ -7,6 +7,9 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -103,6 +106,25 @@ class EtcdWatch {
   virtual awaitable<WatchBatch> next() = 0;
   // Asks etcd to cancel the watch (WatchCancelRequest); next() then sees `canceled`.
   virtual void cancel() = 0;
+};
+
+// Cancels a watch when the time is up, so a coroutine waiting in next() wakes with a
+// cancelled batch; fired() then tells a timeout from etcd's own cancel.
+class WatchDeadline {
+ public:
+  WatchDeadline(asio::any_io_executor executor, EtcdWatch& watch, std::chrono::milliseconds timeout)
+      : timer_(std::move(executor), timeout) {
+    timer_.async_wait([this, &watch](const error_code& ec) {
+      if (ec) return;  // cancelled: this object may be gone
+      fired_ = true;
+      watch.cancel();
+    });
+  }
+  bool fired() const { return fired_; }
+
+ private:
+  asio::steady_timer timer_;
+  bool fired_ = false;
 };
 
 class EtcdLeaseKeeper {

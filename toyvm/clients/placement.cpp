@@ -28,13 +28,17 @@ json::object amounts_json(const ResourceAmounts& amounts) {
   return out;
 }
 
-bool read_amounts(simdjson::dom::object object, ResourceAmounts& out) {
-  for (auto [key, value] : object) {
-    int64_t n = 0;
-    if (value.get_int64().get(n)) return false;
-    out[std::string(key)] = n;
+// {"traits": ["HW_CPU_X86_AVX2", ...]}
+result<std::vector<std::string>> parse_traits(const std::string& body) {
+  simdjson::dom::parser parser;
+  simdjson::dom::array traits;
+  if (parser.parse(body)["traits"].get_array().get(traits)) return errc::placement_error;
+  std::vector<std::string> out;
+  for (auto trait : traits) {
+    std::string_view name;
+    if (!trait.get_string().get(name)) out.emplace_back(name);
   }
-  return true;
+  return out;
 }
 
 }  // namespace
@@ -117,29 +121,14 @@ awaitable<result<Allocations>> PlacementClient::allocations_of(std::string consu
   auto response = co_await call("GET", "/allocations/" + consumer, mv_allocations);
   if (!response) co_return response.error();
   if (response->status != 200) co_return last_error_.code;
-  simdjson::dom::parser parser;
-  simdjson::dom::object allocations;
-  if (parser.parse(response->body)["allocations"].get_object().get(allocations))
-    co_return errc::placement_error;
-  Allocations out;
-  for (auto [rp, entry] : allocations) {
-    simdjson::dom::object resources;
-    if (entry["resources"].get_object().get(resources) || !read_amounts(resources, out[std::string(rp)]))
-      co_return errc::placement_error;
-  }
-  co_return out;
+  co_return parse_allocations(response->body);
 }
 
 awaitable<result<ResourceAmounts>> PlacementClient::usages(std::string provider) {
   auto response = co_await call("GET", "/resource_providers/" + provider + "/usages", mv_inventory);
   if (!response) co_return response.error();
   if (response->status != 200) co_return last_error_.code;
-  simdjson::dom::parser parser;
-  simdjson::dom::object usages;
-  ResourceAmounts out;
-  if (parser.parse(response->body)["usages"].get_object().get(usages) || !read_amounts(usages, out))
-    co_return errc::placement_error;
-  co_return out;
+  co_return parse_usages(response->body);
 }
 
 awaitable<result<Inventory>> PlacementClient::inventory(std::string provider) {
@@ -167,30 +156,14 @@ awaitable<result<std::vector<std::string>>> PlacementClient::traits(std::string 
   auto response = co_await call("GET", "/resource_providers/" + provider + "/traits", mv_traits);
   if (!response) co_return response.error();
   if (response->status != 200) co_return last_error_.code;
-  simdjson::dom::parser parser;
-  simdjson::dom::array traits;
-  if (parser.parse(response->body)["traits"].get_array().get(traits)) co_return errc::placement_error;
-  std::vector<std::string> out;
-  for (auto trait : traits) {
-    std::string_view name;
-    if (!trait.get_string().get(name)) out.emplace_back(name);
-  }
-  co_return out;
+  co_return parse_traits(response->body);
 }
 
 awaitable<result<std::vector<std::string>>> PlacementClient::known_traits(std::string prefix) {
   auto response = co_await call("GET", "/traits?name=startswith:" + prefix, mv_traits);
   if (!response) co_return response.error();
   if (response->status != 200) co_return last_error_.code;
-  simdjson::dom::parser parser;
-  simdjson::dom::array traits;
-  if (parser.parse(response->body)["traits"].get_array().get(traits)) co_return errc::placement_error;
-  std::vector<std::string> out;
-  for (auto trait : traits) {
-    std::string_view name;
-    if (!trait.get_string().get(name)) out.emplace_back(name);
-  }
-  co_return out;
+  co_return parse_traits(response->body);
 }
 
 awaitable<result<int64_t>> PlacementClient::provider_generation(const std::string& uuid) {
@@ -217,6 +190,22 @@ awaitable<result<void>> PlacementClient::ensure_provider(std::string uuid, std::
   co_return last_error_.code;
 }
 
+// PUT /resource_providers/{uuid}/{what} with {"resource_provider_generation": G, what: value}:
+// a generation conflict re-reads the generation and tries again.
+awaitable<result<void>> PlacementClient::put_with_generation(std::string uuid, std::string what,
+                                                             std::string microversion, std::string value_json) {
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    auto generation = co_await provider_generation(uuid);
+    if (!generation) co_return generation.error();
+    std::string body = fmt::format(R"({{"resource_provider_generation":{},"{}":{}}})", *generation, what, value_json);
+    auto response = co_await call("PUT", "/resource_providers/" + uuid + "/" + what, microversion, std::move(body));
+    if (!response) co_return response.error();
+    if (response->status == 200) co_return result<void>{};
+    if (last_error_.code != errc::placement_concurrent_update) co_return last_error_.code;
+  }
+  co_return make_error_code(errc::placement_concurrent_update);
+}
+
 awaitable<result<void>> PlacementClient::set_inventory(std::string uuid, Inventory inventory) {
   json::object inventories;
   for (auto& [rc, item] : inventory) {
@@ -225,33 +214,13 @@ awaitable<result<void>> PlacementClient::set_inventory(std::string uuid, Invento
                                    {"step_size", item.step_size},
                                    {"allocation_ratio", item.allocation_ratio}};
   }
-  for (int attempt = 0; attempt < 10; ++attempt) {
-    auto generation = co_await provider_generation(uuid);
-    if (!generation) co_return generation.error();
-    json::object body{{"resource_provider_generation", *generation}, {"inventories", inventories}};
-    auto response = co_await call("PUT", "/resource_providers/" + uuid + "/inventories", mv_inventory,
-                                  json::serialize(body));
-    if (!response) co_return response.error();
-    if (response->status == 200) co_return result<void>{};
-    if (last_error_.code != errc::placement_concurrent_update) co_return last_error_.code;
-  }
-  co_return make_error_code(errc::placement_concurrent_update);
+  co_return co_await put_with_generation(std::move(uuid), "inventories", mv_inventory, json::serialize(inventories));
 }
 
 awaitable<result<void>> PlacementClient::set_aggregates(std::string uuid, std::vector<std::string> aggregates) {
   json::array list;
   for (const std::string& aggregate : aggregates) list.emplace_back(aggregate);
-  for (int attempt = 0; attempt < 10; ++attempt) {
-    auto generation = co_await provider_generation(uuid);
-    if (!generation) co_return generation.error();
-    json::object body{{"resource_provider_generation", *generation}, {"aggregates", list}};
-    auto response = co_await call("PUT", "/resource_providers/" + uuid + "/aggregates", mv_aggregates,
-                                  json::serialize(body));
-    if (!response) co_return response.error();
-    if (response->status == 200) co_return result<void>{};
-    if (last_error_.code != errc::placement_concurrent_update) co_return last_error_.code;
-  }
-  co_return make_error_code(errc::placement_concurrent_update);
+  co_return co_await put_with_generation(std::move(uuid), "aggregates", mv_aggregates, json::serialize(list));
 }
 
 awaitable<result<void>> PlacementClient::set_traits(std::string uuid, std::vector<std::string> traits) {
@@ -264,17 +233,7 @@ awaitable<result<void>> PlacementClient::set_traits(std::string uuid, std::vecto
     }
     names.emplace_back(trait);
   }
-  for (int attempt = 0; attempt < 10; ++attempt) {
-    auto generation = co_await provider_generation(uuid);
-    if (!generation) co_return generation.error();
-    json::object body{{"resource_provider_generation", *generation}, {"traits", names}};
-    auto response = co_await call("PUT", "/resource_providers/" + uuid + "/traits", mv_traits,
-                                  json::serialize(body));
-    if (!response) co_return response.error();
-    if (response->status == 200) co_return result<void>{};
-    if (last_error_.code != errc::placement_concurrent_update) co_return last_error_.code;
-  }
-  co_return make_error_code(errc::placement_concurrent_update);
+  co_return co_await put_with_generation(std::move(uuid), "traits", mv_traits, json::serialize(names));
 }
 
 }  // namespace toyvm

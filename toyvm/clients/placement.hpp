@@ -48,6 +48,8 @@ class PlacementClient {
   awaitable<result<HttpResponse>> call(std::string method, std::string target,
                                        std::string microversion, std::string body = {});
   awaitable<result<int64_t>> provider_generation(const std::string& uuid);
+  awaitable<result<void>> put_with_generation(std::string uuid, std::string what, std::string microversion,
+                                              std::string value_json);
 
   HttpClient http_;
   PlacementConfig config_;

@@ -16,7 +16,34 @@ bool read_amounts(simdjson::dom::object object, ResourceAmounts& out) {
   return true;
 }
 
+// {rp: {"resources": {...}}, ...}: the shape of every allocation in Placement's answers.
+bool read_allocations(simdjson::dom::object object, Allocations& out) {
+  for (auto [rp, entry] : object) {
+    simdjson::dom::object resources;
+    if (entry["resources"].get_object().get(resources) || !read_amounts(resources, out[std::string(rp)]))
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+result<Allocations> parse_allocations(const std::string& body) {
+  simdjson::dom::parser parser;
+  simdjson::dom::object allocations;
+  Allocations out;
+  if (parser.parse(body)["allocations"].get_object().get(allocations) || !read_allocations(allocations, out))
+    return errc::placement_error;
+  return out;
+}
+
+result<ResourceAmounts> parse_usages(const std::string& body) {
+  simdjson::dom::parser parser;
+  simdjson::dom::object usages;
+  ResourceAmounts out;
+  if (parser.parse(body)["usages"].get_object().get(usages) || !read_amounts(usages, out)) return errc::placement_error;
+  return out;
+}
 
 result<Candidates> parse_allocation_candidates(const std::string& body) {
   simdjson::dom::parser parser;
@@ -29,11 +56,7 @@ result<Candidates> parse_allocation_candidates(const std::string& body) {
     simdjson::dom::object allocations;
     if (request["allocations"].get_object().get(allocations)) return errc::placement_error;
     Allocations candidate;
-    for (auto [rp, entry] : allocations) {
-      simdjson::dom::object resources;
-      if (entry["resources"].get_object().get(resources)) return errc::placement_error;
-      if (!read_amounts(resources, candidate[std::string(rp)])) return errc::placement_error;
-    }
+    if (!read_allocations(allocations, candidate)) return errc::placement_error;
     out.allocation_requests.push_back(std::move(candidate));
   }
   simdjson::dom::object summaries;

@@ -29,6 +29,11 @@ struct Candidates {
 // Parses the body of GET /allocation_candidates.
 result<Candidates> parse_allocation_candidates(const std::string& body);
 
+// The body of GET /allocations/{consumer}.
+result<Allocations> parse_allocations(const std::string& body);
+// The body of GET /resource_providers/{uuid}/usages.
+result<ResourceAmounts> parse_usages(const std::string& body);
+
 struct Choice {
   std::string host;                 // the live toyvm host the instance goes to
   const Allocations* allocations;   // points into the Candidates it was chosen from

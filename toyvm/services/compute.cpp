@@ -211,33 +211,33 @@ class ComputeAgent {
 
   awaitable<void> register_provider() {
     std::chrono::milliseconds delay = 100ms;
-    while (true) {
-      auto ok = co_await placement_.ensure_provider(provider_, name_);
-      if (ok) ok = co_await placement_.set_inventory(provider_, inventory_);
-      if (ok) {
-        // Only the CPU traits this Placement knows: an unknown standard trait is refused.
-        auto known = co_await placement_.known_traits("HW_CPU_X86_");
-        ok = known ? result<void>{} : result<void>(known.error());
-        if (ok) {
-          std::vector<std::string> traits = config_.compute.traits;
-          for (const std::string& trait : cpu_traits_)
-            if (std::find(known->begin(), known->end(), trait) != known->end()) traits.push_back(trait);
-          ok = co_await placement_.set_traits(provider_, std::move(traits));
-        }
-      }
-      if (ok) {
-        std::vector<std::string> aggregates;
-        if (!config_.compute.availability_zone.empty())
-          aggregates.push_back(availability_zone_aggregate(config_.compute.availability_zone));
-        ok = co_await placement_.set_aggregates(provider_, std::move(aggregates));
-      }
-      if (ok) break;
+    while (!co_await register_once()) {
       spdlog::warn("registering provider {} in Placement: {}; retrying", provider_,
                    placement_.last_error().detail);
       co_await backoff(delay);
     }
     spdlog::info("registered provider {} with inventory {}", provider_,
                  format_amounts(capacity_of(inventory_)));
+  }
+
+  // The provider, its inventory, traits and zone, each call idempotent.
+  awaitable<result<void>> register_once() {
+    auto created = co_await placement_.ensure_provider(provider_, name_);
+    if (!created) co_return created;
+    auto inventory = co_await placement_.set_inventory(provider_, inventory_);
+    if (!inventory) co_return inventory;
+    // Only the CPU traits this Placement knows: an unknown standard trait is refused.
+    auto known = co_await placement_.known_traits("HW_CPU_X86_");
+    if (!known) co_return known.error();
+    std::vector<std::string> traits = config_.compute.traits;
+    for (const std::string& trait : cpu_traits_)
+      if (std::find(known->begin(), known->end(), trait) != known->end()) traits.push_back(trait);
+    auto traits_set = co_await placement_.set_traits(provider_, std::move(traits));
+    if (!traits_set) co_return traits_set;
+    std::vector<std::string> aggregates;
+    if (!config_.compute.availability_zone.empty())
+      aggregates.push_back(availability_zone_aggregate(config_.compute.availability_zone));
+    co_return co_await placement_.set_aggregates(provider_, std::move(aggregates));
   }
 
   HostRecord host_record() const {

@@ -199,20 +199,16 @@ int run_destroy(const Config& config, const DestroyOptions& options) {
     // Done when the agent has deleted the instance key.
     auto watch = etcd->watch(WatchOptions{instance_key, {}, found->revision + 1, false});
     bool gone = false;  // the watch starts right after our read, so it sees the delete
-    bool timed_out = false;
-    asio::steady_timer deadline(io, std::chrono::milliseconds(int64_t(options.wait_timeout_s * 1000)));
-    deadline.async_wait([&](const error_code& ec) {
-      if (ec) return;
-      timed_out = true;
-      watch->cancel();
-    });
+    WatchDeadline deadline(io.get_executor(), *watch,
+                           std::chrono::milliseconds(int64_t(options.wait_timeout_s * 1000)));
     while (!gone) {
       WatchBatch batch = co_await watch->next();
-      if (timed_out)
+      if (deadline.fired())
         co_return report_failure(ExitCode::failed,
                                  fmt::format("instance {} is not gone after {} s; its host may be down",
                                              options.uuid, options.wait_timeout_s));
-      if (batch.error || batch.canceled) co_return etcd_failure(*etcd, batch.error);
+      if (batch.error || batch.canceled)
+        co_return etcd_failure(*etcd, batch.error ? batch.error : make_error_code(errc::etcd_error));
       for (const WatchEvent& event : batch.events) gone = gone || event.type == WatchEvent::Type::erase;
     }
     std::printf("DESTROYED INSTANCE %s\n", options.uuid.c_str());

@@ -356,18 +356,12 @@ class Scheduler {
   awaitable<int> wait_until_settled(const std::string& uuid, int64_t since_revision) {
     const std::string key = keys_.instance(uuid);
     auto watch = etcd_->watch(WatchOptions{key, {}, since_revision, false});
-    // The deadline ends the watch; next() then returns a cancelled batch.
-    bool timed_out = false;
-    asio::steady_timer deadline(io_, std::chrono::milliseconds(int64_t(options_.wait_timeout_s * 1000)));
-    deadline.async_wait([&](const error_code& ec) {
-      if (ec) return;
-      timed_out = true;
-      watch->cancel();
-    });
+    WatchDeadline deadline(io_.get_executor(), *watch,
+                           std::chrono::milliseconds(int64_t(options_.wait_timeout_s * 1000)));
     std::optional<InstanceState> last;
     while (true) {
       WatchBatch batch = co_await watch->next();
-      if (timed_out) {
+      if (deadline.fired()) {
         co_return report_failure(ExitCode::failed,
                                  fmt::format("instance {} did not settle within {} s", uuid, options_.wait_timeout_s));
       }
