@@ -274,7 +274,7 @@ def run(args):
             for providers in (10, 100, 1000):
                 bench.measure("providers", "--count", str(providers - have))
                 have = providers
-                samples = 10 if providers < 1000 else 5
+                samples = 20 if providers < 1000 else 10
                 limited = bench.measure("candidates", "--count", str(samples), "--limit", "50")
                 unlimited = bench.measure("candidates", "--count", str(samples), "--limit", "0")
                 results["scale"].append({
@@ -381,7 +381,7 @@ def plot(results, out):
     scale.write_text("".join(f"{r['providers']} {r['candidates_limit50_ms']['p50']} "
                              f"{r['candidates_nolimit_ms']['p50']}\n" for r in results["scale"]))
     script = f"""
-set terminal pngcairo size 800,500
+set terminal pngcairo size 800,500 noenhanced
 set grid
 set key left top
 set output '{out}/latency-vs-concurrency.png'
