@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
   compute->add_option("--trait", traits, "a trait to report, e.g. CUSTOM_GPU (repeatable)");
   std::string zone;
   compute->add_option("--az", zone, "availability zone (a Placement aggregate)");
+  int max_instances = -1;
+  compute->add_option("--max-instances", max_instances, "report FULL at this many instances (0: no limit)");
   compute->footer("Example: toyvm compute --state-dir /var/lib/toyvm --libvirt-uri qemu:///system");
   compute->callback([&] {
     service = [&](const Config& base) {
@@ -66,6 +68,7 @@ int main(int argc, char** argv) {
       if (!name.empty()) c.name = name;
       if (!traits.empty()) c.traits = traits;
       if (!zone.empty()) c.availability_zone = zone;
+      if (max_instances >= 0) c.max_instances = max_instances;
       return run_compute(config);
     };
   });
@@ -100,6 +103,8 @@ int main(int argc, char** argv) {
   auto* destroy_cmd = app.add_subcommand("destroy", "destroy an instance and release its resources");
   destroy_cmd->add_option("uuid", destroy.uuid, "instance uuid")->required();
   destroy_cmd->add_flag("--no-wait", destroy_no_wait, "return once the request is recorded");
+  destroy_cmd->add_flag("--force", destroy.force,
+                        "the host is gone for good: release the allocation and remove the keys here");
   destroy_cmd->add_option("--timeout", destroy.wait_timeout_s, "seconds to wait for the host")->capture_default_str();
   destroy_cmd->footer("Example: toyvm destroy d578fb7c-7787-4e73-b69a-a7b3ef9bf73a");
   destroy_cmd->callback([&] {

@@ -125,6 +125,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("metadata_interface", c.metadata_interface);
   compute.get("lease_ttl", c.lease_ttl_s);
   compute.get("workers", c.workers);
+  compute.get("max_instances", c.max_instances);
   compute.get("reserved_vcpu", c.policy.reserved_vcpu);
   compute.get("reserved_memory_mb", c.policy.reserved_memory_mb);
   compute.get("reserved_disk_gb", c.policy.reserved_disk_gb);

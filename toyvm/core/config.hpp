@@ -37,6 +37,7 @@ struct ComputeConfig {
   std::string metadata_interface;  // e.g. virbr0: put the metadata address there, run mdserver if needed
   int lease_ttl_s = 10;
   int workers = 4;            // threads for blocking libvirt and disk work
+  int max_instances = 0;      // the host reports FULL at this many; 0: no limit
 };
 
 struct ScheduleConfig {

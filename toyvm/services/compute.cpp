@@ -111,13 +111,17 @@ class ComputeAgent {
     if (int code = prepare(); code != 0) co_return code;
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     signals.async_wait([this](const error_code& ec, int) {
-      if (!ec) asio::co_spawn(io_, shutdown(), asio::detached);
+      if (ec) return;
+      spdlog::info("shutting down");
+      stopping_ = true;
+      if (watch_) watch_->cancel();
     });
     co_await ensure_metadata_service();
     co_await register_provider();
-    co_await announce();
-    asio::co_spawn(io_, keep_lease_alive(), asio::detached);
-    co_await watch_work();  // until shutdown
+    if (!stopping_) co_await announce();
+    if (!stopping_) asio::co_spawn(io_, keep_lease_alive(), asio::detached);
+    co_await watch_work();  // until a signal
+    co_await shutdown();
     co_return 0;
   }
 
@@ -211,7 +215,7 @@ class ComputeAgent {
 
   awaitable<void> register_provider() {
     std::chrono::milliseconds delay = 100ms;
-    while (!co_await register_once()) {
+    while (!stopping_ && !co_await register_once()) {
       spdlog::warn("registering provider {} in Placement: {}; retrying", provider_,
                    placement_.last_error().detail);
       co_await backoff(delay);
@@ -229,15 +233,28 @@ class ComputeAgent {
     // Only the CPU traits this Placement knows: an unknown standard trait is refused.
     auto known = co_await placement_.known_traits("HW_CPU_X86_");
     if (!known) co_return known.error();
-    std::vector<std::string> traits = config_.compute.traits;
+    traits_ = config_.compute.traits;
     for (const std::string& trait : cpu_traits_)
-      if (std::find(known->begin(), known->end(), trait) != known->end()) traits.push_back(trait);
-    auto traits_set = co_await placement_.set_traits(provider_, std::move(traits));
+      if (std::find(known->begin(), known->end(), trait) != known->end()) traits_.push_back(trait);
+    auto traits_set = co_await placement_.set_traits(provider_, traits_);  // also clears DISABLED
     if (!traits_set) co_return traits_set;
     std::vector<std::string> aggregates;
     if (!config_.compute.availability_zone.empty())
       aggregates.push_back(availability_zone_aggregate(config_.compute.availability_zone));
     co_return co_await placement_.set_aggregates(provider_, std::move(aggregates));
+  }
+
+  // CIAO's READY/FULL: FULL once the host has max_instances instances (0: no limit).
+  bool full() const {
+    int limit = config_.compute.max_instances;
+    return limit > 0 && instance_count() >= size_t(limit);
+  }
+
+  size_t instance_count() const {
+    size_t n = 0;
+    for (auto& [uuid, slot] : slots_)
+      if (slot.desired && slot.desired->power != PowerState::deleted) ++n;
+    return n;
   }
 
   HostRecord host_record() const {
@@ -248,13 +265,14 @@ class ComputeAgent {
     record.agent_version = TOYVM_VERSION;
     record.started_at = started_at_;
     record.domains = domain_count_;
+    record.status = full() ? "FULL" : "READY";
     return record;
   }
 
   // Grants a lease and puts the host record under it; retried until etcd answers.
   awaitable<void> announce() {
     std::chrono::milliseconds delay = 100ms;
-    while (true) {
+    while (!stopping_) {
       auto lease = co_await etcd_->lease_grant(config_.compute.lease_ttl_s);
       if (lease) {
         auto put = co_await etcd_->put(keys_.host(provider_), encode(host_record()), *lease);
@@ -485,6 +503,9 @@ class ComputeAgent {
   }
 
   awaitable<bool> build(WorkSpec spec) {
+    int limit = config_.compute.max_instances;
+    if (limit > 0 && instance_count() > size_t(limit))
+      co_return co_await fail_build(spec, "full_cn", fmt::format("host {} is full ({} instances)", name_, limit));
     if (!spec.group.empty()) {
       auto allowed = co_await group_allows_here(spec);
       if (!allowed) co_return false;
@@ -567,14 +588,16 @@ class ComputeAgent {
     co_return true;
   }
 
+  // The host record goes with the lease; the provider is marked disabled so that schedulers
+  // spend no candidate on it; the next start sets the traits afresh, without the mark.
   awaitable<void> shutdown() {
-    if (stopping_) co_return;
-    stopping_ = true;
-    spdlog::info("shutting down");
-    if (watch_) watch_->cancel();
-    if (lease_) co_await etcd_->lease_revoke(lease_);  // the host record goes with it
-    io_.stop();
+    if (lease_) co_await etcd_->lease_revoke(lease_);
+    std::vector<std::string> disabled = traits_;
+    disabled.push_back("COMPUTE_STATUS_DISABLED");
+    if (!co_await placement_.set_traits(provider_, std::move(disabled)))
+      spdlog::warn("could not mark provider {} disabled: {}", provider_, placement_.last_error().detail);
   }
+
 
   asio::io_context& io_;
   Config config_;
@@ -587,6 +610,7 @@ class ComputeAgent {
   std::string name_;
   Inventory inventory_;
   std::vector<std::string> cpu_traits_;
+  std::vector<std::string> traits_;  // as last set in Placement
   int64_t lease_ = 0;
   int64_t started_at_ = unix_seconds();
   int64_t domain_count_ = 0;

@@ -2,6 +2,7 @@
 // agent that owns an instance does the work of destroying it and releasing its allocation.
 
 #include "clients/etcd.hpp"
+#include "clients/placement.hpp"
 #include "model/keys.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
@@ -140,6 +141,29 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
   co_return 0;
 }
 
+// Without the host: the allocation goes first (if Placement is down nothing is removed and
+// the command can be repeated), then every key of the instance in one transaction.
+awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const Config& config,
+                             const InstanceRecord& record) {
+  PlacementClient placement(io.get_executor(), config.placement);
+  if (!co_await placement.release(record.uuid))
+    co_return report_failure(placement.last_error().code, fmt::format("releasing the allocation of {}: {}",
+                                                                      record.uuid, placement.last_error().detail));
+  const std::string work_key = keys.work(record.host, record.uuid);
+  std::vector<EtcdOp> erase{EtcdOp::erase(work_key), EtcdOp::erase(keys.instance(record.uuid))};
+  auto work = co_await etcd.range(work_key);
+  if (!work) co_return etcd_failure(etcd, work.error());
+  if (!work->kvs.empty()) {
+    auto spec = decode_work(work->kvs.front().value);
+    if (spec && !spec->group.empty()) erase.push_back(EtcdOp::erase(keys.group_member(spec->group, record.uuid)));
+  }
+  std::vector<EtcdCompare> always;
+  auto txn = co_await etcd.txn(std::move(always), std::move(erase));
+  if (!txn) co_return etcd_failure(etcd, txn.error());
+  std::printf("DESTROYED INSTANCE %s\n", record.uuid.c_str());
+  co_return 0;
+}
+
 }  // namespace
 
 int run_show(const Config& config, const ShowOptions& options) {
@@ -170,8 +194,10 @@ int run_destroy(const Config& config, const DestroyOptions& options) {
       co_return report_failure(errc::corrupt_record,
                                fmt::format("instance {} has a corrupt record in etcd", options.uuid));
 
-    // Desired power "deleted" on the work key, written only over the version we read.
     const std::string work_key = keys.work(record->host, options.uuid);
+    if (options.force) co_return co_await force_destroy(io, *etcd, keys, config, *record);
+
+    // Desired power "deleted" on the work key, written only over the version we read.
     auto work = co_await etcd->range(work_key);
     if (!work) co_return etcd_failure(*etcd, work.error());
     if (work->kvs.empty())

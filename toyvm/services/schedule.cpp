@@ -104,6 +104,8 @@ class Scheduler {
     if (!options_.group.empty() && !is_group_name(options_.group))
       co_return report_failure(errc::invalid_argument,
                                fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group));
+    // Stopped agents mark their providers so (microversion 1.39 lets `required` repeat).
+    query->params.emplace_back("required", "!COMPUTE_STATUS_DISABLED");
     if (!options_.availability_zone.empty())
       query->params.emplace_back("member_of", availability_zone_aggregate(options_.availability_zone));
     WorkSpec spec;

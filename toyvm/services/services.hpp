@@ -37,6 +37,7 @@ int run_show(const Config& config, const ShowOptions& options);
 
 struct DestroyOptions {
   std::string uuid;
+  bool force = false;  // the host is gone for good: release and remove without it
   bool wait = true;
   double wait_timeout_s = 120;
 };

@@ -1,0 +1,159 @@
+// Crashes, restarts and unavailable hosts, against a real etcd and Placement.
+
+#include "harness.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+
+#include "catch_result.hpp"
+
+#include <signal.h>
+
+#include <fstream>
+#include <set>
+
+using namespace toyvm;
+using namespace toyvm::test;
+
+namespace {
+
+const std::string small = "resources=VCPU:1,DISK_GB:1,MEMORY_MB:64";
+const std::string roomy = "VCPU:1000,DISK_GB:10000,MEMORY_MB:100000";
+
+std::optional<HostRecord> host_record(const Servers& servers, const std::string& rp) {
+  auto kvs = servers.etcd_prefix(KeyLayout().host(rp));
+  if (kvs.empty()) return std::nullopt;
+  auto record = decode_host(kvs.front().value);
+  return record ? std::optional<HostRecord>(*record) : std::nullopt;
+}
+
+int active_instances(const Servers& servers) {
+  int n = 0;
+  for (const KeyValue& kv : servers.etcd_prefix(KeyLayout().instances_prefix())) {
+    auto record = decode_instance(kv.value);
+    n += record && record->state == InstanceState::active;
+  }
+  return n;
+}
+
+// A config with a short lease, so a killed agent's host record expires within the test.
+std::string short_lease_config(const Servers& servers) {
+  std::string path = servers.dir() + "/short-lease.toml";
+  std::ofstream(path) << "[compute]\nlease_ttl = 2\n";
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("kill -9 during 100 schedules: every instance ACTIVE exactly once, nothing leaked", "[recovery]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  std::vector<std::string> args{"compute", "--state-dir", servers.dir() + "/c1", "--libvirt-uri", "test:///default",
+                                "--inventory", roomy, "--name", "c1"};
+  int succeeded = 0;
+  for (int wave = 0; wave < 10; ++wave) {
+    if (wave == 3) compute->signal(SIGKILL);  // its host record lives on until the lease expires
+    if (wave == 6) compute = servers.spawn_toyvm(args, "c1-restarted.log");
+    std::vector<std::unique_ptr<Process>> schedulers;
+    for (int i = 0; i < 10; ++i)
+      schedulers.push_back(servers.spawn_toyvm({"schedule", small}, "s" + std::to_string(wave * 10 + i) + ".log"));
+    for (auto& p : schedulers) succeeded += p->wait(60) == 0;
+  }
+  REQUIRE(succeeded > 60);  // schedules after the lease expired may find no live host
+  CHECK(wait_for([&] { return active_instances(servers) == succeeded; }, 60));
+  CHECK(wait_for([&] {
+    auto host = host_record(servers, rp);
+    return host && host->domains == succeeded;  // one domain each, no doubles
+  }, 30));
+  CHECK(servers.usages(rp)["VCPU"] == succeeded);  // no leaked allocations
+  CHECK(int(servers.etcd_prefix(KeyLayout().work_prefix(rp)).size()) == succeeded);
+}
+
+TEST_CASE("work handed to a stopped agent is done when it starts", "[recovery]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  compute->signal(SIGKILL);
+  compute->wait();
+  std::vector<std::string> uuids;
+  for (int i = 0; i < 3; ++i) {
+    auto r = servers.toyvm({"schedule", small});  // the host record has not expired yet
+    REQUIRE(r.exit_code == 0);
+    uuids.push_back(parse_notified(r.out).second);
+  }
+  CHECK(active_instances(servers) == 0);
+  compute = servers.spawn_toyvm({"compute", "--state-dir", servers.dir() + "/c1", "--libvirt-uri",
+                                 "test:///default", "--inventory", roomy, "--name", "c1"}, "c1-again.log");
+  for (const std::string& uuid : uuids) CHECK_THAT(wait_for_state(servers, uuid, "ACTIVE"), Catch::Contains("ACTIVE"));
+  CHECK(wait_for([&] { auto h = host_record(servers, rp); return h && h->domains == 3; }, 20));
+}
+
+TEST_CASE("stopped, dead and full hosts are skipped", "[recovery]") {
+  Servers servers;
+  std::string config = short_lease_config(servers);
+  std::string good, other;
+  auto c_good = servers.start_compute("good", roomy, &good, {});
+  auto c_other = servers.start_compute("other", roomy, &other, {});
+
+  SECTION("a cleanly stopped agent marks its provider disabled; starting again clears it") {
+    c_other->signal(SIGTERM);
+    REQUIRE(c_other->wait(20) == 0);
+    auto traits = run_sync<std::vector<std::string>>([&](asio::io_context& io) -> awaitable<std::vector<std::string>> {
+      PlacementClient placement(io.get_executor(), servers.config.placement);
+      auto t = co_await placement.traits(other);
+      co_return t ? *t : std::vector<std::string>{};
+    });
+    CHECK(std::find(traits.begin(), traits.end(), "COMPUTE_STATUS_DISABLED") != traits.end());
+    for (int i = 0; i < 3; ++i) CHECK(parse_notified(servers.toyvm({"schedule", small}).out).first == good);
+    c_other = servers.start_compute("other", roomy, &other, {});
+    traits = run_sync<std::vector<std::string>>([&](asio::io_context& io) -> awaitable<std::vector<std::string>> {
+      PlacementClient placement(io.get_executor(), servers.config.placement);
+      auto t = co_await placement.traits(other);
+      co_return t ? *t : std::vector<std::string>{};
+    });
+    CHECK(std::find(traits.begin(), traits.end(), "COMPUTE_STATUS_DISABLED") == traits.end());
+  }
+  SECTION("a dead agent's host record expires with its lease") {
+    std::string dead;
+    auto c_dead = servers.spawn_toyvm({"--config", config, "compute", "--state-dir", servers.dir() + "/dead",
+                                       "--libvirt-uri", "test:///default", "--inventory", roomy, "--name", "dead"},
+                                      "dead.log");
+    REQUIRE(wait_for([&] { return read_file(servers.dir() + "/dead/provider_uuid").size() >= 36; }, 20));
+    dead = read_file(servers.dir() + "/dead/provider_uuid").substr(0, 36);
+    REQUIRE(wait_for([&] { return host_record(servers, dead).has_value(); }, 20));
+    c_dead->signal(SIGKILL);
+    CHECK(wait_for([&] { return !host_record(servers, dead).has_value(); }, 20));
+    for (int i = 0; i < 4; ++i) CHECK(parse_notified(servers.toyvm({"schedule", small}).out).first != dead);
+  }
+  SECTION("a FULL host is not chosen, and work beyond its limit is refused") {
+    std::string full;
+    auto c_full = servers.start_compute("full", roomy, &full, {"--max-instances", "2", "--trait", "CUSTOM_LIMITED"});
+    for (int i = 0; i < 2; ++i)
+      REQUIRE(servers.toyvm({"schedule", small + "&required=CUSTOM_LIMITED", "--wait"}).exit_code == 0);
+    CHECK(wait_for([&] { auto h = host_record(servers, full); return h && h->status == "FULL"; }, 10));
+    auto refused = servers.toyvm({"schedule", small + "&required=CUSTOM_LIMITED"});
+    CHECK(refused.exit_code == 1);
+    CHECK(refused.out == "NO ALLOCATIONS LEFT\n");
+    CHECK(servers.usages(full)["VCPU"] == 2);
+  }
+}
+
+TEST_CASE("destroy --force cleans up an instance whose host is gone", "[recovery]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto scheduled = servers.toyvm({"schedule", small, "--wait", "--group", "g", "--group-policy", "anti-affinity"});
+  REQUIRE(scheduled.exit_code == 0);
+  std::string uuid = parse_notified(scheduled.out).second;
+  compute->signal(SIGKILL);
+  compute->wait();
+
+  auto forced = servers.toyvm({"destroy", uuid, "--force"});
+  INFO(forced.err);
+  CHECK(forced.exit_code == 0);
+  CHECK(servers.allocations(uuid).empty());
+  CHECK(servers.etcd_prefix(KeyLayout().instance(uuid)).empty());
+  CHECK(servers.etcd_prefix(KeyLayout().work(rp, uuid)).empty());
+  CHECK(servers.etcd_prefix(KeyLayout().group_prefix("g")).empty());
+  CHECK(servers.toyvm({"destroy", uuid, "--force"}).exit_code == 3);
+}
