@@ -195,6 +195,32 @@ void Servers::stop_placement() {
   placement_->wait();
 }
 
+void Servers::start_etcd_again() {
+  start_etcd();
+  if (!wait_for([&] {
+        return run_sync<bool>([&](asio::io_context&) -> awaitable<bool> {
+          auto r = co_await etcd_client_->range("probe");
+          co_return bool(r);
+        });
+      }, 30))
+    throw std::runtime_error("etcd did not come back");
+}
+
+void Servers::start_placement_again() {
+  std::string pdir = dir() + "/placement";
+  placement_ = std::make_unique<Process>(std::vector<std::string>{"uwsgi", "--ini", pdir + "/uwsgi.ini"},
+                                         dir() + "/uwsgi-console-again.log");
+  bool up = wait_for([&] {
+    return run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
+      HttpClient http(io.get_executor(), HttpClientOptions{config.placement.endpoint});
+      HttpRequest request{"GET", "/", {}, {}};
+      auto r = co_await http.request(std::move(request));
+      co_return r && r->status == 200;
+    });
+  }, 30);
+  if (!up) throw std::runtime_error("Placement did not come back");
+}
+
 std::vector<std::string> Servers::toyvm_argv(std::vector<std::string> args) const {
   std::vector<std::string> argv{toyvm_binary(), "--etcd", config.etcd.endpoints.front(), "--placement",
                                 config.placement.endpoint};

@@ -84,6 +84,9 @@ class Servers {
 
   void stop_etcd();
   void stop_placement();
+  // On the same port, with the same data.
+  void start_etcd_again();
+  void start_placement_again();
 
   // Synchronous views of the servers.
   std::vector<KeyValue> etcd_prefix(const std::string& prefix) const;

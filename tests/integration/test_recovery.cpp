@@ -157,3 +157,45 @@ TEST_CASE("destroy --force cleans up an instance whose host is gone", "[recovery
   CHECK(servers.etcd_prefix(KeyLayout().group_prefix("g")).empty());
   CHECK(servers.toyvm({"destroy", uuid, "--force"}).exit_code == 3);
 }
+
+TEST_CASE("Placement down during a destroy: the release happens once it is back", "[recovery]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto scheduled = servers.toyvm({"schedule", small, "--wait"});
+  REQUIRE(scheduled.exit_code == 0);
+  std::string uuid = parse_notified(scheduled.out).second;
+
+  servers.stop_placement();
+  auto destroying = servers.spawn_toyvm({"destroy", uuid, "--timeout", "120"}, "destroy.log");
+  // The agent cannot release, so it keeps the keys: nothing is forgotten.
+  CHECK(wait_for([&] { return read_file(servers.dir() + "/c1.log").find("will retry") != std::string::npos; }, 20));
+  CHECK_FALSE(servers.etcd_prefix(KeyLayout().instance(uuid)).empty());
+  servers.start_placement_again();
+  CHECK(destroying->wait(120) == 0);
+  CHECK(servers.allocations(uuid).empty());
+  CHECK(servers.usages(rp)["VCPU"] == 0);
+  CHECK(servers.etcd_prefix(KeyLayout().instance(uuid)).empty());
+}
+
+TEST_CASE("etcd restarted during a burst: nothing lost, agents reconnect", "[recovery]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  int succeeded = 0;
+  for (int wave = 0; wave < 6; ++wave) {
+    if (wave == 3) {
+      servers.stop_etcd();
+      servers.start_etcd_again();
+    }
+    std::vector<std::unique_ptr<Process>> schedulers;
+    for (int i = 0; i < 5; ++i)
+      schedulers.push_back(servers.spawn_toyvm({"schedule", small}, "e" + std::to_string(wave * 5 + i) + ".log"));
+    for (auto& p : schedulers) succeeded += p->wait(60) == 0;
+  }
+  CHECK(succeeded >= 20);  // schedules while etcd was down fail cleanly; the rest must all run
+  CHECK(wait_for([&] { return active_instances(servers) == succeeded; }, 60));
+  CHECK(wait_for([&] { auto h = host_record(servers, rp); return h && h->domains == succeeded; }, 60));
+  CHECK(servers.usages(rp)["VCPU"] == succeeded);
+  CHECK(compute->running());
+}
