@@ -3,6 +3,7 @@
 #include "model/keys.hpp"
 #include "model/records.hpp"
 
+#include <fmt/format.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -131,7 +132,7 @@ const std::string& placement_template() {
 
 }  // namespace
 
-Servers::Servers() {
+Servers::Servers(int etcd_members) : etcd_(size_t(etcd_members)) {
   start_etcd();
   start_placement();
   etcd_client_ = EtcdClient::create(config.etcd);
@@ -159,18 +160,47 @@ Servers::Servers() {
 Servers::~Servers() = default;
 
 void Servers::start_etcd() {
-  etcd_port_ = etcd_port_ ? etcd_port_ : free_port();
-  uint16_t peer = free_port();
-  std::string client_url = "http://127.0.0.1:" + std::to_string(etcd_port_);
-  std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
-  etcd_ = std::make_unique<Process>(
-      std::vector<std::string>{"etcd", "--name", "n1", "--data-dir", dir() + "/etcd", "--logger=zap",
-                               "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-                               "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                               "--initial-cluster", "n1=" + peer_url},
-      dir() + "/etcd.log");
-  config.etcd.endpoints = {client_url};
+  std::string cluster;
+  for (size_t i = 0; i < etcd_.size(); ++i) {
+    if (!etcd_[i].client_port) etcd_[i].client_port = free_port();
+    if (!etcd_[i].peer_port) etcd_[i].peer_port = free_port();
+    cluster += (i ? "," : "") + fmt::format("n{}=http://127.0.0.1:{}", i, etcd_[i].peer_port);
+  }
+  config.etcd.endpoints.clear();
+  for (size_t i = 0; i < etcd_.size(); ++i) {
+    std::string client_url = fmt::format("http://127.0.0.1:{}", etcd_[i].client_port);
+    std::string peer_url = fmt::format("http://127.0.0.1:{}", etcd_[i].peer_port);
+    etcd_[i].process = std::make_unique<Process>(
+        std::vector<std::string>{"etcd", "--name", fmt::format("n{}", i), "--data-dir", fmt::format("{}/etcd{}", dir(), i),
+                                 "--logger=zap", "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                                 "--initial-cluster", cluster, "--initial-cluster-token", "toyvm-test"},
+        fmt::format("{}/etcd{}.log", dir(), i));
+    config.etcd.endpoints.push_back(client_url);
+  }
   config.etcd.timeout_s = 3;
+}
+
+int Servers::kill_etcd_leader() {
+  std::string endpoints = fmt::format("{}", fmt::join(config.etcd.endpoints, ","));
+  std::string out = dir() + "/status.json";
+  std::system(("ETCDCTL_API=3 etcdctl --endpoints=" + endpoints + " endpoint status -w json > " + out + " 2>/dev/null").c_str());
+  std::string status = read_file(out);
+  // [{"Endpoint":"http://127.0.0.1:P","Status":{"header":{...,"member_id":M,...},...,"leader":L,...}}, ...]
+  std::smatch leader;
+  if (!std::regex_search(status, leader, std::regex("\"leader\":(\\d+)"))) throw std::runtime_error("no etcd leader: " + status);
+  std::regex entry("\"Endpoint\":\"http://127\\.0\\.0\\.1:(\\d+)\",\"Status\":\\{\"header\":\\{[^}]*\"member_id\":(\\d+)");
+  for (auto it = std::sregex_iterator(status.begin(), status.end(), entry); it != std::sregex_iterator(); ++it) {
+    if ((*it)[2] != leader[1]) continue;
+    for (size_t i = 0; i < etcd_.size(); ++i) {
+      if (std::to_string(etcd_[i].client_port) == (*it)[1].str()) {
+        etcd_[i].process->signal(SIGKILL);
+        etcd_[i].process->wait();
+        return int(i);
+      }
+    }
+  }
+  throw std::runtime_error("leader not found in: " + status);
 }
 
 void Servers::start_placement() {
@@ -186,8 +216,10 @@ void Servers::start_placement() {
 }
 
 void Servers::stop_etcd() {
-  etcd_->signal(SIGKILL);
-  etcd_->wait();
+  for (auto& member : etcd_) {
+    member.process->signal(SIGKILL);
+    member.process->wait();
+  }
 }
 
 void Servers::stop_placement() {
@@ -222,7 +254,8 @@ void Servers::start_placement_again() {
 }
 
 std::vector<std::string> Servers::toyvm_argv(std::vector<std::string> args) const {
-  std::vector<std::string> argv{toyvm_binary(), "--etcd", config.etcd.endpoints.front(), "--placement",
+  std::vector<std::string> argv{toyvm_binary(), "--etcd", fmt::format("{}", fmt::join(config.etcd.endpoints, ",")),
+                                "--placement",
                                 config.placement.endpoint};
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;

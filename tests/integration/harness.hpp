@@ -66,7 +66,8 @@ T run_sync(std::function<awaitable<T>(asio::io_context&)> make);
 
 class Servers {
  public:
-  Servers();
+  // `etcd_members` > 1 runs etcd as a cluster on loopback, as real deployments do.
+  explicit Servers(int etcd_members = 1);
   ~Servers();
 
   Config config;  // endpoints of these servers
@@ -83,6 +84,8 @@ class Servers {
                                          std::string* provider, std::vector<std::string> extra = {});
 
   void stop_etcd();
+  // Kills the member that is the cluster's leader now; returns its index.
+  int kill_etcd_leader();
   void stop_placement();
   // On the same port, with the same data.
   void start_etcd_again();
@@ -103,9 +106,13 @@ class Servers {
 
   TempDir dir_;
   std::shared_ptr<EtcdClient> etcd_client_;  // one channel for the whole test
-  uint16_t etcd_port_ = 0;
+  struct EtcdMember {
+    uint16_t client_port = 0;
+    uint16_t peer_port = 0;
+    std::unique_ptr<Process> process;
+  };
+  std::vector<EtcdMember> etcd_;
   uint16_t placement_port_ = 0;
-  std::unique_ptr<Process> etcd_;
   std::unique_ptr<Process> placement_;
 };
 

@@ -199,3 +199,27 @@ TEST_CASE("etcd restarted during a burst: nothing lost, agents reconnect", "[rec
   CHECK(servers.usages(rp)["VCPU"] == succeeded);
   CHECK(compute->running());
 }
+
+TEST_CASE("a 3-member etcd cluster loses its leader in a burst: nothing lost, no duplicate", "[recovery]") {
+  Servers servers(3);
+  std::string a, b;
+  auto ca = servers.start_compute("a", roomy, &a);
+  auto cb = servers.start_compute("b", roomy, &b);
+  int succeeded = 0;
+  for (int wave = 0; wave < 6; ++wave) {
+    if (wave == 3) servers.kill_etcd_leader();
+    std::vector<std::unique_ptr<Process>> schedulers;
+    for (int i = 0; i < 5; ++i)
+      schedulers.push_back(servers.spawn_toyvm({"schedule", small}, "l" + std::to_string(wave * 5 + i) + ".log"));
+    for (auto& p : schedulers) succeeded += p->wait(60) == 0;
+  }
+  CHECK(succeeded >= 25);  // an election takes a moment; schedules in it may fail cleanly
+  CHECK(wait_for([&] { return active_instances(servers) == succeeded; }, 60));
+  CHECK(wait_for([&] {
+    auto ha = host_record(servers, a), hb = host_record(servers, b);
+    return ha && hb && ha->domains + hb->domains == succeeded;
+  }, 60));
+  CHECK(servers.usages(a)["VCPU"] + servers.usages(b)["VCPU"] == succeeded);
+  CHECK(ca->running());
+  CHECK(cb->running());
+}
