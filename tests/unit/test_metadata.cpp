@@ -122,3 +122,11 @@ TEST_CASE("base64 round-trips every byte and refuses garbage") {
   CHECK_FALSE(base64_decode("a===", out));
   CHECK_FALSE(base64_decode("aGk=aGk=", out));
 }
+
+TEST_CASE("base64 refuses non-canonical padding bits") {
+  std::string out;
+  CHECK_FALSE(base64_decode("++==", out));  // found by fuzz_records
+  CHECK(base64_decode("+w==", out));
+  CHECK_FALSE(base64_decode("aGl=", out));
+  CHECK(base64_decode("aGk=", out));
+}

@@ -206,6 +206,8 @@ bool base64_decode(std::string_view text, std::string& out) {
     int c = pad >= 2 ? 0 : value(text[i + 2]);
     int d = pad >= 1 ? 0 : value(text[i + 3]);
     if (a < 0 || b < 0 || c < 0 || d < 0) return false;
+    // Canonical only: bits that padding drops must be zero, so each text has one meaning.
+    if ((pad == 2 && (b & 0xf)) || (pad == 1 && (c & 0x3))) return false;
     uint32_t v = uint32_t(a) << 18 | uint32_t(b) << 12 | uint32_t(c) << 6 | uint32_t(d);
     out.push_back(char(v >> 16));
     if (pad < 2) out.push_back(char((v >> 8) & 0xff));
