@@ -223,3 +223,42 @@ TEST_CASE("a 3-member etcd cluster loses its leader in a burst: nothing lost, no
   CHECK(ca->running());
   CHECK(cb->running());
 }
+
+TEST_CASE("a host that keeps failing builds: instances move to a healthy one, or end no_valid_host", "[recovery]") {
+  Servers servers;
+  // libvirt refuses a domain of an unknown virt type: every build on this host fails.
+  std::string broken_config = servers.dir() + "/broken.toml";
+  std::ofstream(broken_config) << "[compute]\ndomain_type = \"bogus\"\nmax_build_attempts = 2\n";
+  std::string broken;
+  auto c_broken = servers.spawn_toyvm({"--config", broken_config, "compute", "--state-dir", servers.dir() + "/broken",
+                                       "--libvirt-uri", "test:///default", "--inventory",
+                                       "VCPU:100,DISK_GB:1000,MEMORY_MB:100000", "--name", "broken"},
+                                      "broken.log");
+  REQUIRE(wait_for([&] { return read_file(servers.dir() + "/broken/provider_uuid").size() >= 36; }, 20));
+  broken = read_file(servers.dir() + "/broken/provider_uuid").substr(0, 36);
+  REQUIRE(wait_for([&] { return host_record(servers, broken).has_value(); }, 20));
+
+  SECTION("alone, it gives up after the attempt limit with nothing held") {
+    auto r = servers.toyvm({"schedule", small, "--wait"});
+    CHECK(r.exit_code == 5);
+    std::string uuid = parse_notified(r.out).second;
+    CHECK_THAT(r.err, Catch::Contains("no_valid_host"));
+    CHECK(servers.allocations(uuid).empty());
+    CHECK(servers.usages(broken)["VCPU"] == 0);
+  }
+  SECTION("with a healthy host, every instance ends ACTIVE there") {
+    std::string healthy;
+    auto c_healthy = servers.start_compute("healthy", "VCPU:10,DISK_GB:1000,MEMORY_MB:100000", &healthy);
+    // Spread prefers the emptier broken host first.
+    for (int i = 0; i < 4; ++i) {
+      auto r = servers.toyvm({"schedule", small, "--wait"});
+      INFO(r.out << r.err);
+      CHECK(r.exit_code == 0);
+      std::string uuid = parse_notified(r.out).second;
+      CHECK(servers.allocations(uuid).count(healthy) == 1);
+    }
+    CHECK(servers.usages(broken)["VCPU"] == 0);
+    CHECK(servers.usages(healthy)["VCPU"] == 4);
+    CHECK(servers.etcd_prefix(KeyLayout().work_prefix(broken)).empty());
+  }
+}

@@ -118,6 +118,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("state_dir", c.state_dir);
   compute.get("instance_dir", c.instance_dir);
   compute.get("libvirt_uri", c.libvirt_uri);
+  compute.get("domain_type", c.domain_type);
   compute.get("name", c.name);
   compute.get("inventory", c.inventory);
   compute.get("traits", c.traits);
@@ -126,6 +127,8 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("lease_ttl", c.lease_ttl_s);
   compute.get("workers", c.workers);
   compute.get("max_instances", c.max_instances);
+  compute.get("resync_interval", c.resync_interval_s);
+  compute.get("max_build_attempts", c.max_build_attempts);
   compute.get("reserved_vcpu", c.policy.reserved_vcpu);
   compute.get("reserved_memory_mb", c.policy.reserved_memory_mb);
   compute.get("reserved_disk_gb", c.policy.reserved_disk_gb);
@@ -159,8 +162,9 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   if (error.empty() && config.etcd.endpoints.empty()) error = "etcd.endpoints is empty";
   if (error.empty() && config.schedule.policy != "spread" && config.schedule.policy != "pack")
     error = "schedule.policy must be \"spread\" or \"pack\"";
-  if (error.empty() && (config.compute.lease_ttl_s < 2 || config.compute.workers < 1))
-    error = "compute.lease_ttl must be >= 2 and compute.workers >= 1";
+  if (error.empty() && (config.compute.lease_ttl_s < 2 || config.compute.workers < 1 ||
+                        config.compute.resync_interval_s < 0.1 || config.compute.max_build_attempts < 1))
+    error = "compute.lease_ttl must be >= 2, workers and max_build_attempts >= 1, resync_interval >= 0.1";
   if (!error.empty()) {
     if (detail) *detail = std::move(error);
     return errc::invalid_config;

@@ -29,6 +29,7 @@ struct ComputeConfig {
   std::string state_dir = "/var/lib/toyvm";
   std::string instance_dir;  // default: <state_dir>/instances
   std::string libvirt_uri = "qemu:///system";
+  std::string domain_type;    // kvm or qemu (TCG); empty: "test" on test://, else qemu
   std::string name;           // provider name; default: the host name
   std::string inventory;      // "VCPU:4,DISK_GB:10,MEMORY_MB:512" overrides measuring the host
   std::vector<std::string> traits;  // traits to put on the provider besides the CPU's
@@ -38,6 +39,8 @@ struct ComputeConfig {
   int lease_ttl_s = 10;
   int workers = 4;            // threads for blocking libvirt and disk work
   int max_instances = 0;      // the host reports FULL at this many; 0: no limit
+  double resync_interval_s = 60;  // full re-list of this host's work
+  int max_build_attempts = 3;     // hosts an instance may try before no_valid_host
 };
 
 struct ScheduleConfig {

@@ -6,6 +6,7 @@
 #include "clients/etcd.hpp"
 #include "clients/http.hpp"
 #include "clients/placement.hpp"
+#include "model/candidates.hpp"
 #include "core/log.hpp"
 #include "model/groups.hpp"
 #include "model/keys.hpp"
@@ -30,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 namespace toyvm {
 namespace {
@@ -120,6 +122,7 @@ class ComputeAgent {
     co_await register_provider();
     if (!stopping_) co_await announce();
     if (!stopping_) asio::co_spawn(io_, keep_lease_alive(), asio::detached);
+    if (!stopping_) asio::co_spawn(io_, resync_periodically(), asio::detached);
     co_await watch_work();  // until a signal
     co_await shutdown();
     co_return 0;
@@ -155,7 +158,7 @@ class ComputeAgent {
     std::ifstream cpuinfo("/proc/cpuinfo");
     std::string text((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
     cpu_traits_ = cpu_traits(text);
-    auto virt = open_libvirt(LibvirtOptions{c.libvirt_uri, {}}, &detail);
+    auto virt = open_libvirt(LibvirtOptions{c.libvirt_uri, c.domain_type}, &detail);
     if (!virt) return report_failure(virt.error(), detail);
     virt_ = std::move(*virt);
     spdlog::info("provider {} ({}), libvirt {}", provider_, name_, c.libvirt_uri);
@@ -352,6 +355,19 @@ class ComputeAgent {
     }
   }
 
+  // Level-triggered safety net: whatever a lost event or a failed step left behind, a full
+  // list every resync_interval puts right (every step is idempotent).
+  awaitable<void> resync_periodically() {
+    asio::steady_timer timer(io_);
+    while (!stopping_) {
+      timer.expires_after(std::chrono::milliseconds(int64_t(config_.compute.resync_interval_s * 1000)));
+      co_await timer.async_wait(asio::as_tuple(use_awaitable));
+      if (stopping_) break;
+      auto listed = co_await etcd_->range_prefix(keys_.work_prefix(provider_));
+      if (listed) co_await reconcile_listing(*listed);
+    }
+  }
+
   awaitable<void> reconcile_listing(const RangeResult& listed) {
     std::map<std::string, bool> seen;
     for (const KeyValue& kv : listed.kvs) {
@@ -529,14 +545,69 @@ class ComputeAgent {
   }
 
   // ERROR with a reason code; the allocation and the group membership are given back.
+  // A build that failed here may succeed elsewhere (Nova's alternates): the instance moves
+  // to another live host while attempts remain; after the last it is ERROR no_valid_host.
   awaitable<bool> fail_build(const WorkSpec& spec, std::string reason, std::string message) {
     spdlog::error("instance {}: {}: {}", spec.uuid, reason, message);
+    if (spec.attempt < config_.compute.max_build_attempts) {
+      auto moved = co_await move_elsewhere(spec);
+      if (moved && *moved) co_return true;
+      if (!moved) co_return false;  // a server did not answer: the whole step is retried
+    }
+    message = fmt::format("no host could build it in {} attempt(s); the last said {}: {}", spec.attempt, reason,
+                          message);
+    reason = "no_valid_host";
     InstanceRecord failed = instance_record(spec, InstanceState::error);
     failed.error_code = std::move(reason);
     failed.error_message = std::move(message);
     bool released = bool(co_await placement_.release(spec.uuid));
     if (!spec.group.empty()) co_await etcd_->erase(keys_.group_member(spec.group, spec.uuid));
     co_return co_await write_instance(failed) && released;
+  }
+
+  // Claims the instance on another live host and moves its work there in one transaction.
+  // false: no other host fits; an error: Placement or etcd did not answer.
+  awaitable<result<bool>> move_elsewhere(const WorkSpec& spec) {
+    auto query = parse_placement_query(spec.query, nullptr);
+    if (!query) co_return false;
+    query->params.emplace_back("required", "!COMPUTE_STATUS_DISABLED");
+    auto candidates = co_await placement_.allocation_candidates(query->to_query_string(config_.placement.candidate_limit));
+    if (!candidates) co_return result<bool>(boost::system::in_place_error, candidates.error());
+    auto hosts = co_await etcd_->range_prefix(keys_.hosts_prefix());
+    if (!hosts) co_return result<bool>(boost::system::in_place_error, hosts.error());
+    std::set<std::string> live;
+    for (const KeyValue& kv : hosts->kvs) {
+      auto host = decode_host(kv.value);
+      if (host && host->status == "READY" && host->provider != provider_) live.insert(host->provider);
+    }
+    // The allocation moves with the instance: give this host's back, then claim there.
+    auto released = co_await placement_.release(spec.uuid);
+    if (!released) co_return result<bool>(boost::system::in_place_error, released.error());
+    for (const Choice& choice : rank_candidates(*candidates, live)) {
+      auto claimed = co_await placement_.claim(spec.uuid, *choice.allocations);
+      if (!claimed) continue;
+      WorkSpec moved = spec;
+      moved.attempt = spec.attempt + 1;
+      moved.resources = choice.allocations->at(choice.host);
+      InstanceRecord record = instance_record(moved, InstanceState::scheduled);
+      record.host = choice.host;
+      const std::string here = keys_.work(provider_, spec.uuid);
+      std::vector<EtcdCompare> unchanged{EtcdCompare::present(here)};
+      std::vector<EtcdOp> move{EtcdOp::erase(here), EtcdOp::put(keys_.work(choice.host, spec.uuid), encode(moved)),
+                               EtcdOp::put(keys_.instance(spec.uuid), encode(record))};
+      if (!spec.group.empty())
+        move.push_back(EtcdOp::put(keys_.group_member(spec.group, spec.uuid),
+                                   encode_group_member(choice.host, *parse_group_policy(spec.group_policy))));
+      auto txn = co_await etcd_->txn(std::move(unchanged), std::move(move));
+      if (txn && txn->succeeded) {
+        spdlog::info("instance {}: moved to host {} for attempt {}", spec.uuid, choice.host, moved.attempt);
+        co_return true;
+      }
+      co_await placement_.release(spec.uuid);
+      if (!txn) co_return result<bool>(boost::system::in_place_error, txn.error());
+      co_return true;  // the work key is gone here (destroyed meanwhile): nothing left to do
+    }
+    co_return false;
   }
 
   // Nova's late check: concurrent schedules may have put members of a hard group against
