@@ -68,8 +68,8 @@ bool group_allows(GroupPolicy policy, const std::vector<GroupMember>& members, c
   // Members created before this one; ties cannot happen (one revision per transaction) but
   // the instance uuid breaks them anyway.
   auto earlier = [&](const GroupMember& m) {
-    return m.instance != instance && (m.created_revision < self->created_revision ||
-                                      (m.created_revision == self->created_revision && m.instance < instance));
+    return m.instance != instance && (m.revision < self->revision ||
+                                      (m.revision == self->revision && m.instance < instance));
   };
   switch (policy) {
     case GroupPolicy::anti_affinity:
@@ -78,8 +78,8 @@ bool group_allows(GroupPolicy policy, const std::vector<GroupMember>& members, c
     case GroupPolicy::affinity: {
       // The group lives where its first member is.
       auto first = std::min_element(members.begin(), members.end(), [](const GroupMember& a, const GroupMember& b) {
-        return a.created_revision < b.created_revision ||
-               (a.created_revision == b.created_revision && a.instance < b.instance);
+        return a.revision < b.revision ||
+               (a.revision == b.revision && a.instance < b.instance);
       });
       return first->host == host;
     }

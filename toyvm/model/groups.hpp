@@ -19,7 +19,7 @@ std::string_view to_string(GroupPolicy policy) noexcept;
 struct GroupMember {
   std::string instance;
   std::string host;
-  int64_t created_revision = 0;  // etcd revision of the member key's creation
+  int64_t revision = 0;  // when the member key was created, or last moved to another host
 };
 
 // The value of a group member key: {"host": ..., "policy": ...}.

@@ -583,7 +583,19 @@ class ComputeAgent {
     // The allocation moves with the instance: give this host's back, then claim there.
     auto released = co_await placement_.release(spec.uuid);
     if (!released) co_return result<bool>(boost::system::in_place_error, released.error());
-    for (const Choice& choice : rank_candidates(*candidates, live)) {
+    std::vector<Choice> choices = rank_candidates(*candidates, live);
+    if (!spec.group.empty()) {
+      auto policy = parse_group_policy(spec.group_policy);
+      auto members = co_await etcd_->range_prefix(keys_.group_prefix(spec.group));
+      if (!members) co_return result<bool>(boost::system::in_place_error, members.error());
+      std::map<std::string, int> per_host;
+      for (const KeyValue& kv : members->kvs) {
+        auto member = decode_group_member(kv.value);
+        if (member && keys_.leaf(kv.key, keys_.group_prefix(spec.group)) != spec.uuid) per_host[member->host] += 1;
+      }
+      if (policy) choices = filter_for_group(std::move(choices), *policy, per_host);
+    }
+    for (const Choice& choice : choices) {
       auto claimed = co_await placement_.claim(spec.uuid, *choice.allocations);
       if (!claimed) continue;
       WorkSpec moved = spec;
@@ -621,7 +633,8 @@ class ComputeAgent {
     for (const KeyValue& kv : listed->kvs) {
       auto member = decode_group_member(kv.value);
       auto instance = keys_.leaf(kv.key, keys_.group_prefix(spec.group));
-      if (member && instance) members.push_back(GroupMember{*instance, member->host, kv.create_revision});
+      // mod_revision: a member that moved to another host counts from its move.
+      if (member && instance) members.push_back(GroupMember{*instance, member->host, kv.mod_revision});
     }
     co_return group_allows(*policy, members, spec.uuid, provider_);
   }
