@@ -12,6 +12,7 @@ build_pkgs=(
 # Real servers the integration tests and the quick start run on loopback.
 service_pkgs=(
   iproute2 procps
+  postgresql python3-psycopg2
   etcd-server etcd-client
   placement-api python3-placement uwsgi-core uwsgi-plugin-python3
   libvirt-clients

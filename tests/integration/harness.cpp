@@ -95,7 +95,7 @@ bool Process::running() {
 }
 
 void Process::signal(int sig) {
-  if (status_ == -1) ::kill(pid_, sig);
+  if (status_ == -1) ::kill(-pid_, sig);
 }
 
 int Process::wait(double timeout_s) {
@@ -132,7 +132,8 @@ const std::string& placement_template() {
 
 }  // namespace
 
-Servers::Servers(int etcd_members) : etcd_(size_t(etcd_members)) {
+Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), options_(options) {
+  if (options_.postgresql) start_postgresql();
   start_etcd();
   start_placement();
   etcd_client_ = EtcdClient::create(config.etcd);
@@ -207,12 +208,44 @@ void Servers::start_placement() {
   placement_port_ = placement_port_ ? placement_port_ : free_port();
   std::string pdir = dir() + "/placement";
   std::string command = source_root() + "/contrib/placement-setup.sh " + pdir + " " +
-                        std::to_string(placement_port_) + " " + placement_template();
+                        std::to_string(placement_port_) + " " +
+                        (database_url_.empty() ? placement_template() : "''") + " " +
+                        std::to_string(options_.placement_workers) + " '" + database_url_ + "'";
   if (std::system(command.c_str()) != 0) throw std::runtime_error("placement-setup.sh failed");
   placement_ = std::make_unique<Process>(std::vector<std::string>{"uwsgi", "--ini", pdir + "/uwsgi.ini"},
                                          dir() + "/uwsgi-console.log");
   config.placement.endpoint = "http://127.0.0.1:" + std::to_string(placement_port_);
   config.placement.timeout_s = 5;
+}
+
+// A private PostgreSQL cluster (Debian's server binaries) owned by the postgres user, which
+// initdb insists on; trust authentication on loopback only.
+void Servers::start_postgresql() {
+  std::string bin;
+  for (const char* version : {"15", "16", "14", "13"}) {
+    if (std::filesystem::exists(std::string("/usr/lib/postgresql/") + version + "/bin/initdb")) {
+      bin = std::string("/usr/lib/postgresql/") + version + "/bin";
+      break;
+    }
+  }
+  if (bin.empty()) throw std::runtime_error("PostgreSQL is not installed (contrib/install-deps.sh installs it)");
+  std::string data = dir() + "/pg";
+  uint16_t port = free_port();
+  std::string as_postgres = "runuser -u postgres -- ";
+  std::string setup = "chmod 755 " + dir() + " && mkdir -p " + data + " && chown postgres " + data + " && " +
+                      as_postgres + bin + "/initdb -D " + data + " -A trust -U postgres >" + dir() + "/initdb.log 2>&1";
+  if (std::system(setup.c_str()) != 0) throw std::runtime_error("initdb failed: " + read_file(dir() + "/initdb.log"));
+  postgres_ = std::make_unique<Process>(
+      std::vector<std::string>{"runuser", "-u", "postgres", "--", bin + "/postgres", "-D", data, "-p",
+                               std::to_string(port), "-h", "127.0.0.1", "-k", data, "-c", "max_connections=200"},
+      dir() + "/postgres.log");
+  std::string ready = bin + "/pg_isready -q -h 127.0.0.1 -p " + std::to_string(port);
+  if (!wait_for([&] { return std::system(ready.c_str()) == 0; }, 30))
+    throw std::runtime_error("PostgreSQL did not start: " + read_file(dir() + "/postgres.log"));
+  std::string create = "runuser -u postgres -- psql -q -h 127.0.0.1 -p " + std::to_string(port) +
+                       " -c 'CREATE DATABASE placement' >/dev/null";
+  if (std::system(create.c_str()) != 0) throw std::runtime_error("creating the placement database failed");
+  database_url_ = "postgresql+psycopg2://postgres@127.0.0.1:" + std::to_string(port) + "/placement";
 }
 
 void Servers::stop_etcd() {

@@ -29,7 +29,8 @@ class TempDir {
 uint16_t free_port();
 std::string read_file(const std::string& path);
 
-// A child process, killed (SIGKILL) when this object goes and when the test process dies.
+// A child process in a process group of its own; signals go to the whole group (uWSGI's
+// workers, the server under runuser). Killed when this object goes and when the test dies.
 class Process {
  public:
   Process(std::vector<std::string> argv, std::string log_file);
@@ -64,10 +65,15 @@ bool wait_for(const std::function<bool()>& condition, double timeout_s);
 template <class T>
 T run_sync(std::function<awaitable<T>(asio::io_context&)> make);
 
+struct ServersOptions {
+  int etcd_members = 1;        // > 1: etcd as a cluster on loopback, as real deployments run it
+  bool postgresql = false;     // Placement on a private PostgreSQL instead of sqlite
+  int placement_workers = 2;
+};
+
 class Servers {
  public:
-  // `etcd_members` > 1 runs etcd as a cluster on loopback, as real deployments do.
-  explicit Servers(int etcd_members = 1);
+  explicit Servers(ServersOptions options = {});
   ~Servers();
 
   Config config;  // endpoints of these servers
@@ -103,6 +109,7 @@ class Servers {
  private:
   void start_etcd();
   void start_placement();
+  void start_postgresql();
 
   TempDir dir_;
   std::shared_ptr<EtcdClient> etcd_client_;  // one channel for the whole test
@@ -114,6 +121,9 @@ class Servers {
   std::vector<EtcdMember> etcd_;
   uint16_t placement_port_ = 0;
   std::unique_ptr<Process> placement_;
+  std::unique_ptr<Process> postgres_;
+  ServersOptions options_;
+  std::string database_url_;  // empty: sqlite
 };
 
 // Waits until the instance record says `state` (e.g. "ACTIVE"); returns the last `show --json`.

@@ -116,15 +116,15 @@ TEST_CASE("a required trait picks only the host that has it", "[e2e]") {
   CHECK(parse_notified(forbidden.out).first == plain);
 }
 
-TEST_CASE("20 concurrent schedules for room for 10: exactly 10 win, nothing overbooked", "[e2e]") {
-  const int subset = GENERATE(1, 3);  // host_subset_size: 3 randomises among the best hosts
-  INFO("host_subset_size " << subset);
-  Servers servers;
+namespace {
+
+// 20 concurrent `toyvm schedule` processes for room for 10 on two hosts.
+void race_for_ten(Servers& servers, int host_subset_size) {
   std::string a, b;
   auto c1 = servers.start_compute("a", "VCPU:5,DISK_GB:100,MEMORY_MB:8192", &a);
   auto c2 = servers.start_compute("b", "VCPU:5,DISK_GB:100,MEMORY_MB:8192", &b);
   std::string config = servers.dir() + "/schedule.toml";
-  std::ofstream(config) << "[schedule]\nhost_subset_size = " << subset << "\n";
+  std::ofstream(config) << "[schedule]\nhost_subset_size = " << host_subset_size << "\n";
 
   std::vector<std::unique_ptr<Process>> schedulers;
   for (int i = 0; i < 20; ++i)
@@ -150,6 +150,20 @@ TEST_CASE("20 concurrent schedules for room for 10: exactly 10 win, nothing over
   CHECK(servers.usages(a)["VCPU"] + servers.usages(b)["VCPU"] == 10);
   CHECK(servers.etcd_prefix(KeyLayout().instances_prefix()).size() == 10);
   CHECK(servers.etcd_prefix(KeyLayout().work_root()).size() == 10);
+}
+
+}  // namespace
+
+TEST_CASE("20 concurrent schedules for room for 10: exactly 10 win, nothing overbooked", "[e2e]") {
+  const int subset = GENERATE(1, 3);  // host_subset_size: 3 randomises among the best hosts
+  INFO("host_subset_size " << subset);
+  Servers servers;
+  race_for_ten(servers, subset);
+}
+
+TEST_CASE("the same race against Placement on PostgreSQL with four workers", "[e2e]") {
+  Servers servers(ServersOptions{.postgresql = true, .placement_workers = 4});
+  race_for_ten(servers, 1);
 }
 
 TEST_CASE("a restarted compute keeps its provider and its instances", "[e2e]") {

@@ -201,7 +201,7 @@ TEST_CASE("etcd restarted during a burst: nothing lost, agents reconnect", "[rec
 }
 
 TEST_CASE("a 3-member etcd cluster loses its leader in a burst: nothing lost, no duplicate", "[recovery]") {
-  Servers servers(3);
+  Servers servers(ServersOptions{.etcd_members = 3});
   std::string a, b;
   auto ca = servers.start_compute("a", roomy, &a);
   auto cb = servers.start_compute("b", roomy, &b);
