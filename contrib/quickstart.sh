@@ -17,8 +17,13 @@ alive() { [ -f "$data/$1.pid" ] && kill -0 "$(cat "$data/$1.pid")" 2>/dev/null; 
 
 stop_one() {
   if alive "$1"; then
-    kill "$(cat "$data/$1.pid")"
-    while kill -0 "$(cat "$data/$1.pid")" 2>/dev/null; do sleep 0.1; done
+    local pid deadline=$((SECONDS + 15))
+    pid=$(cat "$data/$1.pid")
+    kill "$pid"
+    while kill -0 "$pid" 2>/dev/null; do
+      if [ $SECONDS -ge $deadline ]; then kill -9 "$pid"; fi
+      sleep 0.1
+    done
     echo "stopped $1"
   fi
   rm -f "$data/$1.pid"
