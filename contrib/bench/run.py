@@ -293,8 +293,11 @@ def run(args):
 def measure_mdserver(bench, guests):
     seeded = bench.measure("seed", "--count", str(guests))["written"]
     port = free_port()
-    md = bench.spawn([bench.toyvm, "--etcd", bench.etcd_url, "mdserver", "--listen", f"127.0.0.1:{port}"],
-                     "mdserver.log")
+    # The per-source rate limit would measure itself: wrk is one source.
+    config = bench.dir / "mdserver.toml"
+    config.write_text("[mdserver]\nrate_limit = 0\n")
+    md = bench.spawn([bench.toyvm, "--config", str(config), "--etcd", bench.etcd_url, "mdserver",
+                      "--listen", f"127.0.0.1:{port}"], "mdserver.log")
     url = f"http://127.0.0.1:{port}/openstack/latest/meta_data.json"
     # One wrk thread: the server is one event loop, and a second load thread on a 2-core machine
     # would measure the kernel's scheduler, not the server.

@@ -107,9 +107,10 @@ struct Mdserver {
   uint16_t port = free_port();
   std::unique_ptr<Process> process;
 
-  explicit Mdserver(const Servers& servers) {
+  // Tests poll in tight loops, so the per-source limit is off unless a test sets one.
+  explicit Mdserver(const Servers& servers, const std::string& extra_config = "rate_limit = 0\n") {
     std::string config = servers.dir() + "/md.toml";
-    std::ofstream(config) << "[mdserver]\nidle_timeout = 1.0\nmax_connections = 300\n";
+    std::ofstream(config) << "[mdserver]\nidle_timeout = 1.0\nmax_connections = 300\n" << extra_config;
     process = servers.spawn_toyvm({"--config", config, "mdserver", "--listen", "127.0.0.1:" + std::to_string(port)},
                                   "mdserver.log");
     REQUIRE(wait_for([&] { return Client("127.0.0.1", port).connected(); }, 10));
@@ -254,4 +255,23 @@ TEST_CASE("a compute agent puts the metadata address on its interface and starts
   CHECK(wait_for([&] { return read_file(servers.dir() + "/c1-md2.log").find("metadata service answers") !=
                               std::string::npos; }, 20));
   CHECK(count_mdservers() == 1);
+}
+
+TEST_CASE("only guest networks are answered, and a flooding source is limited while others are served",
+          "[mdserver]") {
+  Servers servers;
+  put_instance(servers, vm_a, "alpha", "127.0.0.2", "");
+  put_instance(servers, vm_b, "beta", "127.0.0.3", "");
+  put_instance(servers, "33333333-0000-4000-8000-000000000003", "outside", "127.0.0.200", "");
+  Mdserver md(servers, "guest_networks = [\"127.0.0.0/28\"]\nrate_limit = 5\nrate_burst = 10\n");
+  REQUIRE(wait_for([&] { return get_from("127.0.0.3", md.port, "/latest/meta-data/instance-id").first == 200; }, 10));
+
+  // A known instance outside the guest networks still gets nothing.
+  CHECK(get_from("127.0.0.200", md.port, "/latest/meta-data/instance-id").first == 403);
+
+  int limited = 0;
+  for (int i = 0; i < 40; ++i) limited += get_from("127.0.0.2", md.port, "/latest/meta-data/instance-id").first == 429;
+  CHECK(limited >= 20);  // 40 requests at once against a burst of 10 and 5/s
+  CHECK(get_from("127.0.0.3", md.port, "/latest/meta-data/instance-id").second == vm_b);
+  CHECK(md.process->running());
 }

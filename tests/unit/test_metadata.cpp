@@ -130,3 +130,21 @@ TEST_CASE("base64 refuses non-canonical padding bits") {
   CHECK_FALSE(base64_decode("aGl=", out));
   CHECK(base64_decode("aGk=", out));
 }
+
+#include "model/rate_limit.hpp"
+
+TEST_CASE("each source gets its burst, then its rate; others are not affected") {
+  using namespace std::chrono_literals;
+  RateLimiter limiter(10, 5);  // 10/s, bursts of 5
+  auto t0 = RateLimiter::Clock::time_point{} + 1h;
+  for (int i = 0; i < 5; ++i) CHECK(limiter.allow("10.0.0.1", t0));
+  CHECK_FALSE(limiter.allow("10.0.0.1", t0));
+  CHECK(limiter.allow("10.0.0.2", t0));             // another guest is served
+  CHECK_FALSE(limiter.allow("10.0.0.1", t0 + 50ms));  // half a token
+  CHECK(limiter.allow("10.0.0.1", t0 + 100ms));       // one token back
+  CHECK_FALSE(limiter.allow("10.0.0.1", t0 + 100ms));
+  for (int i = 0; i < 5; ++i) CHECK(limiter.allow("10.0.0.1", t0 + 10s));  // refilled to the burst only
+  CHECK_FALSE(limiter.allow("10.0.0.1", t0 + 10s));
+  RateLimiter off(0, 0);
+  for (int i = 0; i < 100; ++i) CHECK(off.allow("x", t0));
+}

@@ -152,6 +152,9 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   mdserver.get("max_connections", config.mdserver.max_connections);
   mdserver.get("idle_timeout", config.mdserver.idle_timeout_s);
   mdserver.get("availability_zone", config.mdserver.availability_zone);
+  mdserver.get("guest_networks", config.mdserver.guest_networks);
+  mdserver.get("rate_limit", config.mdserver.rate_limit);
+  mdserver.get("rate_burst", config.mdserver.rate_burst);
   mdserver.finish();
 
   for (auto& [key, node] : root) {

@@ -58,6 +58,9 @@ struct MdserverConfig {
   int max_connections = 4096;
   double idle_timeout_s = 10.0;  // a connection that sends nothing for this long is closed
   std::string availability_zone = "nova";
+  std::vector<std::string> guest_networks;  // CIDRs allowed to ask; empty: any address
+  double rate_limit = 50;     // requests per second per source address; 0: off
+  double rate_burst = 100;    // requests a source may make at once
 };
 
 struct Config {

@@ -5,11 +5,13 @@
 #include "clients/etcd.hpp"
 #include "model/keys.hpp"
 #include "model/metadata.hpp"
+#include "model/rate_limit.hpp"
 #include "model/records.hpp"
 #include "services/common.hpp"
 #include "services/services.hpp"
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/ip/network_v4.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -130,9 +132,16 @@ class MetadataServer {
         config_(config),
         keys_(config.etcd.prefix),
         etcd_(EtcdClient::create(config.etcd)),
-        index_(keys_, config.mdserver.availability_zone) {}
+        index_(keys_, config.mdserver.availability_zone),
+        limiter_(config.mdserver.rate_limit, config.mdserver.rate_burst) {}
 
   awaitable<int> run(std::vector<std::string> listen) {
+    for (const std::string& cidr : config_.mdserver.guest_networks) {
+      error_code ec;
+      auto network = asio::ip::make_network_v4(cidr, ec);
+      if (ec) co_return report_failure(ExitCode::usage, fmt::format("bad guest network '{}' (expected A.B.C.D/N)", cidr));
+      guest_networks_.push_back(network);
+    }
     for (const std::string& address : listen) {
       auto acceptor = open_acceptor(address);
       if (!acceptor) co_return static_cast<int>(ExitCode::usage);
@@ -237,7 +246,14 @@ class MetadataServer {
         break;
       }
       const auto& request = parser.get();
-      MetadataResponse answer = route_metadata(request.method_string(), request.target(), index_.find(ip));
+      MetadataResponse answer;
+      if (!from_guest_network(ip)) {
+        answer = {403, "text/plain", "Forbidden\n"};
+      } else if (!limiter_.allow(ip, std::chrono::steady_clock::now())) {
+        answer = {429, "text/plain", "Too Many Requests\n"};
+      } else {
+        answer = route_metadata(request.method_string(), request.target(), index_.find(ip));
+      }
       http::response<http::string_body> response{static_cast<http::status>(answer.status), request.version()};
       response.set(http::field::server, "toyvm-mdserver");
       response.set(http::field::content_type, answer.content_type);
@@ -250,6 +266,17 @@ class MetadataServer {
     }
     error_code ignored;
     stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  }
+
+  bool from_guest_network(const std::string& ip) const {
+    if (guest_networks_.empty()) return true;
+    error_code ec;
+    auto address = asio::ip::make_address_v4(ip, ec);
+    if (ec) return false;
+    for (const auto& network : guest_networks_) {
+      if ((address.to_uint() & network.netmask().to_uint()) == network.network().to_uint()) return true;
+    }
+    return false;
   }
 
   static awaitable<void> reply_error(beast::tcp_stream& stream, http::status status) {
@@ -266,6 +293,8 @@ class MetadataServer {
   KeyLayout keys_;
   std::shared_ptr<EtcdClient> etcd_;
   MetadataIndex index_;
+  RateLimiter limiter_;
+  std::vector<asio::ip::network_v4> guest_networks_;
   int connections_ = 0;
 };
 
