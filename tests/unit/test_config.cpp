@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <sys/stat.h>
 
 using namespace toyvm;
 
@@ -102,5 +103,31 @@ TEST_CASE("flags win over the environment, the environment over the file") {
 
   unsetenv("TOYVM_CONFIG");
   unsetenv("TOYVM_ETCD");
+  std::remove(path);
+}
+
+TEST_CASE("a config file holding a secret must not be readable by others") {
+  char path[] = "/tmp/toyvm-secret-XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  unsetenv("TOYVM_CONFIG");
+  CommonOverrides flags;
+  flags.config_file = path;
+  std::string detail;
+
+  std::ofstream(path) << "[placement]\ntoken = \"s3cret\"\n";
+  chmod(path, 0644);
+  CHECK_FALSE(load_config(flags, &detail));
+  CHECK_THAT(detail, Catch::Contains("readable by other users"));
+  CHECK_THAT(detail, !Catch::Contains("s3cret"));  // never echoes the secret
+  chmod(path, 0600);
+  CHECK(load_config(flags, &detail).has_value());
+
+  std::ofstream(path) << "[placement]\ntoken = \"s3cret\"\n[security]\nallow_readable_secrets = true\n";
+  chmod(path, 0644);
+  CHECK(load_config(flags, &detail).has_value());
+  std::ofstream(path) << "[placement]\ntoken = \"admin\"\n";  // noauth's token is no secret
+  CHECK(load_config(flags, &detail).has_value());
   std::remove(path);
 }

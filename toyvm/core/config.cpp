@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -32,6 +34,10 @@ class TableReader {
         if (!text) return wrong_type(key, "an array of strings");
         out.push_back(*text);
       }
+    } else if constexpr (std::is_same_v<T, bool>) {
+      auto value = node->value<bool>();
+      if (!value || !node->is_boolean()) return wrong_type(key, "true or false");
+      out = *value;
     } else if constexpr (std::is_same_v<T, double>) {
       auto value = node->value<double>();  // accepts integers too
       if (!value) return wrong_type(key, "a number");
@@ -157,8 +163,13 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   mdserver.get("rate_burst", config.mdserver.rate_burst);
   mdserver.finish();
 
+  TableReader security(section("security"), "security", &error);
+  security.get("allow_readable_secrets", config.security.allow_readable_secrets);
+  security.finish();
+
   for (auto& [key, node] : root) {
-    static const std::set<std::string> sections{"etcd", "placement", "compute", "schedule", "mdserver"};
+    static const std::set<std::string> sections{"etcd", "placement", "compute", "schedule", "mdserver",
+                                                "security"};
     if (error.empty() && !sections.count(std::string(key.str())))
       error = fmt::format("unknown section [{}]", key.str());
   }
@@ -197,6 +208,15 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
   if (!config) {
     if (detail) *detail = fmt::format("{}: {}", path, parse_detail);
     return config.error();
+  }
+  struct stat info {};
+  if (!path.empty() && config->placement.token != PlacementConfig{}.token &&
+      !config->security.allow_readable_secrets && stat(path.c_str(), &info) == 0 && (info.st_mode & 077)) {
+    if (detail)
+      *detail = fmt::format("{} holds a secret and is readable by other users (mode {:o}); chmod 600 it, or set "
+                            "[security] allow_readable_secrets = true",
+                            path, info.st_mode & 0777);
+    return errc::invalid_config;
   }
   config->source_file = path;
   std::string etcd = !flags.etcd.empty() ? flags.etcd : env("TOYVM_ETCD");

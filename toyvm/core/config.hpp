@@ -63,12 +63,19 @@ struct MdserverConfig {
   double rate_burst = 100;    // requests a source may make at once
 };
 
+struct SecurityConfig {
+  // A config file holding a secret (a Placement token other than noauth's "admin") must not
+  // be readable by other users unless this says so.
+  bool allow_readable_secrets = false;
+};
+
 struct Config {
   EtcdConfig etcd;
   PlacementConfig placement;
   ComputeConfig compute;
   ScheduleConfig schedule;
   MdserverConfig mdserver;
+  SecurityConfig security;
   std::string source_file;  // the TOML file read, if any
 };
 
