@@ -131,6 +131,7 @@ class ComputeAgent {
  private:
   struct Slot {
     std::optional<WorkSpec> desired;
+    int64_t revision = 0;       // etcd revision of what `desired` reflects; older news is stale
     std::optional<InstanceState> recorded;
     bool busy = false;
     bool dirty = false;
@@ -374,9 +375,10 @@ class ComputeAgent {
       WatchEvent event{WatchEvent::Type::put, kv, std::nullopt};
       if (auto uuid = on_event(event)) seen[*uuid] = true;
     }
-    // Work that vanished while we were not watching, and domains nobody asked for.
+    // Work that vanished while we were not watching (and did not appear after the listing),
+    // and domains nobody asked for.
     for (auto& [uuid, slot] : slots_) {
-      if (!seen.count(uuid) && slot.desired) {
+      if (!seen.count(uuid) && slot.desired && slot.revision <= listed.revision) {
         slot.desired.reset();
         kick(uuid);
       }
@@ -396,6 +398,9 @@ class ComputeAgent {
       return std::nullopt;
     }
     Slot& slot = slots_[key->instance];
+    // A listing taken before a watch event must not undo it (periodic resync runs alongside).
+    if (event.kv.mod_revision < slot.revision) return key->instance;
+    slot.revision = event.kv.mod_revision;
     if (event.type == WatchEvent::Type::erase) {
       slot.desired.reset();
     } else {
