@@ -137,15 +137,24 @@ Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), 
   start_etcd();
   start_placement();
   etcd_client_ = EtcdClient::create(config.etcd);
-  wait_for(
+  if (!etcd_answers(30)) throw std::runtime_error("etcd did not start: " + read_file(dir() + "/etcd0.log"));
+  if (!placement_answers(30))
+    throw std::runtime_error("Placement did not start: " + read_file(dir() + "/placement/uwsgi.log"));
+}
+
+bool Servers::etcd_answers(double timeout_s) const {
+  return wait_for(
       [&] {
         return run_sync<bool>([&](asio::io_context&) -> awaitable<bool> {
           auto r = co_await etcd_client_->range("probe");
           co_return bool(r);
         });
       },
-      20);
-  bool placement_up = wait_for(
+      timeout_s);
+}
+
+bool Servers::placement_answers(double timeout_s) const {
+  return wait_for(
       [&] {
         return run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
           HttpClient http(io.get_executor(), HttpClientOptions{config.placement.endpoint});
@@ -154,8 +163,7 @@ Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), 
           co_return r && r->status == 200;
         });
       },
-      30);
-  if (!placement_up) throw std::runtime_error("Placement did not start: " + read_file(dir() + "/placement/uwsgi.log"));
+      timeout_s);
 }
 
 Servers::~Servers() = default;
@@ -262,28 +270,14 @@ void Servers::stop_placement() {
 
 void Servers::start_etcd_again() {
   start_etcd();
-  if (!wait_for([&] {
-        return run_sync<bool>([&](asio::io_context&) -> awaitable<bool> {
-          auto r = co_await etcd_client_->range("probe");
-          co_return bool(r);
-        });
-      }, 30))
-    throw std::runtime_error("etcd did not come back");
+  if (!etcd_answers(30)) throw std::runtime_error("etcd did not come back");
 }
 
 void Servers::start_placement_again() {
   std::string pdir = dir() + "/placement";
   placement_ = std::make_unique<Process>(std::vector<std::string>{"uwsgi", "--ini", pdir + "/uwsgi.ini"},
                                          dir() + "/uwsgi-console-again.log");
-  bool up = wait_for([&] {
-    return run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
-      HttpClient http(io.get_executor(), HttpClientOptions{config.placement.endpoint});
-      HttpRequest request{"GET", "/", {}, {}};
-      auto r = co_await http.request(std::move(request));
-      co_return r && r->status == 200;
-    });
-  }, 30);
-  if (!up) throw std::runtime_error("Placement did not come back");
+  if (!placement_answers(30)) throw std::runtime_error("Placement did not come back");
 }
 
 std::vector<std::string> Servers::toyvm_argv(std::vector<std::string> args) const {

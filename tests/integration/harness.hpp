@@ -110,6 +110,8 @@ class Servers {
   void start_etcd();
   void start_placement();
   void start_postgresql();
+  bool etcd_answers(double timeout_s) const;
+  bool placement_answers(double timeout_s) const;
 
   TempDir dir_;
   std::shared_ptr<EtcdClient> etcd_client_;  // one channel for the whole test
