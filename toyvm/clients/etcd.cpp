@@ -3,7 +3,6 @@
 #include "model/keys.hpp"
 #include "rpc.grpc.pb.h"
 
-#include <boost/url/parse.hpp>
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>

@@ -56,7 +56,7 @@ struct HttpClient::Impl {
     setsockopt(c.stream.socket().native_handle(), IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
   }
 
-  // One exchange on one connection; `sent` tells whether any of the request left.
+  // One request and its response on one connection.
   awaitable<result<HttpResponse>> exchange(Connection& c, const http::request<http::string_body>& req,
                                            bool& keep_alive) {
     c.stream.expires_after(options.timeout);

@@ -22,13 +22,11 @@ inline int report_failure(const error_code& ec, const std::string& message) {
   return report_failure(exit_code_for(ec), message);
 }
 
-// Runs `main_task` (an awaitable<int>) on a fresh event loop; the loop ends with it.
-template <class MakeTask>
-int run_on_loop(MakeTask make_task) {
-  asio::io_context io(1);
+// Runs `task` on `io` until it ends; its value is the exit code.
+inline int run_until_done(asio::io_context& io, awaitable<int> task) {
   int exit_code = static_cast<int>(ExitCode::failed);
   std::exception_ptr failure;
-  asio::co_spawn(io, make_task(io), [&](std::exception_ptr e, int code) {
+  asio::co_spawn(io, std::move(task), [&](std::exception_ptr e, int code) {
     failure = e;
     exit_code = code;
     io.stop();
@@ -42,6 +40,13 @@ int run_on_loop(MakeTask make_task) {
     }
   }
   return exit_code;
+}
+
+// The same on a fresh event loop: `make_task(io)` gives the task.
+template <class MakeTask>
+int run_on_loop(MakeTask make_task) {
+  asio::io_context io(1);
+  return run_until_done(io, make_task(io));
 }
 
 }  // namespace toyvm

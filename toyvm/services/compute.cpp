@@ -715,21 +715,8 @@ class ComputeAgent {
 
 int run_compute(const Config& config) {
   asio::io_context io(1);
-  ComputeAgent agent(io, config);
-  int exit_code = 0;
-  asio::co_spawn(io, agent.run(), [&](std::exception_ptr e, int code) {
-    exit_code = code;
-    if (e) {
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        exit_code = report_failure(ExitCode::failed, fmt::format("internal error: {}", ex.what()));
-      }
-    }
-    io.stop();
-  });
-  io.run();
-  return exit_code;
+  ComputeAgent agent(io, config);  // outlives the loop: detached steps refer to it
+  return run_until_done(io, agent.run());
 }
 
 }  // namespace toyvm
