@@ -179,7 +179,6 @@ int run_active(const Options& o) {
     for (int i = 0; i < o.count; ++i) {
       WorkSpec spec;
       spec.uuid = new_uuid();
-      spec.image = "bench";
       spec.resources = {{"VCPU", 1}, {"MEMORY_MB", 64}, {"DISK_GB", 1}};
       InstanceRecord record;
       record.uuid = spec.uuid;

@@ -135,6 +135,18 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("max_instances", c.max_instances);
   compute.get("resync_interval", c.resync_interval_s);
   compute.get("max_build_attempts", c.max_build_attempts);
+  compute.get("image_dir", c.image_dir);
+  compute.get("image_cache_dir", c.image_cache_dir);
+  compute.get("image_cache_max_gb", c.image_cache_max_gb);
+  compute.get("image_max_gb", c.image_max_gb);
+  compute.get("image_schemes", c.image_schemes);
+  compute.get("image_ca_file", c.image_ca_file);
+  compute.get("network", c.network);
+  compute.get("bridge", c.bridge);
+  compute.get("nic_model", c.nic_model);
+  compute.get("address_timeout", c.address_timeout_s);
+  compute.get("stop_timeout", c.stop_timeout_s);
+  compute.get("console_interval", c.console_interval_s);
   compute.get("reserved_vcpu", c.policy.reserved_vcpu);
   compute.get("reserved_memory_mb", c.policy.reserved_memory_mb);
   compute.get("reserved_disk_gb", c.policy.reserved_disk_gb);

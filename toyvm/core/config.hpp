@@ -41,10 +41,23 @@ struct ComputeConfig {
   int max_instances = 0;      // the host reports FULL at this many; 0: no limit
   double resync_interval_s = 60;  // full re-list of this host's work
   int max_build_attempts = 3;     // hosts an instance may try before no_valid_host
+  // Guests: images, network, power.
+  std::string image_dir;          // names and file:// images; default: <state_dir>/images
+  std::string image_cache_dir;    // fetched images; default: <state_dir>/image-cache
+  double image_cache_max_gb = 20; // unused images are dropped past this
+  double image_max_gb = 20;       // largest image a download may bring
+  std::vector<std::string> image_schemes{"http", "https", "file"};
+  std::string image_ca_file;      // CAs for https images; empty: the system's
+  std::string network = "default";  // libvirt network for guest NICs; empty: no NIC
+  std::string bridge;             // a host bridge instead of a libvirt network
+  std::string nic_model = "virtio";
+  double address_timeout_s = 300; // how long to look for a new guest's IP
+  double stop_timeout_s = 30;     // a guest asked to power off is forced off after this
+  double console_interval_s = 2;  // how often a grown console log is published to etcd
 };
 
 struct ScheduleConfig {
-  std::string image = "default";
+  std::string image;  // empty: a domain with no image (boots nothing)
   std::string policy = "spread";  // spread or pack
   double ram_weight_multiplier = 1.0;
   double cpu_weight_multiplier = 1.0;

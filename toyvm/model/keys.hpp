@@ -4,6 +4,7 @@
 //   <prefix>/work/<rp>/<instance>    desired state of an instance on a host
 //   <prefix>/instances/<instance>    observed state of an instance
 //   <prefix>/groups/<name>/<instance> server group membership: the member's host
+//   <prefix>/console/<instance>      the tail of the instance's serial console
 
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@ class KeyLayout {
   std::string work(std::string_view rp, std::string_view instance) const;
   std::string instances_prefix() const { return prefix_ + "/instances/"; }
   std::string instance(std::string_view uuid) const;
+  std::string console(std::string_view uuid) const { return prefix_ + "/console/" + std::string(uuid); }
   std::string group_prefix(std::string_view group) const;
   std::string group_member(std::string_view group, std::string_view instance) const;
 

@@ -134,6 +134,7 @@ std::string encode(const WorkSpec& s) {
   o["uuid"] = s.uuid;
   o["name"] = s.name;
   o["image"] = s.image;
+  if (!s.image_sha256.empty()) o["image_sha256"] = s.image_sha256;
   o["query"] = s.query;
   o["resources"] = amounts_to_json(s.resources);
   if (!s.user_data.empty()) o["user_data"] = base64_encode(s.user_data);
@@ -193,6 +194,7 @@ result<WorkSpec> decode_work(std::string_view text, std::string* detail) {
     if (key == "uuid") return read_string(v, s.uuid);
     if (key == "name") return read_string(v, s.name);
     if (key == "image") return read_string(v, s.image);
+    if (key == "image_sha256") return read_string(v, s.image_sha256);
     if (key == "query") return read_string(v, s.query);
     if (key == "resources") return read_amounts(v, s.resources);
     if (key == "user_data") {

@@ -30,7 +30,8 @@ enum class PowerState { running, stopped, deleted };
 struct WorkSpec {
   std::string uuid;
   std::string name;
-  std::string image;
+  std::string image;          // image reference: a name in the image dir or a URL
+  std::string image_sha256;   // expected digest of a fetched image, lowercase hex; empty: unchecked
   std::string query;          // the placement query it was scheduled with
   ResourceAmounts resources;  // what it consumes on its host
   std::string user_data;      // raw bytes for cloud-init (base64 in JSON)

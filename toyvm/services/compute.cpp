@@ -16,6 +16,7 @@
 #include "services/services.hpp"
 #include "virt/backend.hpp"
 #include "virt/host_network.hpp"
+#include "virt/images.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -123,6 +124,7 @@ class ComputeAgent {
     if (!stopping_) co_await announce();
     if (!stopping_) asio::co_spawn(io_, keep_lease_alive(), asio::detached);
     if (!stopping_) asio::co_spawn(io_, resync_periodically(), asio::detached);
+    if (!stopping_) asio::co_spawn(io_, observe_guests(), asio::detached);
     co_await watch_work();  // until a signal
     co_await shutdown();
     co_return 0;
@@ -135,7 +137,17 @@ class ComputeAgent {
     std::optional<InstanceState> recorded;
     bool busy = false;
     bool dirty = false;
+    std::string ip;             // the guest's address once libvirt knows it
+    std::chrono::steady_clock::time_point address_deadline;  // stop looking for it then
+    int64_t console_published = -1;  // console log size last put in etcd
+    asio::steady_timer* waiting = nullptr;  // a build waiting for its image; cancelled on destroy
   };
+
+  // Destroy requested (or the work gone): a build in progress stops at its next step.
+  bool cancelled(const std::string& uuid) {
+    const Slot& slot = slots_[uuid];
+    return !slot.desired || slot.desired->power == PowerState::deleted;
+  }
 
   int prepare() {
     const ComputeConfig& c = config_.compute;
@@ -144,9 +156,13 @@ class ComputeAgent {
     if (!uuid) return report_failure(uuid.error(), detail);
     provider_ = *uuid;
     name_ = c.name.empty() ? host_name() : c.name;
-    std::string instance_dir = c.instance_dir.empty() ? c.state_dir + "/instances" : c.instance_dir;
     std::error_code ec;
-    fs::create_directories(instance_dir, ec);
+    fs::path state_dir = fs::absolute(c.state_dir, ec);
+    instance_dir_ = c.instance_dir.empty() ? (state_dir / "instances").string() : fs::absolute(c.instance_dir, ec).string();
+    fs::create_directories(instance_dir_, ec);
+    // QEMU runs as its own user on qemu:///system and must reach instance files and images.
+    fs::permissions(instance_dir_, fs::perms(0755), ec);
+    const std::string& instance_dir = instance_dir_;
     if (!c.inventory.empty()) {
       auto amounts = parse_resource_amounts(c.inventory, &detail);
       if (!amounts) return report_failure(amounts.error(), "invalid --inventory: " + detail);
@@ -159,7 +175,16 @@ class ComputeAgent {
     std::ifstream cpuinfo("/proc/cpuinfo");
     std::string text((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
     cpu_traits_ = cpu_traits(text);
-    auto virt = open_libvirt(LibvirtOptions{c.libvirt_uri, c.domain_type}, &detail);
+    ImageStoreOptions images;
+    images.image_dir = c.image_dir.empty() ? (state_dir / "images").string() : c.image_dir;
+    images.cache_dir = c.image_cache_dir.empty() ? (state_dir / "image-cache").string() : c.image_cache_dir;
+    images.cache_max_bytes = uint64_t(c.image_cache_max_gb * double(1 << 30));
+    images.max_download_bytes = uint64_t(c.image_max_gb * double(1 << 30));
+    images.schemes = c.image_schemes;
+    images.ca_file = c.image_ca_file;
+    images_ = std::make_unique<ImageStore>(io_.get_executor(), pool_, std::move(images));
+    LibvirtOptions libvirt{c.libvirt_uri, c.domain_type, instance_dir_, c.network, c.bridge, c.nic_model};
+    auto virt = open_libvirt(libvirt, &detail);
     if (!virt) return report_failure(virt.error(), detail);
     virt_ = std::move(*virt);
     spdlog::info("provider {} ({}), libvirt {}", provider_, name_, c.libvirt_uri);
@@ -413,6 +438,7 @@ class ComputeAgent {
       }
       slot.desired = std::move(*spec);
     }
+    if (slot.waiting && cancelled(key->instance)) slot.waiting->cancel();
     kick(key->instance);
     return key->instance;
   }
@@ -477,12 +503,14 @@ class ComputeAgent {
     co_return true;
   }
 
-  InstanceRecord instance_record(const WorkSpec& spec, InstanceState state) const {
+  InstanceRecord instance_record(const WorkSpec& spec, InstanceState state) {
     InstanceRecord record;
     record.uuid = spec.uuid;
     record.name = spec.name;
     record.host = provider_;
     record.state = state;
+    if (state == InstanceState::active) record.ip = slots_[spec.uuid].ip;
+    if (state == InstanceState::active || state == InstanceState::stopped) record.mac = instance_mac(spec.uuid);
     record.updated_at = unix_millis();
     return record;
   }
@@ -505,10 +533,17 @@ class ComputeAgent {
   }
 
   awaitable<bool> record(const WorkSpec& spec, InstanceState state) {
+    Slot& slot = slots_[spec.uuid];
+    if (state == InstanceState::active && slot.recorded != InstanceState::active) {
+      // A guest that just started gets an address from DHCP: look for it until the deadline.
+      slot.address_deadline = std::chrono::steady_clock::now() +
+                              std::chrono::milliseconds(int64_t(config_.compute.address_timeout_s * 1000));
+    }
+    if (state != InstanceState::active) slot.ip.clear();
     co_return co_await write_instance(instance_record(spec, state));
   }
 
-  DomainSpec domain_spec(const WorkSpec& spec) const {
+  DomainSpec domain_spec(const WorkSpec& spec, const BootImage& image) const {
     DomainSpec d;
     d.uuid = spec.uuid;
     d.name = spec.name.empty() ? spec.uuid : spec.name;
@@ -519,7 +554,8 @@ class ComputeAgent {
     d.vcpus = amount("VCPU", 1);
     d.memory_mb = amount("MEMORY_MB", 128);
     d.disk_gb = amount("DISK_GB", 0);
-    d.image = spec.image;
+    d.image = image;
+    d.mac = instance_mac(spec.uuid);
     return d;
   }
 
@@ -537,7 +573,16 @@ class ComputeAgent {
     spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image,
                  format_amounts(spec.resources));
     if (!co_await record(spec, InstanceState::building)) co_return false;
-    DomainSpec domain = domain_spec(spec);
+    BootImage image;
+    if (!spec.image.empty()) {
+      auto acquired = co_await acquire_image(spec);
+      // Destroyed while waiting: the next round removes what there is.
+      if (!acquired || cancelled(spec.uuid)) co_return true;
+      if (!*acquired) co_return co_await fail_build(spec, acquired->failure->reason, acquired->failure->message);
+      image = acquired->value;
+    }
+    if (cancelled(spec.uuid)) co_return true;
+    DomainSpec domain = domain_spec(spec, image);
     auto created = co_await virt(&VirtBackend::create, domain);
     if (!created) {
       // The domain may be half-made; nothing of a failed build stays behind.
@@ -549,19 +594,43 @@ class ComputeAgent {
     co_return co_await record(spec, InstanceState::active);
   }
 
+  // Waits for the image (fetched once however many builds want it); nullopt when the build
+  // was cancelled meanwhile.
+  awaitable<std::optional<VirtResult<BootImage>>> acquire_image(const WorkSpec& spec) {
+    asio::steady_timer wake(io_, std::chrono::steady_clock::time_point::max());
+    slots_[spec.uuid].waiting = &wake;
+    auto acquired = co_await images_->acquire(spec.image, spec.image_sha256, wake);
+    slots_[spec.uuid].waiting = nullptr;
+    if (acquired && *acquired && !images_->cache_path(spec.image).empty()) {
+      auto trim = [this, in_use = images_in_use()] { images_->trim(in_use); return true; };
+      co_await run_blocking(pool_, std::move(trim));
+    }
+    co_return acquired;
+  }
+
+  std::set<std::string> images_in_use() {
+    std::set<std::string> paths;
+    for (auto& [uuid, slot] : slots_)
+      if (slot.desired) paths.insert(images_->cache_path(slot.desired->image));
+    return paths;
+  }
+
   // ERROR with a reason code; the allocation and the group membership are given back.
   // A build that failed here may succeed elsewhere (Nova's alternates): the instance moves
   // to another live host while attempts remain; after the last it is ERROR no_valid_host.
+  // A bad image is bad everywhere: image_failure is final at once (Nova's BuildAbort).
   awaitable<bool> fail_build(const WorkSpec& spec, std::string reason, std::string message) {
     spdlog::error("instance {}: {}: {}", spec.uuid, reason, message);
-    if (spec.attempt < config_.compute.max_build_attempts) {
-      auto moved = co_await move_elsewhere(spec);
-      if (moved && *moved) co_return true;
-      if (!moved) co_return false;  // a server did not answer: the whole step is retried
+    if (reason != "image_failure") {
+      if (spec.attempt < config_.compute.max_build_attempts) {
+        auto moved = co_await move_elsewhere(spec);
+        if (moved && *moved) co_return true;
+        if (!moved) co_return false;  // a server did not answer: the whole step is retried
+      }
+      message = fmt::format("no host could build it in {} attempt(s); the last said {}: {}", spec.attempt, reason,
+                            message);
+      reason = "no_valid_host";
     }
-    message = fmt::format("no host could build it in {} attempt(s); the last said {}: {}", spec.attempt, reason,
-                          message);
-    reason = "no_valid_host";
     InstanceRecord failed = instance_record(spec, InstanceState::error);
     failed.error_code = std::move(reason);
     failed.error_message = std::move(message);
@@ -645,12 +714,94 @@ class ComputeAgent {
   }
 
   awaitable<bool> power(WorkSpec spec, bool on) {
+    if (!on) co_await shut_down_gracefully(spec.uuid);
     auto done = co_await virt(on ? &VirtBackend::start : &VirtBackend::stop, spec.uuid);
     if (!done) {
       spdlog::error("instance {}: {}", spec.uuid, done.failure->message);
       co_return false;
     }
     co_return co_await record(spec, on ? InstanceState::active : InstanceState::stopped);
+  }
+
+  // Asks the guest to power off and waits up to stop_timeout for it; stop() then pulls the plug.
+  awaitable<void> shut_down_gracefully(std::string uuid) {
+    auto deadline = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(int64_t(config_.compute.stop_timeout_s * 1000));
+    if (config_.compute.stop_timeout_s <= 0 || !co_await virt(&VirtBackend::shutdown, uuid)) co_return;
+    asio::steady_timer timer(io_);
+    while (std::chrono::steady_clock::now() < deadline && !stopping_) {
+      timer.expires_after(250ms);
+      co_await timer.async_wait(asio::as_tuple(use_awaitable));
+      auto state = co_await virt(&VirtBackend::state, uuid);
+      if (!state || state.value != DomainState::running) co_return;
+    }
+    spdlog::info("instance {}: did not power off within {} s; forcing it off", uuid, config_.compute.stop_timeout_s);
+  }
+
+  // Looks for new guests' addresses (libvirt has no event for a DHCP lease) and publishes
+  // grown console logs, once a second, for every instance that needs it.
+  awaitable<void> observe_guests() {
+    asio::steady_timer timer(io_);
+    auto console_every = std::chrono::milliseconds(int64_t(config_.compute.console_interval_s * 1000));
+    auto next_console = std::chrono::steady_clock::now();
+    while (!stopping_) {
+      timer.expires_after(std::min<std::chrono::milliseconds>(1s, console_every));
+      co_await timer.async_wait(asio::as_tuple(use_awaitable));
+      auto now = std::chrono::steady_clock::now();
+      std::vector<std::string> looking, consoles;
+      for (auto& [uuid, slot] : slots_) {
+        if (!slot.desired || slot.busy) continue;
+        if (slot.recorded == InstanceState::active && slot.ip.empty() && now < slot.address_deadline &&
+            !config_.compute.network.empty())
+          looking.push_back(uuid);
+        if (slot.recorded == InstanceState::active || slot.recorded == InstanceState::stopped) consoles.push_back(uuid);
+      }
+      for (const std::string& uuid : looking) co_await find_address(uuid);
+      if (console_every.count() > 0 && now >= next_console) {
+        next_console = now + console_every;
+        for (const std::string& uuid : consoles) co_await publish_console(uuid);
+      }
+    }
+  }
+
+  awaitable<void> find_address(std::string uuid) {
+    auto found = co_await virt(&VirtBackend::addresses, uuid);
+    if (!found || found.value.empty()) co_return;
+    Slot& slot = slots_[uuid];
+    if (!slot.desired || slot.busy || slot.recorded != InstanceState::active) co_return;
+    const std::string mac = instance_mac(uuid);
+    slot.ip = found.value.front().ip;
+    for (const GuestAddress& address : found.value)
+      if (address.mac == mac) slot.ip = address.ip;
+    spdlog::info("instance {}: address {}", uuid, slot.ip);
+    WorkSpec spec = *slot.desired;
+    co_await write_instance(instance_record(spec, InstanceState::active));
+  }
+
+  // The last 16 KiB of the serial console, put in etcd when the log has grown, so that
+  // `toyvm show --console` works from any host.
+  awaitable<void> publish_console(std::string uuid) {
+    const std::string path = console_log_path(instance_dir_, uuid);
+    int64_t published = slots_[uuid].console_published;
+    auto read_tail = [path, published]() -> std::optional<std::pair<int64_t, std::string>> {
+      std::error_code ec;
+      auto size = int64_t(fs::file_size(path, ec));
+      if (ec || size == published) return std::nullopt;
+      std::ifstream in(path, std::ios::binary);
+      constexpr int64_t tail = 16 * 1024;
+      in.seekg(std::max<int64_t>(0, size - tail));
+      std::string text(size_t(std::min(size, tail)), '\0');
+      in.read(text.data(), std::streamsize(text.size()));
+      text.resize(size_t(in.gcount()));
+      return std::pair{size, std::move(text)};
+    };
+    auto tail = co_await run_blocking(pool_, std::move(read_tail));
+    if (!tail) co_return;
+    auto [size, text] = std::move(*tail);
+    std::vector<EtcdCompare> compare{EtcdCompare::present(keys_.work(provider_, uuid))};
+    std::vector<EtcdOp> ops{EtcdOp::put(keys_.console(uuid), std::move(text))};
+    auto put = co_await etcd_->txn(std::move(compare), std::move(ops));
+    if (put && put->succeeded) slots_[uuid].console_published = size;
   }
 
   // Domain first, then the allocation, then the keys: if any step fails the keys stay, and
@@ -668,7 +819,8 @@ class ComputeAgent {
       co_return false;
     }
     std::string work_key = keys_.work(provider_, spec.uuid);
-    std::vector<EtcdOp> ops{EtcdOp::erase(work_key), EtcdOp::erase(keys_.instance(spec.uuid))};
+    std::vector<EtcdOp> ops{EtcdOp::erase(work_key), EtcdOp::erase(keys_.instance(spec.uuid)),
+                            EtcdOp::erase(keys_.console(spec.uuid))};
     if (!spec.group.empty()) ops.push_back(EtcdOp::erase(keys_.group_member(spec.group, spec.uuid)));
     auto erased = co_await etcd_->txn({}, std::move(ops));
     if (!erased) co_return false;
@@ -695,6 +847,8 @@ class ComputeAgent {
   PlacementClient placement_;
   asio::thread_pool pool_;
   std::unique_ptr<VirtBackend> virt_;
+  std::unique_ptr<ImageStore> images_;
+  std::string instance_dir_;
   std::string provider_;
   std::string name_;
   Inventory inventory_;

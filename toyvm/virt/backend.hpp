@@ -3,6 +3,7 @@
 // worker pool. Implementations: libvirt (virt/libvirt_backend.cpp) and a fake for unit tests.
 
 #include "core/error.hpp"
+#include "model/image.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -12,16 +13,32 @@
 
 namespace toyvm {
 
+// What a domain boots, as local files (virt/images.hpp resolves image references into this).
+struct BootImage {
+  std::string disk;  // base disk under the instance's overlay; empty: none
+  DiskFormat disk_format = DiskFormat::raw;
+  uint64_t disk_size = 0;  // the base disk's virtual size in bytes
+  std::string kernel, initrd, cmdline;  // direct kernel boot when `kernel` is set
+
+  bool operator==(const BootImage&) const = default;
+};
+
 struct DomainSpec {
   std::string uuid;  // the instance uuid doubles as the domain uuid
   std::string name;
   int64_t vcpus = 1;
   int64_t memory_mb = 256;
   int64_t disk_gb = 0;
-  std::string image;
+  BootImage image;
+  std::string mac;           // the NIC's address; empty: no NIC
 };
 
 enum class DomainState { absent, running, stopped };
+
+struct GuestAddress {
+  std::string mac;
+  std::string ip;
+};
 
 // A failure with a reason code from design.md's taxonomy (launch_failure, ...).
 struct VirtFailure {
@@ -39,12 +56,18 @@ struct VirtResult {
 class VirtBackend {
  public:
   virtual ~VirtBackend() = default;
-  // Defines and starts the domain; a domain that already exists is started if needed.
+  // Makes the disk overlay, defines and starts the domain; a domain that already exists is
+  // started if needed.
   virtual VirtResult<bool> create(const DomainSpec& spec) = 0;
   virtual VirtResult<bool> start(const std::string& uuid) = 0;
+  // Asks the guest to power off (ACPI); stop() pulls the plug.
+  virtual VirtResult<bool> shutdown(const std::string& uuid) = 0;
   virtual VirtResult<bool> stop(const std::string& uuid) = 0;
-  // Stops and undefines; a domain that does not exist is already destroyed.
+  // Stops and undefines, deletes the overlay and the instance's dir; what does not exist is
+  // already destroyed.
   virtual VirtResult<bool> destroy(const std::string& uuid) = 0;
+  // The guest's IPv4 addresses as libvirt knows them (DHCP leases, or ARP on a bridge).
+  virtual VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) = 0;
   virtual VirtResult<DomainState> state(const std::string& uuid) = 0;
   // The uuids of the domains this agent manages (named toyvm-<uuid>).
   virtual VirtResult<std::vector<std::string>> list() = 0;
@@ -52,13 +75,24 @@ class VirtBackend {
 
 struct LibvirtOptions {
   std::string uri = "test:///default";
-  std::string domain_type;  // empty: "test" for test:// URIs, "qemu" otherwise
+  std::string domain_type;   // empty: "test" for test:// URIs, "qemu" otherwise
+  std::string instance_dir;  // <instance_dir>/<uuid>/ holds an instance's console log and disk
+  std::string network;       // libvirt network for guest NICs, e.g. "default"
+  std::string bridge;        // or a host bridge (then the network is not used)
+  std::string nic_model = "virtio";
 };
+
+// Where an instance's files live.
+std::string instance_path(const std::string& instance_dir, const std::string& uuid);
+std::string console_log_path(const std::string& instance_dir, const std::string& uuid);
+// A stable locally administered MAC address for an instance (52:54:00 is QEMU's prefix).
+std::string instance_mac(const std::string& uuid);
 
 result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options, std::string* detail);
 
 // The domain name toyvm gives an instance, and the reverse.
 std::string domain_name(const std::string& uuid);
-std::string domain_xml(const DomainSpec& spec, const std::string& domain_type);
+// `disk` is the overlay's path, empty for none.
+std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, const std::string& disk);
 
 }  // namespace toyvm

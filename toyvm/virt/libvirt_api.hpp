@@ -26,7 +26,23 @@ namespace toyvm {
   X(virDomainUndefine)             \
   X(virDomainFree)                 \
   X(virDomainGetName)              \
-  X(virDomainGetUUIDString)
+  X(virDomainGetUUIDString)        \
+  X(virDomainShutdown)             \
+  X(virDomainInterfaceAddresses)   \
+  X(virDomainInterfaceFree)        \
+  X(virNetworkLookupByName)        \
+  X(virNetworkIsActive)            \
+  X(virNetworkCreate)              \
+  X(virNetworkFree)                \
+  X(virStoragePoolLookupByName)    \
+  X(virStoragePoolCreateXML)       \
+  X(virStoragePoolRefresh)         \
+  X(virStoragePoolFree)            \
+  X(virStorageVolLookupByName)     \
+  X(virStorageVolCreateXML)        \
+  X(virStorageVolDelete)           \
+  X(virStorageVolGetPath)          \
+  X(virStorageVolFree)
 
 struct LibvirtApi {
 #define TOYVM_LIBVIRT_POINTER(name) decltype(&::name) name = nullptr;

@@ -2,14 +2,19 @@
 
 #include "virt/libvirt_api.hpp"
 
+#include "core/sha256.hpp"
 #include "model/uuid.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+#include <system_error>
 
 namespace toyvm {
 namespace {
+
+namespace fs = std::filesystem;
 
 const LibvirtApi* api = nullptr;  // set by open_libvirt before any backend exists
 
@@ -18,33 +23,66 @@ std::string last_virt_error() {
   return error && error->message ? error->message : "unknown libvirt error";
 }
 
-bool last_error_is_no_domain() {
+bool last_error_is(int code) {
   virErrorPtr error = api->virGetLastError();
-  return error && error->code == VIR_ERR_NO_DOMAIN;
+  return error && error->code == code;
 }
 
-struct DomainHandle {
-  virDomainPtr ptr = nullptr;
-  explicit DomainHandle(virDomainPtr p) : ptr(p) {}
-  ~DomainHandle() {
-    if (ptr) api->virDomainFree(ptr);
+// Owns one libvirt object pointer and frees it with the matching call.
+template <class Ptr, auto Free>
+struct Handle {
+  Ptr ptr = nullptr;
+  explicit Handle(Ptr p) : ptr(p) {}
+  ~Handle() {
+    if (ptr) (api->*Free)(ptr);
   }
-  DomainHandle(const DomainHandle&) = delete;
-  DomainHandle& operator=(const DomainHandle&) = delete;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  explicit operator bool() const { return ptr != nullptr; }
 };
+using DomainHandle = Handle<virDomainPtr, &LibvirtApi::virDomainFree>;
+using NetworkHandle = Handle<virNetworkPtr, &LibvirtApi::virNetworkFree>;
+using PoolHandle = Handle<virStoragePoolPtr, &LibvirtApi::virStoragePoolFree>;
+using VolumeHandle = Handle<virStorageVolPtr, &LibvirtApi::virStorageVolFree>;
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '\'': out += "&apos;"; break;
+      case '"': out += "&quot;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string overlay_name(const std::string& uuid) { return uuid + ".qcow2"; }
 
 class LibvirtBackend final : public VirtBackend {
  public:
-  LibvirtBackend(virConnectPtr conn, std::string domain_type)
-      : conn_(conn), domain_type_(std::move(domain_type)) {}
+  LibvirtBackend(virConnectPtr conn, LibvirtOptions options, std::string pool)
+      : conn_(conn), options_(std::move(options)), pool_(std::move(pool)) {}
   ~LibvirtBackend() override { api->virConnectClose(conn_); }
 
   VirtResult<bool> create(const DomainSpec& spec) override {
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, spec.uuid.c_str()));
-    if (!dom.ptr) {
-      if (!last_error_is_no_domain()) return fail<bool>("launch_failure");
-      dom.ptr = api->virDomainDefineXML(conn_, domain_xml(spec, domain_type_).c_str());
-      if (!dom.ptr) return fail<bool>("launch_failure");
+    if (!dom) {
+      if (!last_error_is(VIR_ERR_NO_DOMAIN)) return fail<bool>("launch_failure");
+      if (auto network = ensure_network(); !network) return network;
+      std::error_code ec;
+      fs::path dir = instance_path(options_.instance_dir, spec.uuid);
+      fs::create_directories(dir, ec);
+      // QEMU runs as its own user on qemu:///system: it must reach the console log.
+      fs::permissions(dir, fs::perms(0755), ec);
+      if (ec) return {false, VirtFailure{"launch_failure", fmt::format("cannot create {}: {}", dir.string(), ec.message())}};
+      auto disk = make_overlay(spec);
+      if (!disk) return {false, disk.failure};
+      dom.ptr = api->virDomainDefineXML(conn_, domain_xml(spec, options_, disk.value).c_str());
+      if (!dom) return fail<bool>(last_error_is(VIR_ERR_NO_NETWORK) ? "network_failure" : "launch_failure");
     }
     int active = api->virDomainIsActive(dom.ptr);
     if (active == 1) return {true, {}};
@@ -54,42 +92,78 @@ class LibvirtBackend final : public VirtBackend {
 
   VirtResult<bool> start(const std::string& uuid) override {
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-    if (!dom.ptr) return fail<bool>("launch_failure");
+    if (!dom) return fail<bool>("launch_failure");
     if (api->virDomainIsActive(dom.ptr) == 1) return {true, {}};
+    if (auto network = ensure_network(); !network) return network;
     if (api->virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure");
+    return {true, {}};
+  }
+
+  VirtResult<bool> shutdown(const std::string& uuid) override {
+    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
+    if (!dom) return fail<bool>("invalid_data");
+    if (api->virDomainIsActive(dom.ptr) != 1) return {true, {}};
+    if (api->virDomainShutdown(dom.ptr) < 0 && api->virDomainIsActive(dom.ptr) == 1)
+      return fail<bool>("launch_failure");
     return {true, {}};
   }
 
   VirtResult<bool> stop(const std::string& uuid) override {
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-    if (!dom.ptr) return fail<bool>("invalid_data");
+    if (!dom) return fail<bool>("invalid_data");
     if (api->virDomainIsActive(dom.ptr) != 1) return {true, {}};
-    if (api->virDomainDestroy(dom.ptr) < 0) return fail<bool>("launch_failure");
+    if (api->virDomainDestroy(dom.ptr) < 0 && api->virDomainIsActive(dom.ptr) == 1)
+      return fail<bool>("launch_failure");
     return {true, {}};
   }
 
   VirtResult<bool> destroy(const std::string& uuid) override {
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-    if (!dom.ptr) {
-      if (last_error_is_no_domain()) return {true, {}};
-      return fail<bool>("launch_failure");
+    if (!dom && !last_error_is(VIR_ERR_NO_DOMAIN)) return fail<bool>("launch_failure");
+    if (dom) {
+      if (api->virDomainIsActive(dom.ptr) == 1 && api->virDomainDestroy(dom.ptr) < 0)
+        return fail<bool>("launch_failure");
+      if (api->virDomainUndefine(dom.ptr) < 0 && !last_error_is(VIR_ERR_NO_DOMAIN))
+        return fail<bool>("launch_failure");
     }
-    if (api->virDomainIsActive(dom.ptr) == 1 && api->virDomainDestroy(dom.ptr) < 0)
-      return fail<bool>("launch_failure");
-    if (api->virDomainUndefine(dom.ptr) < 0 && !last_error_is_no_domain())
-      return fail<bool>("launch_failure");
+    if (auto deleted = delete_overlay(uuid); !deleted) return deleted;
+    std::error_code ec;
+    fs::remove_all(instance_path(options_.instance_dir, uuid), ec);
+    if (ec) return {false, VirtFailure{"launch_failure", "removing the instance dir: " + ec.message()}};
     return {true, {}};
   }
 
   VirtResult<DomainState> state(const std::string& uuid) override {
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-    if (!dom.ptr) {
-      if (last_error_is_no_domain()) return {DomainState::absent, {}};
+    if (!dom) {
+      if (last_error_is(VIR_ERR_NO_DOMAIN)) return {DomainState::absent, {}};
       return fail<DomainState>("launch_failure");
     }
     int active = api->virDomainIsActive(dom.ptr);
     if (active < 0) return fail<DomainState>("launch_failure");
     return {active == 1 ? DomainState::running : DomainState::stopped, {}};
+  }
+
+  VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) override {
+    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
+    if (!dom) return fail<std::vector<GuestAddress>>("launch_failure");
+    // dnsmasq's leases on a libvirt network; the host's ARP table on a plain bridge.
+    unsigned source = options_.bridge.empty() ? VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE
+                                              : VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP;
+    virDomainInterfacePtr* interfaces = nullptr;
+    int count = api->virDomainInterfaceAddresses(dom.ptr, &interfaces, source, 0);
+    if (count < 0) return fail<std::vector<GuestAddress>>("network_failure");
+    std::vector<GuestAddress> found;
+    for (int i = 0; i < count; ++i) {
+      virDomainInterfacePtr interface = interfaces[i];
+      for (unsigned j = 0; j < interface->naddrs; ++j) {
+        if (interface->addrs[j].type == VIR_IP_ADDR_TYPE_IPV4 && interface->addrs[j].addr)
+          found.push_back(GuestAddress{interface->hwaddr ? interface->hwaddr : "", interface->addrs[j].addr});
+      }
+      api->virDomainInterfaceFree(interface);
+    }
+    free(interfaces);
+    return {std::move(found), {}};
   }
 
   VirtResult<std::vector<std::string>> list() override {
@@ -108,36 +182,139 @@ class LibvirtBackend final : public VirtBackend {
     return {std::move(uuids), {}};
   }
 
+  // The instance storage pool: transient (libvirt forgets it on restart; open_libvirt makes
+  // it again), a dir pool over the instance dir.
+  VirtResult<bool> ensure_pool() {
+    PoolHandle pool(api->virStoragePoolLookupByName(conn_, pool_.c_str()));
+    if (pool) return {true, {}};
+    std::string xml = fmt::format("<pool type='dir'><name>{}</name><target><path>{}</path></target></pool>",
+                                  xml_escape(pool_), xml_escape(options_.instance_dir));
+    pool.ptr = api->virStoragePoolCreateXML(conn_, xml.c_str(), 0);
+    if (!pool) return fail<bool>("launch_failure");
+    return {true, {}};
+  }
+
  private:
   template <class T>
   VirtResult<T> fail(const char* reason) {
     return {T{}, VirtFailure{reason, last_virt_error()}};
   }
 
-  virConnectPtr conn_;
-  std::string domain_type_;
-};
-
-std::string xml_escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '\'': out += "&apos;"; break;
-      case '"': out += "&quot;"; break;
-      default: out.push_back(c);
-    }
+  // The configured libvirt network must exist; an inactive one is started.
+  VirtResult<bool> ensure_network() {
+    if (options_.network.empty() || !options_.bridge.empty()) return {true, {}};
+    NetworkHandle network(api->virNetworkLookupByName(conn_, options_.network.c_str()));
+    if (!network) return fail<bool>("network_failure");
+    if (api->virNetworkIsActive(network.ptr) != 1 && api->virNetworkCreate(network.ptr) < 0 &&
+        api->virNetworkIsActive(network.ptr) != 1)
+      return fail<bool>("network_failure");
+    return {true, {}};
   }
-  return out;
-}
+
+  // A copy-on-write qcow2 over the base disk (or a blank one), as big as the instance's disk.
+  VirtResult<std::string> make_overlay(const DomainSpec& spec) {
+    const BootImage& image = spec.image;
+    uint64_t wanted = uint64_t(spec.disk_gb) << 30;
+    if (image.disk.empty() && wanted == 0) return {"", {}};
+    if (!image.disk.empty() && wanted < image.disk_size) {
+      if (spec.disk_gb > 0)
+        return {"", VirtFailure{"image_failure", fmt::format("the image's disk is {} bytes, larger than the "
+                                                            "instance's {} GiB", image.disk_size, spec.disk_gb)}};
+      wanted = image.disk_size;
+    }
+    PoolHandle pool(api->virStoragePoolLookupByName(conn_, pool_.c_str()));
+    if (!pool) {
+      if (auto made = ensure_pool(); !made) return {"", made.failure};
+      pool.ptr = api->virStoragePoolLookupByName(conn_, pool_.c_str());
+      if (!pool) return fail<std::string>("launch_failure");
+    }
+    // A volume left by a build that failed before its domain was defined is made afresh.
+    VolumeHandle stale(api->virStorageVolLookupByName(pool.ptr, overlay_name(spec.uuid).c_str()));
+    if (stale) api->virStorageVolDelete(stale.ptr, 0);
+    std::string backing;
+    if (!image.disk.empty())
+      backing = fmt::format("<backingStore><path>{}</path><format type='{}'/></backingStore>",
+                            xml_escape(image.disk), to_string(image.disk_format));
+    std::string xml = fmt::format(
+        "<volume><name>{}</name><capacity unit='bytes'>{}</capacity>"
+        "<target><format type='qcow2'/><permissions><mode>0600</mode></permissions></target>{}</volume>",
+        overlay_name(spec.uuid), wanted, backing);
+    VolumeHandle volume(api->virStorageVolCreateXML(pool.ptr, xml.c_str(), 0));
+    if (!volume) return fail<std::string>("image_failure");
+    char* path = api->virStorageVolGetPath(volume.ptr);
+    if (!path) return fail<std::string>("launch_failure");
+    std::string result = path;
+    free(path);
+    return {result, {}};
+  }
+
+  VirtResult<bool> delete_overlay(const std::string& uuid) {
+    PoolHandle pool(api->virStoragePoolLookupByName(conn_, pool_.c_str()));
+    if (!pool) return {true, {}};
+    VolumeHandle volume(api->virStorageVolLookupByName(pool.ptr, overlay_name(uuid).c_str()));
+    if (!volume) {
+      // Made by an earlier run of the agent, before libvirt last saw the pool's contents.
+      api->virStoragePoolRefresh(pool.ptr, 0);
+      volume.ptr = api->virStorageVolLookupByName(pool.ptr, overlay_name(uuid).c_str());
+      if (!volume) return {true, {}};
+    }
+    if (api->virStorageVolDelete(volume.ptr, 0) < 0) return fail<bool>("launch_failure");
+    return {true, {}};
+  }
+
+  virConnectPtr conn_;
+  LibvirtOptions options_;
+  std::string pool_;
+};
 
 }  // namespace
 
 std::string domain_name(const std::string& uuid) { return "toyvm-" + uuid; }
 
-std::string domain_xml(const DomainSpec& spec, const std::string& domain_type) {
+std::string instance_path(const std::string& instance_dir, const std::string& uuid) {
+  return instance_dir + "/" + uuid;
+}
+
+std::string console_log_path(const std::string& instance_dir, const std::string& uuid) {
+  return instance_path(instance_dir, uuid) + "/console.log";
+}
+
+std::string instance_mac(const std::string& uuid) {
+  std::string digest = sha256_hex(uuid);
+  return fmt::format("52:54:00:{}:{}:{}", digest.substr(0, 2), digest.substr(2, 2), digest.substr(4, 2));
+}
+
+std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, const std::string& disk) {
+  std::string type = options.domain_type.empty() ? "qemu" : options.domain_type;
+  std::string boot;
+  const BootImage& image = spec.image;
+  if (!image.kernel.empty()) {
+    boot = fmt::format("<kernel>{}</kernel>", xml_escape(image.kernel));
+    if (!image.initrd.empty()) boot += fmt::format("<initrd>{}</initrd>", xml_escape(image.initrd));
+    if (!image.cmdline.empty()) boot += fmt::format("<cmdline>{}</cmdline>", xml_escape(image.cmdline));
+  } else {
+    boot = "<boot dev='hd'/>";
+  }
+  std::string devices;
+  if (!disk.empty())
+    devices += fmt::format(
+        "    <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>"
+        "<source file='{}'/><target dev='vda' bus='virtio'/></disk>\n",
+        xml_escape(disk));
+  if (!spec.mac.empty() && (!options.network.empty() || !options.bridge.empty())) {
+    std::string source = options.bridge.empty()
+                             ? fmt::format("<interface type='network'><source network='{}'/>", xml_escape(options.network))
+                             : fmt::format("<interface type='bridge'><source bridge='{}'/>", xml_escape(options.bridge));
+    devices += fmt::format("    {}<mac address='{}'/><model type='{}'/></interface>\n", source,
+                           xml_escape(spec.mac), xml_escape(options.nic_model));
+  }
+  if (!options.instance_dir.empty()) {
+    std::string log = xml_escape(console_log_path(options.instance_dir, spec.uuid));
+    devices += fmt::format("    <serial type='file'><source path='{0}' append='on'/><target port='0'/></serial>\n"
+                           "    <console type='file'><source path='{0}' append='on'/><target type='serial' port='0'/></console>\n",
+                           log);
+  }
+  // SMBIOS says "OpenStack Nova": cloud-init then trusts the metadata service at 169.254.169.254.
   return fmt::format(
       "<domain type='{type}'>\n"
       "  <name>{name}</name>\n"
@@ -145,13 +322,21 @@ std::string domain_xml(const DomainSpec& spec, const std::string& domain_type) {
       "  <title>{title}</title>\n"
       "  <memory unit='MiB'>{memory}</memory>\n"
       "  <vcpu>{vcpus}</vcpu>\n"
-      "  <os><type arch='x86_64'>hvm</type></os>\n"
-      "  <features><acpi/></features>\n"
+      "  <sysinfo type='smbios'><system>"
+      "<entry name='manufacturer'>toyvm</entry><entry name='product'>OpenStack Nova</entry>"
+      "<entry name='version'>{version}</entry><entry name='serial'>{uuid}</entry>"
+      "<entry name='uuid'>{uuid}</entry><entry name='family'>Virtual Machine</entry></system></sysinfo>\n"
+      "  <os><type arch='x86_64'>hvm</type>{boot}<smbios mode='sysinfo'/></os>\n"
+      "  <features><acpi/><apic/></features>\n"
       "  <on_poweroff>destroy</on_poweroff>\n"
+      "  <on_reboot>restart</on_reboot>\n"
+      "  <on_crash>destroy</on_crash>\n"
+      "  <devices>\n{devices}  </devices>\n"
       "</domain>\n",
-      fmt::arg("type", xml_escape(domain_type)), fmt::arg("name", domain_name(spec.uuid)),
+      fmt::arg("type", xml_escape(type)), fmt::arg("name", domain_name(spec.uuid)),
       fmt::arg("uuid", xml_escape(spec.uuid)), fmt::arg("title", xml_escape(spec.name)),
-      fmt::arg("memory", spec.memory_mb), fmt::arg("vcpus", spec.vcpus));
+      fmt::arg("memory", spec.memory_mb), fmt::arg("vcpus", spec.vcpus), fmt::arg("version", TOYVM_VERSION),
+      fmt::arg("boot", boot), fmt::arg("devices", devices));
 }
 
 result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options, std::string* detail) {
@@ -162,9 +347,19 @@ result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options,
     if (detail) *detail = fmt::format("cannot open libvirt {}: {}", options.uri, last_virt_error());
     return errc::virt_error;
   }
-  std::string type = options.domain_type;
-  if (type.empty()) type = options.uri.starts_with("test:") ? "test" : "qemu";
-  return std::unique_ptr<VirtBackend>(std::make_unique<LibvirtBackend>(conn, type));
+  LibvirtOptions resolved = options;
+  if (resolved.domain_type.empty()) resolved.domain_type = options.uri.starts_with("test:") ? "test" : "qemu";
+  // One pool per instance dir, so that agents with different dirs never share one.
+  std::string pool = "toyvm-" + sha256_hex(options.instance_dir).substr(0, 12);
+  auto backend = std::make_unique<LibvirtBackend>(conn, resolved, pool);
+  if (!options.instance_dir.empty()) {
+    if (auto made = backend->ensure_pool(); !made) {
+      if (detail) *detail = fmt::format("cannot make storage pool {} over {}: {}", pool, options.instance_dir,
+                                        made.failure->message);
+      return errc::virt_error;
+    }
+  }
+  return std::unique_ptr<VirtBackend>(std::move(backend));
 }
 
 }  // namespace toyvm

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Builds a tiny direct-kernel-boot guest image from Debian's packages, no other downloads:
+# the kernel of linux-image-amd64, the e1000 driver from the same package, and an initramfs
+# of busybox-static whose init prints a marker on the serial console, asks DHCP for an
+# address, and reads its metadata from the metadata service.
+#   usage: contrib/tiny-guest.sh OUTDIR      (writes OUTDIR/{kernel,initrd,cmdline,disk.raw})
+# Idempotent: an OUTDIR that already has all four files is left alone.
+set -euo pipefail
+out=${1:?usage: tiny-guest.sh OUTDIR}
+if [ -s "$out/kernel" ] && [ -s "$out/initrd" ] && [ -s "$out/cmdline" ] && [ -s "$out/disk.raw" ]; then
+  exit 0
+fi
+mkdir -p "$out"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+chmod 0777 "$work"  # apt-get download drops to the _apt user
+
+kernel_pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+(cd "$work" && apt-get download -qq "$kernel_pkg" >/dev/null)
+dpkg-deb -x "$work"/linux-image-*.deb "$work/pkg"
+version=${kernel_pkg#linux-image-}
+
+root="$work/root"
+mkdir -p "$root"/{bin,dev,proc,sys,etc,tmp,run,lib/modules}
+cp /bin/busybox "$root/bin/busybox"
+for module in e1000 evdev button; do
+  found=$(find "$work/pkg/lib/modules/$version" -name "$module.ko*" | head -1)
+  case "$found" in
+    *.xz) xz -dc "$found" > "$root/lib/modules/$module.ko" ;;
+    *) cp "$found" "$root/lib/modules/$module.ko" ;;
+  esac
+done
+
+cat > "$root/init" <<'INIT'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+echo "toyvm-guest: booted $(uname -r)"
+insmod /lib/modules/e1000.ko
+insmod /lib/modules/evdev.ko
+insmod /lib/modules/button.ko
+ip link set lo up
+ip link set eth0 up
+udhcpc -i eth0 -s /bin/dhcp-event -t 20 -T 2 -n -q && echo "toyvm-guest: address $(cat /run/address)"
+# The metadata service answers at 169.254.169.254 through the host's bridge (busybox's
+# static wget crashes, so plain HTTP/1.0 through nc).
+metadata() {
+  printf 'GET %s HTTP/1.0\r\nHost: 169.254.169.254\r\n\r\n' "$1" | nc -w 5 169.254.169.254 80 | sed '1,/^\r*$/d'
+}
+echo "toyvm-guest: instance-id $(metadata /latest/meta-data/instance-id)"
+echo "toyvm-guest: user-data $(metadata /latest/user-data | head -c 200)"
+# The host's shutdown request (ACPI power button) powers the guest off.
+mkdir -p /etc/acpi/PWRF
+printf '#!/bin/sh\necho "toyvm-guest: power button"\npoweroff -f\n' > /etc/acpi/PWRF/00000080
+chmod +x /etc/acpi/PWRF/00000080
+acpid -f -c /etc/acpi &
+while true; do sleep 3600; done
+INIT
+cat > "$root/bin/dhcp-event" <<'DHCP'
+#!/bin/busybox sh
+case "$1" in
+  bound|renew)
+    ip addr add "$ip/${mask:-24}" dev "$interface"
+    [ -n "$router" ] && ip route add default via ${router%% *} dev "$interface"
+    ip route add 169.254.169.254/32 dev "$interface" 2>/dev/null
+    echo "$ip" > /run/address ;;
+esac
+DHCP
+chmod +x "$root/init" "$root/bin/dhcp-event"
+
+(cd "$root" && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1) > "$work/initrd"
+cp "$work/pkg/boot/vmlinuz-$version" "$work/kernel"
+echo "console=ttyS0 quiet panic=-1" > "$work/cmdline"
+# A base disk with recognisable content: the instance's overlay sits on top of it.
+head -c $((16 * 1024 * 1024)) /dev/urandom > "$work/disk.raw"
+chmod 0644 "$work"/{kernel,initrd,cmdline,disk.raw}
+mv "$work"/{kernel,initrd,cmdline,disk.raw} "$out/"
+echo "tiny-guest: $out (kernel $version)"

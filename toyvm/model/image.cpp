@@ -1,0 +1,122 @@
+#include "model/image.hpp"
+
+#include <boost/url/parse.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace toyvm {
+namespace {
+
+uint32_t big_endian32(std::string_view bytes, size_t offset) {
+  uint32_t value = 0;
+  for (size_t i = 0; i < 4; ++i) value = (value << 8) | uint8_t(bytes[offset + i]);
+  return value;
+}
+
+uint64_t big_endian64(std::string_view bytes, size_t offset) {
+  return (uint64_t(big_endian32(bytes, offset)) << 32) | big_endian32(bytes, offset + 4);
+}
+
+bool has_dot_dot(std::string_view path) {
+  for (const auto& part : std::filesystem::path(path))
+    if (part == "..") return true;
+  return false;
+}
+
+result<ImageRef> refuse(std::string* detail, std::string message) {
+  if (detail) *detail = std::move(message);
+  return errc::invalid_argument;
+}
+
+}  // namespace
+
+result<ImageRef> parse_image_ref(std::string_view text, const std::vector<std::string>& schemes,
+                                 std::string* detail) {
+  ImageRef ref;
+  if (text.empty()) return refuse(detail, "empty image reference");
+  if (text.find("://") == std::string_view::npos) {
+    bool plain = std::all_of(text.begin(), text.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    });
+    if (!plain || text.front() == '.' || text.size() > 255)
+      return refuse(detail, fmt::format("image name '{}' must be letters, digits, '.', '_' or '-', "
+                                        "not starting with '.'", text));
+    ref.name = text;
+    return ref;
+  }
+  auto url = boost::urls::parse_absolute_uri(text);
+  if (!url) return refuse(detail, fmt::format("image URL '{}' is not a valid URL", text));
+  std::string scheme = url->scheme();
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(), ::tolower);
+  if (std::find(schemes.begin(), schemes.end(), scheme) == schemes.end())
+    return refuse(detail, fmt::format("image URL scheme '{}' is not allowed (allowed: {})", scheme,
+                                      fmt::join(schemes, ", ")));
+  if (scheme == "file") {
+    ref.kind = ImageRef::Kind::file;
+    ref.path = url->path();  // percent-decoded
+    if (!url->host().empty() && url->host() != "localhost")
+      return refuse(detail, "a file:// image URL cannot name another host");
+    if (ref.path.empty() || ref.path.front() != '/' || has_dot_dot(ref.path) ||
+        ref.path.find('\0') != std::string::npos)
+      return refuse(detail, fmt::format("image path '{}' must be absolute, without '..'", ref.path));
+    ref.path = std::filesystem::path(ref.path).lexically_normal().string();
+    return ref;
+  }
+  if (scheme != "http" && scheme != "https")
+    return refuse(detail, fmt::format("image URL scheme '{}' is not supported", scheme));
+  ref.kind = scheme == "http" ? ImageRef::Kind::http : ImageRef::Kind::https;
+  ref.url = text;
+  ref.host = url->encoded_host();
+  if (ref.host.empty()) return refuse(detail, fmt::format("image URL '{}' has no host", text));
+  ref.port = url->has_port() ? std::string(url->port()) : (scheme == "http" ? "80" : "443");
+  ref.target = url->encoded_resource();
+  if (ref.target.empty()) ref.target = "/";
+  return ref;
+}
+
+bool path_within(std::string_view dir, std::string_view path) {
+  std::string_view base = dir;
+  while (base.size() > 1 && base.back() == '/') base.remove_suffix(1);
+  if (base == "/") return path.starts_with('/');
+  return path.size() > base.size() && path.starts_with(base) && path[base.size()] == '/';
+}
+
+bool is_sha256_hex(std::string_view text) {
+  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+std::string_view to_string(DiskFormat format) noexcept {
+  return format == DiskFormat::qcow2 ? "qcow2" : "raw";
+}
+
+result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size, std::string* detail) {
+  auto corrupt = [&](std::string message) -> result<DiskInfo> {
+    if (detail) *detail = std::move(message);
+    return errc::corrupt_record;
+  };
+  if (file_size == 0) return corrupt("the image is empty");
+  if (!header.starts_with(std::string_view("QFI\xfb", 4))) return DiskInfo{DiskFormat::raw, file_size};
+  // qcow2 header: version @4, backing_file_offset @8, cluster_bits @20, size @24, crypt @32.
+  if (header.size() < 72) return corrupt("qcow2 header is truncated");
+  uint32_t version = big_endian32(header, 4);
+  uint64_t backing_offset = big_endian64(header, 8);
+  uint32_t cluster_bits = big_endian32(header, 20);
+  uint64_t size = big_endian64(header, 24);
+  uint32_t crypt = big_endian32(header, 32);
+  if (version != 2 && version != 3) return corrupt(fmt::format("qcow2 version {} is unknown", version));
+  if (cluster_bits < 9 || cluster_bits > 21) return corrupt("qcow2 cluster size is invalid");
+  if (size == 0 || size > (uint64_t(1) << 50)) return corrupt("qcow2 virtual size is invalid");
+  if (backing_offset != 0) return corrupt("qcow2 image has a backing file; only standalone images are accepted");
+  if (crypt != 0) return corrupt("qcow2 image is encrypted");
+  return DiskInfo{DiskFormat::qcow2, size};
+}
+
+bool is_bzimage(std::string_view header) {
+  return header.size() >= 0x206 && header.substr(0x202, 4) == "HdrS";
+}
+
+}  // namespace toyvm
