@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
 
   auto* sched = app.add_subcommand("schedule", "claim resources and start an instance on a host");
   sched->add_option("query", schedule.query, "Placement query, e.g. 'resources=VCPU:1,MEMORY_MB:256'")->required();
-  sched->add_option("--image", schedule.image, "image reference");
+  sched->add_option("--image", schedule.image, "image: a name in the agents' image dir, or an http(s) or file URL");
+  sched->add_option("--image-sha256", schedule.image_sha256, "the image's expected SHA-256 (hex)");
   sched->add_option("--az", schedule.availability_zone, "only hosts in this availability zone");
   sched->add_option("--group", schedule.group, "server group to join");
   sched->add_option("--group-policy", schedule.group_policy, "affinity, anti-affinity (default) or soft-anti-affinity")
@@ -88,7 +89,7 @@ int main(int argc, char** argv) {
   sched->add_option("--user-data", schedule.user_data_file, "file given to cloud-init as user data");
   sched->add_option("--key", schedule.keys, "ssh public key as NAME=PUBKEY (repeatable)");
   sched->add_option("--key-file", schedule.key_files, "ssh public key file (repeatable)");
-  sched->add_flag("--wait", schedule.wait, "wait for ACTIVE or ERROR, printing each state");
+  sched->add_flag("--wait", schedule.wait, "wait for ACTIVE (and the guest IP, with a NIC) or ERROR, printing each state");
   sched->add_option("--timeout", schedule.wait_timeout_s, "seconds to --wait")->capture_default_str();
   sched->footer("Example: toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait");
   sched->callback([&] { service = [&](const Config& c) { return run_schedule(c, schedule); }; });
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
   show_cmd->add_option("uuid", show.uuid, "instance uuid (omit to list every instance)");
   show_cmd->add_flag("--json", show.json, "print JSON");
   show_cmd->add_flag("--hosts", show.hosts, "list the compute hosts");
+  show_cmd->add_flag("--console", show.console, "print the tail of the instance's serial console");
   show_cmd->footer("Example: toyvm show d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --json");
   show_cmd->callback([&] { service = [&](const Config& c) { return run_show(c, show); }; });
 
@@ -111,6 +113,21 @@ int main(int argc, char** argv) {
     destroy.wait = !destroy_no_wait;
     service = [&](const Config& c) { return run_destroy(c, destroy); };
   });
+
+  PowerOptions power;
+  bool power_no_wait = false;
+  for (bool on : {false, true}) {
+    auto* cmd = app.add_subcommand(on ? "start" : "stop",
+                                   on ? "power a stopped instance on" : "power an instance off (it keeps its disk)");
+    cmd->add_option("uuid", power.uuid, "instance uuid")->required();
+    cmd->add_flag("--no-wait", power_no_wait, "return once the request is recorded");
+    cmd->add_option("--timeout", power.wait_timeout_s, "seconds to wait for the host")->capture_default_str();
+    cmd->callback([&, on] {
+      power.power = on ? PowerState::running : PowerState::stopped;
+      power.wait = !power_no_wait;
+      service = [&](const Config& c) { return run_power(c, power); };
+    });
+  }
 
   MdserverOptions mdserver;
   auto* md = app.add_subcommand("mdserver", "serve cloud-init metadata to guests");

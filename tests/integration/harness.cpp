@@ -18,6 +18,8 @@
 #include <regex>
 #include <sstream>
 #include <stdexcept>
+#include <algorithm>
+#include <mutex>
 #include <thread>
 
 namespace toyvm::test {
@@ -28,6 +30,8 @@ TempDir::TempDir() {
   std::string pattern = (fs::temp_directory_path() / "toyvm-test-XXXXXX").string();
   if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
   path_ = pattern;
+  // QEMU on qemu:///system runs as its own user and must reach instance files in here.
+  fs::permissions(path_, fs::perms(0755));
 }
 
 TempDir::~TempDir() {
@@ -309,9 +313,17 @@ std::unique_ptr<Process> Servers::spawn_toyvm(std::vector<std::string> args, con
 }
 
 std::unique_ptr<Process> Servers::start_compute(const std::string& name, const std::string& inventory,
-                                                std::string* provider, std::vector<std::string> extra) {
-  std::vector<std::string> args{"compute", "--state-dir", dir() + "/" + name, "--libvirt-uri",
-                                "test:///default", "--inventory", inventory, "--name", name};
+                                                std::string* provider, std::vector<std::string> extra,
+                                                const std::string& compute_toml) {
+  std::vector<std::string> args;
+  if (!compute_toml.empty()) {
+    std::string file = dir() + "/" + name + ".toml";
+    std::ofstream(file) << "[compute]\n" << compute_toml << "\n";
+    args.insert(args.end(), {"--config", file});
+  }
+  bool uri_given = std::find(extra.begin(), extra.end(), "--libvirt-uri") != extra.end();
+  args.insert(args.end(), {"compute", "--state-dir", dir() + "/" + name, "--inventory", inventory, "--name", name});
+  if (!uri_given) args.insert(args.end(), {"--libvirt-uri", "test:///default"});
   args.insert(args.end(), extra.begin(), extra.end());
   auto process = spawn_toyvm(args, name + ".log");
   std::string uuid_file = dir() + "/" + name + "/provider_uuid";
@@ -396,6 +408,95 @@ std::string wait_for_state(const Servers& servers, const std::string& uuid, cons
       },
       timeout_s);
   return last;
+}
+
+std::optional<InstanceRecord> wait_for_record(const Servers& servers, const std::string& uuid,
+                                              const std::function<bool(const InstanceRecord&)>& condition,
+                                              double timeout_s) {
+  std::optional<InstanceRecord> found;
+  wait_for(
+      [&] {
+        auto kvs = servers.etcd_prefix(KeyLayout().instance(uuid));
+        if (kvs.empty()) return false;
+        auto record = decode_instance(kvs.front().value);
+        if (!record || !condition(*record)) return false;
+        found = std::move(*record);
+        return true;
+      },
+      timeout_s);
+  return found;
+}
+
+namespace {
+bool accepts_connections(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  ::close(fd);
+  return ok;
+}
+}  // namespace
+
+FileServer::FileServer(const std::string& dir, const std::string& log_file) : port(free_port()) {
+  process = std::make_unique<Process>(
+      std::vector<std::string>{"/usr/bin/python3", "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+                               dir, std::to_string(port)},
+      log_file);
+  if (!wait_for([&] { return accepts_connections(port); }, 20))
+    throw std::runtime_error("http.server did not start: " + process->output());
+}
+
+std::string FileServer::url(const std::string& file) const {
+  return fmt::format("http://127.0.0.1:{}/{}", port, file);
+}
+
+int FileServer::requests_for(const std::string& file) const {
+  std::string log = process->output();
+  std::string needle = "\"GET /" + file + " ";
+  int n = 0;
+  for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) ++n;
+  return n;
+}
+
+StallingServer::StallingServer(const std::string& log_file) : port(free_port()) {
+  std::string script = fmt::format(
+      "import socket, time\n"
+      "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+      "s.bind(('127.0.0.1', {})); s.listen(16)\n"
+      "held = []\n"
+      "while True:\n"
+      "    held.append(s.accept()[0])\n",
+      port);
+  process = std::make_unique<Process>(std::vector<std::string>{"/usr/bin/python3", "-c", script}, log_file);
+  if (!wait_for([&] { return accepts_connections(port); }, 20))
+    throw std::runtime_error("stalling server did not start: " + process->output());
+}
+
+std::string StallingServer::url() const { return fmt::format("http://127.0.0.1:{}/image.qcow2", port); }
+
+void ensure_libvirtd() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto answers = [] { return std::system("virsh -q -c qemu:///system uri >/dev/null 2>&1") == 0; };
+    if (answers()) return;
+    if (std::system("pgrep -x virtlogd >/dev/null || virtlogd -d") != 0 ||
+        std::system("pgrep -x libvirtd >/dev/null || libvirtd -d") != 0)
+      throw std::runtime_error("cannot start virtlogd and libvirtd");
+    if (!wait_for(answers, 60)) throw std::runtime_error("libvirtd does not answer on qemu:///system");
+  });
+}
+
+std::string tiny_guest_dir() {
+  static std::once_flag once;
+  static std::string dir = std::string(TOYVM_BUILD_ROOT) + "/tiny-guest";
+  std::call_once(once, [] {
+    std::string command = std::string(TOYVM_SOURCE_ROOT) + "/contrib/tiny-guest.sh '" + dir + "' >/dev/null";
+    if (std::system(command.c_str()) != 0) throw std::runtime_error("contrib/tiny-guest.sh failed");
+  });
+  return dir;
 }
 
 std::pair<std::string, std::string> parse_notified(const std::string& out) {

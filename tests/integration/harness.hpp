@@ -5,12 +5,14 @@
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
 #include "core/config.hpp"
+#include "model/records.hpp"
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,8 +88,10 @@ class Servers {
 
   // Starts `toyvm compute` on libvirt's test driver and waits until its host record is in
   // etcd; returns its provider uuid through `provider`.
+  // `compute_toml` (the body of a [compute] table) goes into a config file when not empty.
   std::unique_ptr<Process> start_compute(const std::string& name, const std::string& inventory,
-                                         std::string* provider, std::vector<std::string> extra = {});
+                                         std::string* provider, std::vector<std::string> extra = {},
+                                         const std::string& compute_toml = "");
 
   void stop_etcd();
   // Kills the member that is the cluster's leader now; returns its index.
@@ -131,6 +135,34 @@ class Servers {
 // Waits until the instance record says `state` (e.g. "ACTIVE"); returns the last `show --json`.
 std::string wait_for_state(const Servers& servers, const std::string& uuid, const std::string& state,
                            double timeout_s = 30);
+
+// The instance record once `condition` holds for it (nullopt after the timeout).
+std::optional<InstanceRecord> wait_for_record(const Servers& servers, const std::string& uuid,
+                                              const std::function<bool(const InstanceRecord&)>& condition,
+                                              double timeout_s = 30);
+
+// A plain HTTP server (python3 -m http.server) serving `dir`; its log lists every request.
+struct FileServer {
+  FileServer(const std::string& dir, const std::string& log_file);
+  std::string url(const std::string& file) const;
+  int requests_for(const std::string& file) const;  // GETs seen so far
+  uint16_t port = 0;
+  std::unique_ptr<Process> process;
+};
+
+// A server that accepts connections and never answers: downloads from it hang.
+struct StallingServer {
+  explicit StallingServer(const std::string& log_file);
+  std::string url() const;
+  uint16_t port = 0;
+  std::unique_ptr<Process> process;
+};
+
+// libvirtd and virtlogd for qemu:///system, started if not running (first connection waits
+// while libvirtd probes QEMU).
+void ensure_libvirtd();
+// The tiny direct-kernel-boot guest (contrib/tiny-guest.sh), built once per build tree.
+std::string tiny_guest_dir();
 
 // "NOTIFIED TARGET, <rp>, OF INSTANCE <uuid>" -> {rp, uuid}; empty strings otherwise.
 std::pair<std::string, std::string> parse_notified(const std::string& out);

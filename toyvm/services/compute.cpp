@@ -510,7 +510,9 @@ class ComputeAgent {
     record.host = provider_;
     record.state = state;
     if (state == InstanceState::active) record.ip = slots_[spec.uuid].ip;
-    if (state == InstanceState::active || state == InstanceState::stopped) record.mac = instance_mac(spec.uuid);
+    const bool has_nic = !config_.compute.network.empty() || !config_.compute.bridge.empty();
+    if (has_nic && (state == InstanceState::active || state == InstanceState::stopped))
+      record.mac = instance_mac(spec.uuid);
     record.updated_at = unix_millis();
     return record;
   }
@@ -752,7 +754,7 @@ class ComputeAgent {
       for (auto& [uuid, slot] : slots_) {
         if (!slot.desired || slot.busy) continue;
         if (slot.recorded == InstanceState::active && slot.ip.empty() && now < slot.address_deadline &&
-            !config_.compute.network.empty())
+            (!config_.compute.network.empty() || !config_.compute.bridge.empty()))
           looking.push_back(uuid);
         if (slot.recorded == InstanceState::active || slot.recorded == InstanceState::stopped) consoles.push_back(uuid);
       }

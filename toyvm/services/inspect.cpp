@@ -1,5 +1,6 @@
-// toyvm show and toyvm destroy: read and change instances through etcd only. The compute
-// agent that owns an instance does the work of destroying it and releasing its allocation.
+// toyvm show, stop, start and destroy: read and change instances through etcd only. The
+// compute agent that owns an instance does the work: powering it, destroying it, releasing
+// its allocation.
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
@@ -15,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include <map>
+#include <variant>
 
 namespace toyvm {
 namespace {
@@ -62,6 +64,23 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
   std::printf("ip:     %s\n", record->ip.empty() ? "-" : record->ip.c_str());
   if (!record->error_code.empty())
     std::printf("error:  %s: %s\n", record->error_code.c_str(), record->error_message.c_str());
+  co_return 0;
+}
+
+// The tail of the serial console, as the instance's agent last published it.
+awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+  auto found = co_await etcd.range(keys.instance(options.uuid));
+  if (!found) co_return etcd_failure(etcd, found.error());
+  if (found->kvs.empty()) co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
+  auto console = co_await etcd.range(keys.console(options.uuid));
+  if (!console) co_return etcd_failure(etcd, console.error());
+  if (console->kvs.empty()) {
+    std::fprintf(stderr, "toyvm: instance %s has no console output yet\n", options.uuid.c_str());
+    co_return 0;
+  }
+  const std::string& text = console->kvs.front().value;
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  if (!text.empty() && text.back() != '\n') std::fputc('\n', stdout);
   co_return 0;
 }
 
@@ -164,6 +183,69 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
   co_return 0;
 }
 
+// The instance's record and the work key its host follows.
+struct Target {
+  InstanceRecord record;
+  int64_t revision = 0;  // of the read: a watch from here misses nothing
+};
+
+awaitable<std::variant<Target, int>> find_target(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid) {
+  auto found = co_await etcd.range(keys.instance(uuid));
+  if (!found) co_return etcd_failure(etcd, found.error());
+  if (found->kvs.empty()) co_return report_failure(errc::not_found, fmt::format("no instance {}", uuid));
+  auto record = decode_instance(found->kvs.front().value);
+  if (!record || !is_uuid(record->host))
+    co_return report_failure(errc::corrupt_record, fmt::format("instance {} has a corrupt record in etcd", uuid));
+  co_return Target{std::move(*record), found->revision};
+}
+
+// Desired power on the work key, written only over the version we read; 0 on success.
+awaitable<int> request_power(EtcdClient& etcd, const KeyLayout& keys, const InstanceRecord& record, PowerState power) {
+  const std::string work_key = keys.work(record.host, record.uuid);
+  auto work = co_await etcd.range(work_key);
+  if (!work) co_return etcd_failure(etcd, work.error());
+  if (work->kvs.empty())
+    co_return report_failure(errc::not_found, fmt::format("instance {} has no work on host {}", record.uuid, record.host));
+  auto spec = decode_work(work->kvs.front().value);
+  if (!spec)
+    co_return report_failure(errc::corrupt_record, fmt::format("instance {} has a corrupt work record in etcd", record.uuid));
+  if (spec->power == power) co_return 0;
+  if (spec->power == PowerState::deleted)
+    co_return report_failure(ExitCode::failed, fmt::format("instance {} is being destroyed", record.uuid));
+  spec->power = power;
+  std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision)};
+  std::vector<EtcdOp> mark{EtcdOp::put(work_key, encode(*spec))};
+  auto txn = co_await etcd.txn(std::move(unchanged), std::move(mark));
+  if (!txn) co_return etcd_failure(etcd, txn.error());
+  if (!txn->succeeded)
+    co_return report_failure(ExitCode::failed, fmt::format("instance {} changed meanwhile; try again", record.uuid));
+  co_return 0;
+}
+
+// Follows the instance key from `revision` until `done` says so or the timeout passes.
+template <class Done>
+awaitable<int> wait_for_record(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid,
+                               int64_t revision, double timeout_s, const char* waiting_for, Done done) {
+  auto watch = etcd.watch(WatchOptions{keys.instance(uuid), {}, revision + 1, false});
+  WatchDeadline deadline(io.get_executor(), *watch, std::chrono::milliseconds(int64_t(timeout_s * 1000)));
+  while (true) {
+    WatchBatch batch = co_await watch->next();
+    if (deadline.fired())
+      co_return report_failure(ExitCode::failed, fmt::format("instance {} is not {} after {} s; its host may be down",
+                                                             uuid, waiting_for, timeout_s));
+    if (batch.error || batch.canceled)
+      co_return etcd_failure(etcd, batch.error ? batch.error : make_error_code(errc::etcd_error));
+    for (const WatchEvent& event : batch.events) {
+      std::optional<InstanceRecord> record;
+      if (event.type == WatchEvent::Type::put) {
+        auto decoded = decode_instance(event.kv.value);
+        if (decoded) record = std::move(*decoded);
+      }
+      if (int code = done(record); code >= 0) co_return code;
+    }
+  }
+}
+
 }  // namespace
 
 int run_show(const Config& config, const ShowOptions& options) {
@@ -174,6 +256,7 @@ int run_show(const Config& config, const ShowOptions& options) {
     KeyLayout keys(config.etcd.prefix);
     if (options.hosts) co_return co_await show_hosts(*etcd, keys, options);
     if (options.uuid.empty()) co_return co_await show_all(*etcd, keys, options);
+    if (options.console) co_return co_await show_console(*etcd, keys, options);
     co_return co_await show_one(*etcd, keys, options);
   });
 }
@@ -184,60 +267,56 @@ int run_destroy(const Config& config, const DestroyOptions& options) {
   return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
-    const std::string instance_key = keys.instance(options.uuid);
-    auto found = co_await etcd->range(instance_key);
-    if (!found) co_return etcd_failure(*etcd, found.error());
-    if (found->kvs.empty())
-      co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
-    auto record = decode_instance(found->kvs.front().value);
-    if (!record || !is_uuid(record->host))
-      co_return report_failure(errc::corrupt_record,
-                               fmt::format("instance {} has a corrupt record in etcd", options.uuid));
-
-    const std::string work_key = keys.work(record->host, options.uuid);
-    if (options.force) co_return co_await force_destroy(io, *etcd, keys, config, *record);
-
-    // Desired power "deleted" on the work key, written only over the version we read.
-    auto work = co_await etcd->range(work_key);
-    if (!work) co_return etcd_failure(*etcd, work.error());
-    if (work->kvs.empty())
-      co_return report_failure(errc::not_found, fmt::format("instance {} has no work on host {}",
-                                                            options.uuid, record->host));
-    auto spec = decode_work(work->kvs.front().value);
-    if (!spec)
-      co_return report_failure(errc::corrupt_record,
-                               fmt::format("instance {} has a corrupt work record in etcd", options.uuid));
-    if (spec->power != PowerState::deleted) {
-      spec->power = PowerState::deleted;
-      std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision)};
-      std::vector<EtcdOp> mark{EtcdOp::put(work_key, encode(*spec))};
-      auto txn = co_await etcd->txn(std::move(unchanged), std::move(mark));
-      if (!txn) co_return etcd_failure(*etcd, txn.error());
-      if (!txn->succeeded)
-        co_return report_failure(ExitCode::failed,
-                                 fmt::format("instance {} changed while destroying it; try again", options.uuid));
-    }
+    auto found = co_await find_target(*etcd, keys, options.uuid);
+    if (auto* code = std::get_if<int>(&found)) co_return *code;
+    const Target& target = std::get<Target>(found);
+    if (options.force) co_return co_await force_destroy(io, *etcd, keys, config, target.record);
+    if (int code = co_await request_power(*etcd, keys, target.record, PowerState::deleted)) co_return code;
     if (!options.wait) {
       std::printf("DESTROYING INSTANCE %s\n", options.uuid.c_str());
       co_return 0;
     }
-
     // Done when the agent has deleted the instance key.
-    auto watch = etcd->watch(WatchOptions{instance_key, {}, found->revision + 1, false});
-    bool gone = false;  // the watch starts right after our read, so it sees the delete
-    WatchDeadline deadline(io.get_executor(), *watch,
-                           std::chrono::milliseconds(int64_t(options.wait_timeout_s * 1000)));
-    while (!gone) {
-      WatchBatch batch = co_await watch->next();
-      if (deadline.fired())
-        co_return report_failure(ExitCode::failed,
-                                 fmt::format("instance {} is not gone after {} s; its host may be down",
-                                             options.uuid, options.wait_timeout_s));
-      if (batch.error || batch.canceled)
-        co_return etcd_failure(*etcd, batch.error ? batch.error : make_error_code(errc::etcd_error));
-      for (const WatchEvent& event : batch.events) gone = gone || event.type == WatchEvent::Type::erase;
-    }
+    auto gone = [](const std::optional<InstanceRecord>& record) { return record ? -1 : 0; };
+    if (int code = co_await wait_for_record(io, *etcd, keys, options.uuid, target.revision, options.wait_timeout_s,
+                                            "gone", gone))
+      co_return code;
     std::printf("DESTROYED INSTANCE %s\n", options.uuid.c_str());
+    co_return 0;
+  });
+}
+
+int run_power(const Config& config, const PowerOptions& options) {
+  if (!is_uuid(options.uuid))
+    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  const bool on = options.power == PowerState::running;
+  const InstanceState wanted = on ? InstanceState::active : InstanceState::stopped;
+  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
+    auto etcd = EtcdClient::create(config.etcd);
+    KeyLayout keys(config.etcd.prefix);
+    auto found = co_await find_target(*etcd, keys, options.uuid);
+    if (auto* code = std::get_if<int>(&found)) co_return *code;
+    const Target& target = std::get<Target>(found);
+    if (target.record.state == InstanceState::error)
+      co_return report_failure(ExitCode::failed, fmt::format("instance {} is in ERROR ({}); destroy it",
+                                                             options.uuid, target.record.error_code));
+    if (int code = co_await request_power(*etcd, keys, target.record, options.power)) co_return code;
+    const char* verb = on ? "STARTED" : "STOPPED";
+    if (options.wait && target.record.state != wanted) {
+      auto reached = [&](const std::optional<InstanceRecord>& record) {
+        if (!record) return report_failure(errc::not_found, fmt::format("instance {} was destroyed", options.uuid));
+        if (record->state == InstanceState::error)
+          return report_failure(ExitCode::failed, fmt::format("instance {}: {}: {}", options.uuid,
+                                                              record->error_code, record->error_message));
+        return record->state == wanted ? 0 : -1;
+      };
+      if (int code = co_await wait_for_record(io, *etcd, keys, options.uuid, target.revision, options.wait_timeout_s,
+                                              on ? "ACTIVE" : "STOPPED", reached))
+        co_return code;
+    } else if (!options.wait) {
+      verb = on ? "STARTING" : "STOPPING";
+    }
+    std::printf("%s INSTANCE %s\n", verb, options.uuid.c_str());
     co_return 0;
   });
 }

@@ -5,6 +5,7 @@
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
 #include "model/groups.hpp"
+#include "model/image.hpp"
 #include "model/keys.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
@@ -39,8 +40,17 @@ std::optional<std::string> read_small_file(const std::string& path, size_t limit
   return data;
 }
 
-// User data and ssh keys from the command line, checked before anything is claimed.
+// The image, user data and ssh keys from the command line, checked before anything is claimed.
 result<void> read_guest_data(const ScheduleOptions& options, WorkSpec& spec, std::string* detail) {
+  // The syntax only: which schemes are allowed, and whether the image exists, is each agent's call.
+  if (!options.image.empty()) {
+    auto image = parse_image_ref(options.image, {"http", "https", "file"}, detail);
+    if (!image) return image.error();
+  }
+  if (!options.image_sha256.empty() && !is_sha256_hex(options.image_sha256)) {
+    *detail = "--image-sha256 must be 64 lowercase hex digits";
+    return errc::invalid_argument;
+  }
   if (!options.user_data_file.empty()) {
     auto data = read_small_file(options.user_data_file, max_user_data);
     if (!data) {
@@ -159,6 +169,7 @@ class Scheduler {
       one.uuid = uuids[size_t(i)];
       one.name = count == 1 || options_.name.empty() ? options_.name : fmt::format("{}-{}", options_.name, i + 1);
       one.image = options_.image.empty() ? config_.schedule.image : options_.image;
+      one.image_sha256 = options_.image_sha256;
       one.query = options_.query;
       one.resources = claim.allocations.at(claim.host);
       one.group = options_.group;
@@ -361,6 +372,7 @@ class Scheduler {
     WatchDeadline deadline(io_.get_executor(), *watch,
                            std::chrono::milliseconds(int64_t(options_.wait_timeout_s * 1000)));
     std::optional<InstanceState> last;
+    std::string last_ip;
     while (true) {
       WatchBatch batch = co_await watch->next();
       if (deadline.fired()) {
@@ -373,8 +385,9 @@ class Scheduler {
           co_return report_failure(ExitCode::failed, fmt::format("instance {} was deleted", uuid));
         }
         auto record = decode_instance(event.kv.value);
-        if (!record || record->state == last) continue;
+        if (!record || (record->state == last && record->ip == last_ip)) continue;
         last = record->state;
+        last_ip = record->ip;
         if (record->state == InstanceState::error) {
           std::printf("INSTANCE %s ERROR\n", uuid.c_str());
           co_return report_failure(ExitCode::failed, fmt::format("instance {} failed: {}: {}", uuid,
@@ -383,7 +396,8 @@ class Scheduler {
         std::printf("INSTANCE %s %s%s%s\n", uuid.c_str(), std::string(to_string(record->state)).c_str(),
                     record->ip.empty() ? "" : " ", record->ip.c_str());
         std::fflush(stdout);
-        if (record->state == InstanceState::active) co_return 0;
+        // A guest with a NIC is settled once its address is known too.
+        if (record->state == InstanceState::active && (record->mac.empty() || !record->ip.empty())) co_return 0;
       }
     }
   }

@@ -3,6 +3,7 @@
 // exit code; errors are reported on stderr in one line.
 
 #include "core/config.hpp"
+#include "model/records.hpp"
 
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@ int run_compute(const Config& config);
 struct ScheduleOptions {
   std::string query;
   std::string image;  // empty: config's default
+  std::string image_sha256;  // expected digest of the image, checked by the agent
   std::string name;
   std::string policy;  // spread or pack; empty: config's
   int count = 1;       // instances placed all or nothing
@@ -32,6 +34,7 @@ struct ShowOptions {
   std::string uuid;  // empty: list every instance
   bool json = false;
   bool hosts = false;
+  bool console = false;  // the tail of the instance's serial console
 };
 int run_show(const Config& config, const ShowOptions& options);
 
@@ -42,6 +45,14 @@ struct DestroyOptions {
   double wait_timeout_s = 120;
 };
 int run_destroy(const Config& config, const DestroyOptions& options);
+
+struct PowerOptions {
+  std::string uuid;
+  PowerState power = PowerState::running;  // running (toyvm start) or stopped (toyvm stop)
+  bool wait = true;
+  double wait_timeout_s = 120;
+};
+int run_power(const Config& config, const PowerOptions& options);
 
 struct MdserverOptions {
   std::vector<std::string> listen;  // ADDRESS:PORT; empty: config's

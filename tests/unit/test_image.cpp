@@ -1,0 +1,162 @@
+#include "model/image.hpp"
+#include "virt/backend.hpp"
+
+#include "catch_result.hpp"
+
+#include <string>
+
+using namespace toyvm;
+
+namespace {
+
+const std::vector<std::string> all_schemes{"http", "https", "file"};
+
+std::string qcow2_header(uint32_t version, uint64_t size, uint64_t backing_offset = 0, uint32_t crypt = 0) {
+  std::string h(104, '\0');
+  auto put32 = [&](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) h[at + i] = char(v >> (24 - 8 * i));
+  };
+  auto put64 = [&](size_t at, uint64_t v) {
+    put32(at, uint32_t(v >> 32));
+    put32(at + 4, uint32_t(v));
+  };
+  h.replace(0, 4, "QFI\xfb", 4);
+  put32(4, version);
+  put64(8, backing_offset);
+  put32(20, 16);
+  put64(24, size);
+  put32(32, crypt);
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("image names stay inside the image directory") {
+  auto name = parse_image_ref("debian-12.qcow2", all_schemes, nullptr);
+  REQUIRE(name);
+  CHECK(name->kind == ImageRef::Kind::name);
+  CHECK(name->name == "debian-12.qcow2");
+  for (const char* bad : {"../etc/passwd", "a/b", "..", ".hidden", "", "a b", "x\\y"}) {
+    std::string detail;
+    CHECK_FALSE(parse_image_ref(bad, all_schemes, &detail));
+    CHECK_FALSE(detail.empty());
+  }
+}
+
+TEST_CASE("image URLs: file paths are absolute without '..'; schemes are checked") {
+  auto file = parse_image_ref("file:///var/lib/toyvm/images/x.raw", all_schemes, nullptr);
+  REQUIRE(file);
+  CHECK(file->kind == ImageRef::Kind::file);
+  CHECK(file->path == "/var/lib/toyvm/images/x.raw");
+  CHECK_FALSE(parse_image_ref("file:///var/lib/toyvm/images/../../../etc/shadow", all_schemes, nullptr));
+  CHECK_FALSE(parse_image_ref("file:///var/lib/toyvm/images/%2e%2e/x", all_schemes, nullptr));
+  CHECK_FALSE(parse_image_ref("file://otherhost/x.raw", all_schemes, nullptr));
+
+  auto http = parse_image_ref("http://images.example:8080/a/b.qcow2?v=1", all_schemes, nullptr);
+  REQUIRE(http);
+  CHECK(http->kind == ImageRef::Kind::http);
+  CHECK(http->host == "images.example");
+  CHECK(http->port == "8080");
+  CHECK(http->target == "/a/b.qcow2?v=1");
+  auto https = parse_image_ref("https://images.example/b.qcow2", all_schemes, nullptr);
+  REQUIRE(https);
+  CHECK(https->port == "443");
+
+  std::string detail;
+  CHECK_FALSE(parse_image_ref("http://images.example/b.qcow2", {"https"}, &detail));
+  CHECK(detail.find("not allowed") != std::string::npos);
+  CHECK_FALSE(parse_image_ref("ftp://images.example/b.qcow2", {"ftp"}, nullptr));
+  CHECK_FALSE(parse_image_ref("http:///nohost", all_schemes, nullptr));
+}
+
+TEST_CASE("path_within compares whole path components") {
+  CHECK(path_within("/srv/images", "/srv/images/a"));
+  CHECK(path_within("/srv/images/", "/srv/images/a/b"));
+  CHECK_FALSE(path_within("/srv/images", "/srv/images"));
+  CHECK_FALSE(path_within("/srv/images", "/srv/images2/a"));
+  CHECK_FALSE(path_within("/srv/images", "/etc/passwd"));
+}
+
+TEST_CASE("sha256 digests are 64 lowercase hex digits") {
+  CHECK(is_sha256_hex(std::string(64, 'a')));
+  CHECK_FALSE(is_sha256_hex(std::string(64, 'A')));
+  CHECK_FALSE(is_sha256_hex(std::string(63, 'a')));
+  CHECK_FALSE(is_sha256_hex(std::string(63, 'a') + "g"));
+}
+
+TEST_CASE("probe_disk tells raw from well-formed qcow2 and refuses the rest") {
+  auto raw = probe_disk("\x55\xaa random bytes", 1 << 20, nullptr);
+  REQUIRE(raw);
+  CHECK(raw->format == DiskFormat::raw);
+  CHECK(raw->virtual_size == 1 << 20);
+
+  auto qcow2 = probe_disk(qcow2_header(3, uint64_t(10) << 30), 200'000, nullptr);
+  REQUIRE(qcow2);
+  CHECK(qcow2->format == DiskFormat::qcow2);
+  CHECK(qcow2->virtual_size == uint64_t(10) << 30);
+
+  std::string detail;
+  CHECK_FALSE(probe_disk("", 0, &detail));
+  CHECK(detail == "the image is empty");
+  CHECK_FALSE(probe_disk(qcow2_header(3, 1 << 20).substr(0, 40), 40, nullptr));   // truncated
+  CHECK_FALSE(probe_disk(qcow2_header(7, 1 << 20), 1 << 16, nullptr));            // unknown version
+  CHECK_FALSE(probe_disk(qcow2_header(3, 0), 1 << 16, nullptr));                  // no size
+  CHECK_FALSE(probe_disk(qcow2_header(3, 1 << 20, 512), 1 << 16, &detail));       // backing file
+  CHECK(detail.find("backing file") != std::string::npos);
+  CHECK_FALSE(probe_disk(qcow2_header(3, 1 << 20, 0, 1), 1 << 16, nullptr));      // encrypted
+}
+
+TEST_CASE("bzImage kernels carry HdrS at 0x202") {
+  std::string kernel(1024, '\0');
+  kernel.replace(0x202, 4, "HdrS");
+  CHECK(is_bzimage(kernel));
+  CHECK_FALSE(is_bzimage(std::string(1024, '\0')));
+  CHECK_FALSE(is_bzimage("HdrS"));
+}
+
+TEST_CASE("domain XML: kernel boot, overlay disk, NIC, serial log and SMBIOS") {
+  DomainSpec spec;
+  spec.uuid = "7387cdc8-291c-4b02-87ce-895f460b7a80";
+  spec.name = "web<1>";
+  spec.vcpus = 2;
+  spec.memory_mb = 256;
+  spec.image.kernel = "/img/tiny/kernel";
+  spec.image.initrd = "/img/tiny/initrd";
+  spec.image.cmdline = "console=ttyS0 quiet";
+  spec.mac = instance_mac(spec.uuid);
+  LibvirtOptions options;
+  options.domain_type = "qemu";
+  options.instance_dir = "/var/lib/toyvm/instances";
+  options.network = "default";
+  options.nic_model = "e1000";
+  std::string xml = domain_xml(spec, options, "/var/lib/toyvm/instances/x.qcow2");
+  CHECK(xml.find("<domain type='qemu'>") != std::string::npos);
+  CHECK(xml.find("<name>toyvm-7387cdc8-291c-4b02-87ce-895f460b7a80</name>") != std::string::npos);
+  CHECK(xml.find("<title>web&lt;1&gt;</title>") != std::string::npos);
+  CHECK(xml.find("<kernel>/img/tiny/kernel</kernel><initrd>/img/tiny/initrd</initrd>") != std::string::npos);
+  CHECK(xml.find("<cmdline>console=ttyS0 quiet</cmdline>") != std::string::npos);
+  CHECK(xml.find("<boot dev='hd'/>") == std::string::npos);
+  CHECK(xml.find("<source file='/var/lib/toyvm/instances/x.qcow2'/>") != std::string::npos);
+  CHECK(xml.find("<source network='default'/><mac address='" + spec.mac + "'/><model type='e1000'/>") !=
+        std::string::npos);
+  CHECK(xml.find("<source path='/var/lib/toyvm/instances/7387cdc8-291c-4b02-87ce-895f460b7a80/console.log' "
+                 "append='on'/>") != std::string::npos);
+  CHECK(xml.find("<entry name='product'>OpenStack Nova</entry>") != std::string::npos);
+  CHECK(xml.find("<smbios mode='sysinfo'/>") != std::string::npos);
+  CHECK(xml.find("<acpi/>") != std::string::npos);
+
+  spec.image = BootImage{};
+  options.network.clear();
+  xml = domain_xml(spec, options, "");
+  CHECK(xml.find("<boot dev='hd'/>") != std::string::npos);
+  CHECK(xml.find("<disk") == std::string::npos);
+  CHECK(xml.find("<interface") == std::string::npos);
+}
+
+TEST_CASE("instance MACs are stable, QEMU-prefixed and differ between instances") {
+  std::string a = instance_mac("7387cdc8-291c-4b02-87ce-895f460b7a80");
+  CHECK(a == instance_mac("7387cdc8-291c-4b02-87ce-895f460b7a80"));
+  CHECK(a.size() == 17);
+  CHECK(a.starts_with("52:54:00:"));
+  CHECK(a != instance_mac("d578fb7c-7787-4e73-b69a-a7b3ef9bf73a"));
+}
