@@ -16,6 +16,8 @@ service_pkgs=(
   etcd-server etcd-client
   placement-api python3-placement uwsgi-core uwsgi-plugin-python3
   libvirt-clients
+  # Real guests: libvirtd with QEMU, and what contrib/tiny-guest.sh builds the test guest with.
+  libvirt-daemon-system qemu-system-x86 qemu-utils busybox-static xz-utils
 )
 extra_pkgs=("$@")
 

@@ -4,10 +4,11 @@
 # of busybox-static whose init prints a marker on the serial console, asks DHCP for an
 # address, and reads its metadata from the metadata service.
 #   usage: contrib/tiny-guest.sh OUTDIR      (writes OUTDIR/{kernel,initrd,cmdline,disk.raw})
-# Idempotent: an OUTDIR that already has all four files is left alone.
+# Idempotent: an OUTDIR built by this version of the script is left alone.
 set -euo pipefail
 out=${1:?usage: tiny-guest.sh OUTDIR}
-if [ -s "$out/kernel" ] && [ -s "$out/initrd" ] && [ -s "$out/cmdline" ] && [ -s "$out/disk.raw" ]; then
+recipe=$(sha256sum "$0" | cut -d' ' -f1)
+if [ "$(cat "$out/.recipe" 2>/dev/null)" = "$recipe" ]; then
   exit 0
 fi
 mkdir -p "$out"
@@ -15,7 +16,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 chmod 0777 "$work"  # apt-get download drops to the _apt user
 
-kernel_pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+kernel_pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}' || true)
+if [ -z "$kernel_pkg" ]; then  # no package lists yet on this machine
+  apt-get update -qq
+  kernel_pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+fi
 (cd "$work" && apt-get download -qq "$kernel_pkg" >/dev/null)
 dpkg-deb -x "$work"/linux-image-*.deb "$work/pkg"
 version=${kernel_pkg#linux-image-}
@@ -42,21 +47,31 @@ echo "toyvm-guest: booted $(uname -r)"
 insmod /lib/modules/e1000.ko
 insmod /lib/modules/evdev.ko
 insmod /lib/modules/button.ko
-ip link set lo up
-ip link set eth0 up
-udhcpc -i eth0 -s /bin/dhcp-event -t 20 -T 2 -n -q && echo "toyvm-guest: address $(cat /run/address)"
-# The metadata service answers at 169.254.169.254 through the host's bridge (busybox's
-# static wget crashes, so plain HTTP/1.0 through nc).
-metadata() {
-  printf 'GET %s HTTP/1.0\r\nHost: 169.254.169.254\r\n\r\n' "$1" | nc -w 5 169.254.169.254 80 | sed '1,/^\r*$/d'
-}
-echo "toyvm-guest: instance-id $(metadata /latest/meta-data/instance-id)"
-echo "toyvm-guest: user-data $(metadata /latest/user-data | head -c 200)"
 # The host's shutdown request (ACPI power button) powers the guest off.
 mkdir -p /etc/acpi/PWRF
 printf '#!/bin/sh\necho "toyvm-guest: power button"\npoweroff -f\n' > /etc/acpi/PWRF/00000080
 chmod +x /etc/acpi/PWRF/00000080
-acpid -f -c /etc/acpi &
+acpid -d -c /etc/acpi &  # -d: in the foreground, logging to the console
+ip link set lo up
+ip link set eth0 up
+udhcpc -i eth0 -s /bin/dhcp-event -t 20 -T 2 -n -q && echo "toyvm-guest: address $(cat /run/address)"
+# The metadata service answers at 169.254.169.254 through the host's bridge (busybox's
+# static wget crashes, so plain HTTP/1.0 through nc). It learns this guest's address from
+# the agent a moment after DHCP, so the guest asks again for a while, as cloud-init does.
+metadata() {
+  printf 'GET %s HTTP/1.0\r\nHost: 169.254.169.254\r\n\r\n' "$1" | nc -w 5 169.254.169.254 80 > /run/response 2>/dev/null
+  head -1 /run/response | grep -q ' 200 ' && sed '1,/^\r*$/d' /run/response
+}
+for attempt in $(seq 1 60); do
+  id=$(metadata /latest/meta-data/instance-id) && break
+  sleep 1
+done
+if [ -n "$id" ]; then
+  echo "toyvm-guest: instance-id $id"
+  echo "toyvm-guest: user-data $(metadata /latest/user-data | head -c 200)"
+else
+  echo "toyvm-guest: no metadata service"
+fi
 while true; do sleep 3600; done
 INIT
 cat > "$root/bin/dhcp-event" <<'DHCP'
@@ -78,4 +93,5 @@ echo "console=ttyS0 quiet panic=-1" > "$work/cmdline"
 head -c $((16 * 1024 * 1024)) /dev/urandom > "$work/disk.raw"
 chmod 0644 "$work"/{kernel,initrd,cmdline,disk.raw}
 mv "$work"/{kernel,initrd,cmdline,disk.raw} "$out/"
+echo "$recipe" > "$out/.recipe"
 echo "tiny-guest: $out (kernel $version)"

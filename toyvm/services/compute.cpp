@@ -203,6 +203,9 @@ class ComputeAgent {
   // its address goes on that interface, and if nothing answers there an mdserver is started
   // (in its own session, so it outlives a restart of the agent).
   awaitable<void> ensure_metadata_service() {
+    // The guests' network first: its bridge is where the metadata address usually goes.
+    auto network = co_await virt(&VirtBackend::ensure_network);
+    if (!network) spdlog::error("libvirt network {}: {}", config_.compute.network, network.failure->message);
     const std::string& interface = config_.compute.metadata_interface;
     if (interface.empty() || config_.mdserver.listen.empty()) co_return;
     const std::string listen = config_.mdserver.listen.front();

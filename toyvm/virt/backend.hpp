@@ -66,6 +66,8 @@ class VirtBackend {
   // Stops and undefines, deletes the overlay and the instance's dir; what does not exist is
   // already destroyed.
   virtual VirtResult<bool> destroy(const std::string& uuid) = 0;
+  // The configured libvirt network exists and is active (started if it is not).
+  virtual VirtResult<bool> ensure_network() = 0;
   // The guest's IPv4 addresses as libvirt knows them (DHCP leases, or ARP on a bridge).
   virtual VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) = 0;
   virtual VirtResult<DomainState> state(const std::string& uuid) = 0;

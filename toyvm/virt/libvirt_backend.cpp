@@ -182,6 +182,16 @@ class LibvirtBackend final : public VirtBackend {
     return {std::move(uuids), {}};
   }
 
+  VirtResult<bool> ensure_network() override {
+    if (options_.network.empty() || !options_.bridge.empty()) return {true, {}};
+    NetworkHandle network(api->virNetworkLookupByName(conn_, options_.network.c_str()));
+    if (!network) return fail<bool>("network_failure");
+    if (api->virNetworkIsActive(network.ptr) != 1 && api->virNetworkCreate(network.ptr) < 0 &&
+        api->virNetworkIsActive(network.ptr) != 1)
+      return fail<bool>("network_failure");
+    return {true, {}};
+  }
+
   // The instance storage pool: transient (libvirt forgets it on restart; open_libvirt makes
   // it again), a dir pool over the instance dir.
   VirtResult<bool> ensure_pool() {
@@ -200,16 +210,8 @@ class LibvirtBackend final : public VirtBackend {
     return {T{}, VirtFailure{reason, last_virt_error()}};
   }
 
-  // The configured libvirt network must exist; an inactive one is started.
-  VirtResult<bool> ensure_network() {
-    if (options_.network.empty() || !options_.bridge.empty()) return {true, {}};
-    NetworkHandle network(api->virNetworkLookupByName(conn_, options_.network.c_str()));
-    if (!network) return fail<bool>("network_failure");
-    if (api->virNetworkIsActive(network.ptr) != 1 && api->virNetworkCreate(network.ptr) < 0 &&
-        api->virNetworkIsActive(network.ptr) != 1)
-      return fail<bool>("network_failure");
-    return {true, {}};
-  }
+
+
 
   // A copy-on-write qcow2 over the base disk (or a blank one), as big as the instance's disk.
   VirtResult<std::string> make_overlay(const DomainSpec& spec) {
