@@ -2,7 +2,10 @@
 # Quick start: installs what is missing, builds toyvm, starts etcd and Placement on
 # loopback (their data under one directory), starts one compute agent on libvirt's test
 # driver, schedules an instance, waits for ACTIVE and shows it. Safe to run again.
+# With --real, the agent runs on qemu:///system instead (libvirtd is started if needed) and
+# the instance is a real guest under QEMU's TCG: contrib/tiny-guest.sh's kernel + busybox.
 #   usage: contrib/quickstart.sh          start everything and schedule an instance
+#          contrib/quickstart.sh --real   the same with a real guest
 #          contrib/quickstart.sh stop     stop what it started (the data stays)
 # Data: $TOYVM_QUICKSTART_DIR, default /var/tmp/toyvm-quickstart (delete it to start over).
 set -euo pipefail
@@ -31,6 +34,9 @@ stop_one() {
 
 if [ "${1:-}" = stop ]; then
   stop_one compute
+  stop_one compute-real
+  # The metadata service the real agent started in a session of its own.
+  pkill -f "^$toyvm .*mdserver --listen 169.254.169.254:80" && echo "stopped mdserver" || true
   stop_one placement
   stop_one etcd
   exit 0
@@ -69,17 +75,51 @@ fi
 wait_until 20 "$toyvm" show
 wait_until 30 placement_up
 
-if ! alive compute; then
-  setsid "$toyvm" compute --state-dir "$data/compute" --libvirt-uri test:///default --name quickstart \
-    >"$data/compute.log" 2>&1 < /dev/null &
-  echo $! > "$data/compute.pid"
-  echo "started toyvm compute (log: $data/compute.log)"
+if [ "${1:-}" != --real ]; then
+  if ! alive compute; then
+    setsid "$toyvm" compute --state-dir "$data/compute" --libvirt-uri test:///default --name quickstart \
+      >"$data/compute.log" 2>&1 < /dev/null &
+    echo $! > "$data/compute.pid"
+    echo "started toyvm compute (log: $data/compute.log)"
+  fi
+  wait_until 30 sh -c "'$toyvm' show --hosts | grep -q '^quickstart .* yes '"
+  query='resources=VCPU:1,DISK_GB:1,MEMORY_MB:256'
+  schedule_args=()
+else
+  virsh -q -c qemu:///system uri >/dev/null 2>&1 || {
+    pgrep -x virtlogd >/dev/null || virtlogd -d
+    pgrep -x libvirtd >/dev/null || libvirtd -d
+    echo "started libvirtd"
+  }
+  wait_until 60 virsh -q -c qemu:///system uri
+  "$root/contrib/tiny-guest.sh" "$data/images/tiny"
+  chmod 0755 "$data" "$data/images"
+  if ! alive compute-real; then
+    cat > "$data/compute-real.toml" <<EOF
+[compute]
+libvirt_uri = "qemu:///system"
+domain_type = "qemu"           # TCG: no nested virtualisation here
+image_dir = "$data/images"
+network = "default"
+nic_model = "e1000"            # the tiny guest's kernel has this driver
+metadata_interface = "virbr0"  # 169.254.169.254 on the guests' bridge, mdserver started if needed
+[mdserver]
+listen = ["169.254.169.254:80"]
+EOF
+    setsid "$toyvm" --config "$data/compute-real.toml" compute --state-dir "$data/compute-real" \
+      --name quickstart-real --trait CUSTOM_REAL_GUESTS --inventory VCPU:2,MEMORY_MB:1024,DISK_GB:10 \
+      >"$data/compute-real.log" 2>&1 < /dev/null &
+    echo $! > "$data/compute-real.pid"
+    echo "started toyvm compute on qemu:///system (log: $data/compute-real.log)"
+  fi
+  wait_until 60 sh -c "'$toyvm' show --hosts | grep -q '^quickstart-real .* yes '"
+  query='resources=VCPU:1,DISK_GB:1,MEMORY_MB:128&required=CUSTOM_REAL_GUESTS'
+  schedule_args=(--image tiny --timeout 300)
 fi
-wait_until 30 sh -c "'$toyvm' show --hosts | grep -q ' yes '"
 
 echo
-echo "\$ toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait"
-out=$("$toyvm" schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait)
+echo "\$ toyvm schedule '$query' ${schedule_args[*]} --wait"
+out=$("$toyvm" schedule "$query" "${schedule_args[@]}" --wait)
 echo "$out"
 uuid=$(echo "$out" | sed -n 's/^NOTIFIED TARGET, .*, OF INSTANCE \(.*\)$/\1/p')
 echo
@@ -88,5 +128,11 @@ echo "\$ toyvm show --hosts"
 echo
 echo "\$ toyvm show $uuid"
 "$toyvm" show "$uuid"
+if [ "${1:-}" = --real ]; then
+  wait_until 120 sh -c "'$toyvm' show $uuid --console | grep -q 'toyvm-guest: \(instance-id\|no metadata\)'" || true
+  echo
+  echo "\$ toyvm show $uuid --console | tail -n 8"
+  "$toyvm" show "$uuid" --console | tail -n 8
+fi
 echo
 echo "toyvm is at $toyvm; the servers keep running. Stop them with: $0 stop"
