@@ -37,6 +37,7 @@ if [ "${1:-}" = stop ]; then
   stop_one compute-real
   # The metadata service the real agent started in a session of its own.
   pkill -f "^$toyvm .*mdserver --listen 169.254.169.254:80" && echo "stopped mdserver" || true
+  echo "guests keep running; destroy them with: $toyvm destroy UUID (servers must be up)"
   stop_one placement
   stop_one etcd
   exit 0

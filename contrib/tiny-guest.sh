@@ -54,7 +54,12 @@ chmod +x /etc/acpi/PWRF/00000080
 acpid -d -c /etc/acpi &  # -d: in the foreground, logging to the console
 ip link set lo up
 ip link set eth0 up
-udhcpc -i eth0 -s /bin/dhcp-event -t 20 -T 2 -n -q && echo "toyvm-guest: address $(cat /run/address)"
+# TCG on a busy host can be slow to answer: ask again rather than give up.
+for attempt in 1 2 3 4 5; do
+  udhcpc -i eth0 -s /bin/dhcp-event -t 10 -T 3 -n -q && break
+done
+[ -s /run/address ] &&
+  echo "toyvm-guest: address $(cat /run/address) at uptime $(cut -d' ' -f1 /proc/uptime)"
 # The metadata service answers at 169.254.169.254 through the host's bridge (busybox's
 # static wget crashes, so plain HTTP/1.0 through nc). It learns this guest's address from
 # the agent a moment after DHCP, so the guest asks again for a while, as cloud-init does.

@@ -5,10 +5,12 @@ Starts a private etcd and Placement on loopback, compute agents on libvirt's tes
 measures in one run: the raw floor (candidates + claim + etcd Txn on kept-alive connections),
 one `toyvm schedule` process, throughput at several concurrencies against Placement's ceiling
 for the same request mix, schedule -> ACTIVE latency and the agent's CPU and memory, conflicts
-and overbooking under 16 concurrent schedulers, and candidate latency at 10, 100 and 1,000
-providers. Prints a table, writes JSON and draws PNG plots with gnuplot.
+and overbooking under 16 concurrent schedulers, candidate latency at 10, 100 and 1,000
+providers, the metadata service, and real TCG guests through qemu:///system (schedule ->
+ACTIVE with an IP, one at a time and four at once). Prints a table, writes JSON and draws PNG
+plots with gnuplot.
 
-    contrib/bench/run.py [--quick] [--out DIR]
+    contrib/bench/run.py [--quick] [--only-guests | --no-guests] [--out DIR]
 """
 
 import argparse
@@ -22,13 +24,16 @@ import socket
 import statistics
 import subprocess
 import sys
+import re
 import tempfile
+import threading
 import time
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUERY = "resources=VCPU:1,MEMORY_MB:64,DISK_GB:1"
 BIG = "VCPU:100000,MEMORY_MB:100000000,DISK_GB:1000000"
+LEASES = "/var/lib/libvirt/dnsmasq/virbr0.status"  # the default network's leases
 
 
 def percentile(values, p):
@@ -172,6 +177,18 @@ def run(args):
     n_throughput = 200 if args.quick else 1000
     n_active = 200 if args.quick else 1000
     with tempfile.TemporaryDirectory(prefix="toyvm-bench-") as workdir:
+        if not args.no_guests:
+            guests_dir = pathlib.Path(workdir) / "guests"
+            guests_dir.mkdir()
+            os.chmod(workdir, 0o755)  # QEMU's user reaches the guests' files through it
+            bench = Bench(args.build, guests_dir, 1)
+            try:
+                results["guests"] = measure_guests(bench, 3 if args.quick else 5)
+                print("bench: real guests done", file=sys.stderr)
+            finally:
+                bench.stop()
+            if args.only_guests:
+                return results
         bench = Bench(args.build, workdir, args.placement_workers)
         try:
             hosts = [bench.start_compute(f"host{i}", BIG)[1] for i in range(args.hosts)]
@@ -322,11 +339,121 @@ def measure_mdserver(bench, guests):
             "p99_ms": wrk_ms("99%"), "non_2xx": errors, "tool": "wrk -t1 -c16 -d10s --latency"}
 
 
+def ensure_libvirtd():
+    answers = lambda: subprocess.run(["virsh", "-q", "-c", "qemu:///system", "uri"],
+                                     capture_output=True).returncode == 0
+    if not answers():
+        subprocess.run("pgrep -x virtlogd >/dev/null || virtlogd -d", shell=True, check=True)
+        subprocess.run("pgrep -x libvirtd >/dev/null || libvirtd -d", shell=True, check=True)
+    wait_until("libvirtd", answers, timeout=60)
+
+
+class Scheduled:
+    """One `toyvm schedule --wait` in the background, with the time each line arrived."""
+
+    def __init__(self, bench, args):
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen([bench.toyvm, "schedule", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=bench.env)
+        self.lines = []
+        self.thread = threading.Thread(target=self._read)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic() - self.start, line.strip(), time.time()))
+        self.proc.wait()
+
+    def result(self, bench):
+        self.thread.join()
+        if self.proc.returncode != 0:
+            raise SystemExit(f"bench: schedule failed ({self.proc.returncode}): {self.proc.stderr.read()}")
+        uuid = next(l.rsplit(" ", 1)[1] for _, l, _ in self.lines if l.startswith("NOTIFIED TARGET"))
+        active = next(t for t, l, _ in self.lines if l == f"INSTANCE {uuid} ACTIVE")
+        with_ip, wall = next((t, w) for t, l, w in self.lines if l.startswith(f"INSTANCE {uuid} ACTIVE "))
+        # dnsmasq rewrites its lease file when it hands out a lease: from then until the line
+        # above is toyvm's (the agent's poll, its etcd write, the watch to `schedule`).
+        leased = os.stat(LEASES).st_mtime
+        # The guest prints its uptime when DHCP answers: the boot's part of the wait.
+        def lease_uptime():
+            found = re.search(r"address \S+ at uptime ([0-9.]+)", bench.run_toyvm("show", uuid, "--console"))
+            return float(found.group(1)) if found else None
+        wait_until("the guest's address on its console", lease_uptime, timeout=60)
+        uptime = lease_uptime()
+        discovery = wall - leased
+        return {"uuid": uuid, "active_s": active, "ip_s": with_ip, "guest_uptime_at_lease_s": uptime,
+                "address_discovery_s": discovery, "toyvm_share_s": active + discovery,
+                "qemu_and_firmware_s": with_ip - active - discovery - uptime}
+
+
+def measure_guests(bench, rounds):
+    """schedule -> ACTIVE with an IP for real TCG guests: one at a time, then four at once."""
+    ensure_libvirtd()
+    images = bench.dir / "images"
+    subprocess.run([str(ROOT / "contrib" / "tiny-guest.sh"), str(images / "tiny")], check=True,
+                   stdout=subprocess.DEVNULL)
+    os.chmod(bench.dir, 0o755)
+    os.chmod(images, 0o755)
+    config = bench.dir / "guests.toml"
+    config.write_text(f"[compute]\nlibvirt_uri = 'qemu:///system'\ndomain_type = 'qemu'\n"
+                      f"image_dir = '{images}'\nnetwork = 'default'\nnic_model = 'e1000'\nstop_timeout = 0\n")
+    state = bench.dir / "guests"
+    bench.spawn([bench.toyvm, "--config", str(config), "compute", "--state-dir", str(state), "--name", "guests",
+                 "--trait", "CUSTOM_BENCH_GUESTS", "--inventory", "VCPU:8,MEMORY_MB:4096,DISK_GB:40"],
+                "guests.log", bench.env)
+    wait_until("compute on qemu:///system", lambda: "guests " in bench.run_toyvm("show", "--hosts"), timeout=90)
+    query = "resources=VCPU:1,MEMORY_MB:128,DISK_GB:1&required=CUSTOM_BENCH_GUESTS"
+    args = [query, "--image", "tiny", "--wait", "--timeout", "300"]
+
+    def destroy(rows):
+        for row in rows:
+            subprocess.run([bench.toyvm, "destroy", row["uuid"]], env=bench.env, capture_output=True, check=True)
+
+    one, four = [], []
+    try:
+        for _ in range(rounds):
+            one.append(Scheduled(bench, args).result(bench))
+            destroy(one[-1:])
+        together = [Scheduled(bench, args) for _ in range(4)]
+        four = [s.result(bench) for s in together]
+    finally:  # no guest outlives the benchmark, even a failed one
+        for line in bench.run_toyvm("show").splitlines()[1:]:
+            subprocess.run([bench.toyvm, "destroy", line.split()[0]], env=bench.env, capture_output=True)
+    median = lambda rows, key: statistics.median(r[key] for r in rows)
+    keys = ("active_s", "ip_s", "guest_uptime_at_lease_s", "address_discovery_s", "toyvm_share_s",
+            "qemu_and_firmware_s")
+    return {"single": {k: median(one, k) for k in keys},
+            "single_rounds": one,
+            "four": {k: median(four, k) for k in keys},
+            "four_slowest_ip_s": max(r["ip_s"] for r in four),
+            "four_rounds": four}
+
+
 def report(results):
+    lines = [f"machine: {results['machine']['cpus']} cpus, {results['machine']['cpu']}", ""]
+    if "guests" in results:
+        g = results["guests"]
+        one, four = g["single"], g["four"]
+        lines += [
+            "| real TCG guest (tiny-guest), medians in s | schedule -> ACTIVE with IP | of which toyvm: "
+            "schedule -> ACTIVE | toyvm: lease -> IP shown | guest: kernel boot to DHCP lease | "
+            "QEMU start + firmware | toyvm's share |",
+            "|---|---|---|---|---|---|---|",
+            *[f"| {label} | {r['ip_s']:.2f} | {r['active_s']:.2f} | {r['address_discovery_s']:.2f} | "
+              f"{r['guest_uptime_at_lease_s']:.2f} | {r['qemu_and_firmware_s']:.2f} | "
+              f"{r['toyvm_share_s'] / r['ip_s'] * 100:.1f}% |"
+              for label, r in ((f"one at a time ({len(g['single_rounds'])} rounds)", one),
+                               (f"four at once (slowest {g['four_slowest_ip_s']:.2f})", four))],
+            "",
+        ]
+    if "floor_ms" not in results:
+        return "\n".join(lines)
+    return "\n".join(lines + report_scheduling(results))
+
+
+def report_scheduling(results):
     f, s = results["floor_ms"], results["schedule_ms"]
     lines = [
-        f"machine: {results['machine']['cpus']} cpus, {results['machine']['cpu']}",
-        "",
         "| measure | p50 | p99 |",
         "|---|---|---|",
         f"| raw floor: candidates + claim + etcd Txn (ms) | {f['p50']:.2f} | {f['p99']:.2f} |",
@@ -369,7 +496,7 @@ def report(results):
         lines.append(f"| {row['providers']} | {row['candidates_limit50_ms']['p50']:.1f} | "
                      f"{row['candidates_nolimit_ms']['p50']:.1f} | {row['decision_limit50_ms']['p50']:.3f} | "
                      f"{row['decision_nolimit_ms']['p50']:.3f} |")
-    return "\n".join(lines + lines_md)
+    return lines + lines_md
 
 
 def plot(results, out):
@@ -414,11 +541,15 @@ def main():
     parser.add_argument("--placement-workers", type=int, default=2)
     parser.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "bench")
+    guests = parser.add_mutually_exclusive_group()
+    guests.add_argument("--only-guests", action="store_true", help="only the real-guest measurements")
+    guests.add_argument("--no-guests", action="store_true", help="skip the real-guest measurements")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = run(args)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    plot(results, args.out)
+    if "scale" in results:
+        plot(results, args.out)
     text = report(results)
     (args.out / "report.md").write_text(text + "\n")
     print(text)

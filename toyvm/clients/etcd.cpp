@@ -109,7 +109,9 @@ std::string grpc_target(const std::vector<std::string>& endpoints) {
 }
 
 // A bidirectional stream whose responses are queued for one coroutine. The reactor keeps
-// itself alive until gRPC calls OnDone, as the callback API requires.
+// itself, and the channel its call runs on, alive until gRPC calls OnDone, as the callback
+// API requires: gRPC 1.51 aborts on a refcount assertion when the channel goes while a
+// cancelled call is still finishing.
 template <class Request, class Response>
 class BidiStream final : public grpc::ClientBidiReactor<Request, Response>,
                          public std::enable_shared_from_this<BidiStream<Request, Response>> {
@@ -118,6 +120,8 @@ class BidiStream final : public grpc::ClientBidiReactor<Request, Response>,
     std::optional<Response> response;  // empty: the stream ended with `status`
     grpc::Status status;
   };
+
+  explicit BidiStream(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {}
 
   template <class StartFn>
   void start(StartFn start_fn) {
@@ -175,6 +179,7 @@ class BidiStream final : public grpc::ClientBidiReactor<Request, Response>,
   std::deque<Request> pending_;  // deque: StartWrite keeps a pointer to the front
   bool writing_ = false;
   bool done_ = false;
+  std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<BidiStream> self_;
 };
 
@@ -264,9 +269,11 @@ class GrpcEtcdClient final : public EtcdClient {
     grpc::ChannelArguments args;
     args.SetLoadBalancingPolicyName("pick_first");
     args.SetMaxReceiveMessageSize(256 << 20);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    if (config.keepalive) {
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+      args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    }
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
     channel_ = grpc::CreateCustomChannel(grpc_target(config.endpoints),
@@ -361,7 +368,7 @@ class GrpcEtcdClient final : public EtcdClient {
   }
 
   std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t id) override {
-    auto stream = std::make_shared<KeepAliveStream>();
+    auto stream = std::make_shared<KeepAliveStream>(channel_);
     stream->start([lease = lease_.get()](auto* ctx, auto* reactor) {
       lease->async()->LeaseKeepAlive(ctx, reactor);
     });
@@ -369,7 +376,7 @@ class GrpcEtcdClient final : public EtcdClient {
   }
 
   std::unique_ptr<EtcdWatch> watch(WatchOptions options) override {
-    auto stream = std::make_shared<WatchStream>();
+    auto stream = std::make_shared<WatchStream>(channel_);
     pb::WatchRequest request;
     auto* create = request.mutable_create_request();
     create->set_key(options.key);

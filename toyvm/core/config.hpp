@@ -15,6 +15,10 @@ struct EtcdConfig {
   std::vector<std::string> endpoints{"http://127.0.0.1:2379"};
   std::string prefix = "/toyvm/v1";
   double timeout_s = 5.0;  // per call
+  // HTTP/2 keepalive pings, so that a long-lived service notices a dead etcd; set by the
+  // services, not in the file. Short commands go without (gRPC 1.51 can abort when a
+  // channel goes away with a ping in flight).
+  bool keepalive = false;
 };
 
 struct PlacementConfig {

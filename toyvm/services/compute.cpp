@@ -219,7 +219,8 @@ class ComputeAgent {
       spdlog::info("metadata service answers on {}", listen);
       co_return;
     }
-    std::vector<std::string> args{"/proc/self/exe"};
+    std::error_code ec;
+    std::vector<std::string> args{fs::read_symlink("/proc/self/exe", ec).string()};  // named in ps
     if (!config_.source_file.empty()) args.insert(args.end(), {"--config", config_.source_file});
     args.insert(args.end(), {"--etcd", fmt::format("{}", fmt::join(config_.etcd.endpoints, ",")),
                              "mdserver", "--listen", listen});
@@ -743,14 +744,14 @@ class ComputeAgent {
     spdlog::info("instance {}: did not power off within {} s; forcing it off", uuid, config_.compute.stop_timeout_s);
   }
 
-  // Looks for new guests' addresses (libvirt has no event for a DHCP lease) and publishes
-  // grown console logs, once a second, for every instance that needs it.
+  // Looks for new guests' addresses twice a second (libvirt has no event for a DHCP lease),
+  // and publishes grown console logs every console_interval.
   awaitable<void> observe_guests() {
     asio::steady_timer timer(io_);
     auto console_every = std::chrono::milliseconds(int64_t(config_.compute.console_interval_s * 1000));
     auto next_console = std::chrono::steady_clock::now();
     while (!stopping_) {
-      timer.expires_after(std::min<std::chrono::milliseconds>(1s, console_every));
+      timer.expires_after(std::min<std::chrono::milliseconds>(500ms, console_every));
       co_await timer.async_wait(asio::as_tuple(use_awaitable));
       auto now = std::chrono::steady_clock::now();
       std::vector<std::string> looking, consoles;
@@ -872,7 +873,9 @@ class ComputeAgent {
 
 }  // namespace
 
-int run_compute(const Config& config) {
+int run_compute(const Config& base) {
+  Config config = base;
+  config.etcd.keepalive = true;
   asio::io_context io(1);
   ComputeAgent agent(io, config);  // outlives the loop: detached steps refer to it
   return run_until_done(io, agent.run());

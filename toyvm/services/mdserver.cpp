@@ -300,7 +300,9 @@ class MetadataServer {
 
 }  // namespace
 
-int run_mdserver(const Config& config, const MdserverOptions& options) {
+int run_mdserver(const Config& base, const MdserverOptions& options) {
+  Config config = base;
+  config.etcd.keepalive = true;
   return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
     MetadataServer server(io, config);
     co_return co_await server.run(options.listen.empty() ? config.mdserver.listen : options.listen);

@@ -37,6 +37,7 @@ namespace toyvm {
   X(virStoragePoolLookupByName)    \
   X(virStoragePoolCreateXML)       \
   X(virStoragePoolRefresh)         \
+  X(virStoragePoolDestroy)         \
   X(virStoragePoolFree)            \
   X(virStorageVolLookupByName)     \
   X(virStorageVolCreateXML)        \

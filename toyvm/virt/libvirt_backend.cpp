@@ -66,7 +66,12 @@ class LibvirtBackend final : public VirtBackend {
  public:
   LibvirtBackend(virConnectPtr conn, LibvirtOptions options, std::string pool)
       : conn_(conn), options_(std::move(options)), pool_(std::move(pool)) {}
-  ~LibvirtBackend() override { api->virConnectClose(conn_); }
+  ~LibvirtBackend() override {
+    // The pool is transient: stopping it forgets it in libvirt and leaves the files alone.
+    PoolHandle pool(api->virStoragePoolLookupByName(conn_, pool_.c_str()));
+    if (pool) api->virStoragePoolDestroy(pool.ptr);
+    api->virConnectClose(conn_);
+  }
 
   VirtResult<bool> create(const DomainSpec& spec) override {
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, spec.uuid.c_str()));
