@@ -283,6 +283,11 @@ class GrpcEtcdClient final : public EtcdClient {
     lease_ = pb::Lease::NewStub(channel_);
   }
 
+  // gRPC 1.51 can abort on an internal refcount assertion when a channel is torn down while
+  // its own threads still work on it (seen at the exit of short commands). A process has one
+  // channel per client and few clients, so the channel stays until the process ends.
+  ~GrpcEtcdClient() override { new std::shared_ptr<grpc::Channel>(std::move(channel_)); }
+
   const std::string& endpoints_text() const override { return endpoints_text_; }
 
   awaitable<result<RangeResult>> range(std::string key, std::string range_end,
