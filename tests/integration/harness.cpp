@@ -136,12 +136,71 @@ const std::string& placement_template() {
 
 }  // namespace
 
+namespace {
+
+void run_or_throw(const std::string& command) {
+  if (std::system(command.c_str()) != 0) throw std::runtime_error("failed: " + command);
+}
+
+// A CA, a server certificate for 127.0.0.1 and a client certificate for user root, and a
+// second CA that signed none of them.
+void make_certificates(const std::string& pki) {
+  fs::create_directories(pki);
+  std::string in = "cd '" + pki + "' && ";
+  auto key_and_csr = [&](const std::string& name, const std::string& cn) {
+    run_or_throw(in + "openssl req -newkey rsa:2048 -nodes -keyout " + name + ".key -out " + name +
+                 ".csr -subj /CN=" + cn + " 2>/dev/null");
+  };
+  for (const char* ca : {"ca", "other-ca"})
+    run_or_throw(in + "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -keyout " + ca + ".key -out " + ca +
+                 ".crt -subj /CN=toyvm-test-" + ca + " 2>/dev/null");
+  key_and_csr("server", "etcd");
+  key_and_csr("client", "root");
+  std::ofstream(pki + "/server.ext") << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
+  run_or_throw(in + "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 "
+                    "-extfile server.ext -out server.crt 2>/dev/null");
+  run_or_throw(in + "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 "
+                    "-out client.crt 2>/dev/null");
+}
+
+}  // namespace
+
 Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), options_(options) {
   if (options_.postgresql) start_postgresql();
+  if (options_.etcd_tls) {
+    make_certificates(pki());
+    config.etcd.ca_file = pki() + "/ca.crt";
+    config.etcd.cert_file = pki() + "/client.crt";
+    config.etcd.key_file = pki() + "/client.key";
+  }
   start_etcd();
   start_placement();
   etcd_client_ = EtcdClient::create(config.etcd);
   if (!etcd_answers(30)) throw std::runtime_error("etcd did not start: " + read_file(dir() + "/etcd0.log"));
+  if (options_.etcd_auth) {
+    std::string etcdctl = fmt::format("ETCDCTL_API=3 etcdctl --endpoints={}", fmt::join(config.etcd.endpoints, ","));
+    if (options_.etcd_tls)
+      etcdctl += fmt::format(" --cacert={} --cert={} --key={}", config.etcd.ca_file, config.etcd.cert_file,
+                             config.etcd.key_file);
+    run_or_throw(etcdctl + " user add root:secret-pw >/dev/null");
+    std::system((etcdctl + " role add root >/dev/null 2>&1").c_str());
+    run_or_throw(etcdctl + " user grant-role root root >/dev/null");
+    run_or_throw(etcdctl + " auth enable >/dev/null");
+    config.etcd.user = "root";
+    config.etcd.password = "secret-pw";
+    etcd_client_ = EtcdClient::create(config.etcd);
+  }
+  if (options_.etcd_tls || options_.etcd_auth) {
+    secure_config = dir() + "/secure.toml";
+    std::ofstream out(secure_config);
+    out << "[etcd]\n";
+    for (auto [key, value] : {std::pair{"ca_file", config.etcd.ca_file}, std::pair{"cert_file", config.etcd.cert_file},
+                              std::pair{"key_file", config.etcd.key_file}, std::pair{"user", config.etcd.user},
+                              std::pair{"password", config.etcd.password}})
+      if (!value.empty()) out << key << " = '" << value << "'\n";
+    out.close();
+    fs::permissions(secure_config, fs::perms(0600));
+  }
   if (!placement_answers(30))
     throw std::runtime_error("Placement did not start: " + read_file(dir() + "/placement/uwsgi.log"));
 }
@@ -181,14 +240,17 @@ void Servers::start_etcd() {
   }
   config.etcd.endpoints.clear();
   for (size_t i = 0; i < etcd_.size(); ++i) {
-    std::string client_url = fmt::format("http://127.0.0.1:{}", etcd_[i].client_port);
+    std::string client_url =
+        fmt::format("{}://127.0.0.1:{}", options_.etcd_tls ? "https" : "http", etcd_[i].client_port);
     std::string peer_url = fmt::format("http://127.0.0.1:{}", etcd_[i].peer_port);
-    etcd_[i].process = std::make_unique<Process>(
-        std::vector<std::string>{"etcd", "--name", fmt::format("n{}", i), "--data-dir", fmt::format("{}/etcd{}", dir(), i),
-                                 "--logger=zap", "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-                                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                                 "--initial-cluster", cluster, "--initial-cluster-token", "toyvm-test"},
-        fmt::format("{}/etcd{}.log", dir(), i));
+    std::vector<std::string> argv{"etcd", "--name", fmt::format("n{}", i), "--data-dir", fmt::format("{}/etcd{}", dir(), i),
+                                  "--logger=zap", "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                                  "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                                  "--initial-cluster", cluster, "--initial-cluster-token", "toyvm-test"};
+    if (options_.etcd_tls)
+      argv.insert(argv.end(), {"--cert-file", pki() + "/server.crt", "--key-file", pki() + "/server.key",
+                               "--trusted-ca-file", pki() + "/ca.crt", "--client-cert-auth"});
+    etcd_[i].process = std::make_unique<Process>(std::move(argv), fmt::format("{}/etcd{}.log", dir(), i));
     config.etcd.endpoints.push_back(client_url);
   }
   config.etcd.timeout_s = 3;

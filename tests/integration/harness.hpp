@@ -71,6 +71,8 @@ struct ServersOptions {
   int etcd_members = 1;        // > 1: etcd as a cluster on loopback, as real deployments run it
   bool postgresql = false;     // Placement on a private PostgreSQL instead of sqlite
   int placement_workers = 2;
+  bool etcd_tls = false;       // https with client-certificate auth, certificates made by openssl
+  bool etcd_auth = false;      // etcd's user/password auth on, user "root"
 };
 
 class Servers {
@@ -80,6 +82,10 @@ class Servers {
 
   Config config;  // endpoints of these servers
   const std::string& dir() const { return dir_.path(); }
+  // With etcd_tls or etcd_auth: a config file (mode 600) holding the [etcd] settings that
+  // toyvm needs besides the endpoints; toyvm processes get it through TOYVM_CONFIG.
+  std::string secure_config;
+  std::string pki() const { return dir() + "/pki"; }
 
   std::vector<std::string> toyvm_argv(std::vector<std::string> args) const;
   CommandResult toyvm(std::vector<std::string> args, double timeout_s = 60) const;

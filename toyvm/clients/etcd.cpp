@@ -4,12 +4,15 @@
 #include "rpc.grpc.pb.h"
 
 #include <fmt/format.h>
+#include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <fstream>
 #include <mutex>
 
 namespace toyvm {
@@ -90,6 +93,17 @@ void to_pb(const EtcdCompare& cmp, pb::Compare& out) {
 
 // "http://127.0.0.1:2379,http://127.0.0.1:22379" -> "ipv4:127.0.0.1:2379,127.0.0.1:22379": one
 // channel over every member; pick_first moves to the next address when one fails.
+bool uses_tls(const EtcdConfig& config) {
+  return std::any_of(config.endpoints.begin(), config.endpoints.end(),
+                     [](const std::string& endpoint) { return endpoint.starts_with("https://"); });
+}
+
+std::string read_text_file(const std::string& path) {
+  if (path.empty()) return {};
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 std::string grpc_target(const std::vector<std::string>& endpoints) {
   std::vector<std::string> addresses;
   bool all_ipv4 = true;
@@ -109,9 +123,7 @@ std::string grpc_target(const std::vector<std::string>& endpoints) {
 }
 
 // A bidirectional stream whose responses are queued for one coroutine. The reactor keeps
-// itself, and the channel its call runs on, alive until gRPC calls OnDone, as the callback
-// API requires: gRPC 1.51 aborts on a refcount assertion when the channel goes while a
-// cancelled call is still finishing.
+// itself alive until gRPC calls OnDone, as the callback API requires.
 template <class Request, class Response>
 class BidiStream final : public grpc::ClientBidiReactor<Request, Response>,
                          public std::enable_shared_from_this<BidiStream<Request, Response>> {
@@ -120,8 +132,6 @@ class BidiStream final : public grpc::ClientBidiReactor<Request, Response>,
     std::optional<Response> response;  // empty: the stream ended with `status`
     grpc::Status status;
   };
-
-  explicit BidiStream(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {}
 
   template <class StartFn>
   void start(StartFn start_fn) {
@@ -179,7 +189,6 @@ class BidiStream final : public grpc::ClientBidiReactor<Request, Response>,
   std::deque<Request> pending_;  // deque: StartWrite keeps a pointer to the front
   bool writing_ = false;
   bool done_ = false;
-  std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<BidiStream> self_;
 };
 
@@ -265,7 +274,9 @@ class GrpcEtcdClient final : public EtcdClient {
  public:
   explicit GrpcEtcdClient(const EtcdConfig& config)
       : endpoints_text_(fmt::format("{}", fmt::join(config.endpoints, ","))),
-        timeout_(std::chrono::milliseconds(int64_t(config.timeout_s * 1000))) {
+        timeout_(std::chrono::milliseconds(int64_t(config.timeout_s * 1000))),
+        user_(config.user),
+        password_(config.password) {
     grpc::ChannelArguments args;
     args.SetLoadBalancingPolicyName("pick_first");
     args.SetMaxReceiveMessageSize(256 << 20);
@@ -276,8 +287,18 @@ class GrpcEtcdClient final : public EtcdClient {
     }
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
-    channel_ = grpc::CreateCustomChannel(grpc_target(config.endpoints),
-                                         grpc::InsecureChannelCredentials(), args);
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+    if (uses_tls(config)) {
+      // The files were checked when the configuration was loaded.
+      grpc::SslCredentialsOptions tls;
+      tls.pem_root_certs = read_text_file(config.ca_file);  // empty: gRPC's default roots
+      tls.pem_cert_chain = read_text_file(config.cert_file);
+      tls.pem_private_key = read_text_file(config.key_file);
+      credentials = grpc::SslCredentials(tls);
+      if (!config.server_name.empty()) args.SetSslTargetNameOverride(config.server_name);
+    }
+    channel_ = grpc::CreateCustomChannel(grpc_target(config.endpoints), credentials, args);
+    auth_ = pb::Auth::NewStub(channel_);
     kv_ = pb::KV::NewStub(channel_);
     watch_ = pb::Watch::NewStub(channel_);
     lease_ = pb::Lease::NewStub(channel_);
@@ -289,6 +310,11 @@ class GrpcEtcdClient final : public EtcdClient {
   ~GrpcEtcdClient() override { new std::shared_ptr<grpc::Channel>(std::move(channel_)); }
 
   const std::string& endpoints_text() const override { return endpoints_text_; }
+
+  std::string last_error() const override {
+    std::lock_guard lock(error_mutex_);
+    return last_error_;
+  }
 
   awaitable<result<RangeResult>> range(std::string key, std::string range_end,
                                        int64_t revision) override {
@@ -373,22 +399,24 @@ class GrpcEtcdClient final : public EtcdClient {
   }
 
   std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t id) override {
-    auto stream = std::make_shared<KeepAliveStream>(channel_);
-    stream->start([lease = lease_.get()](auto* ctx, auto* reactor) {
+    auto stream = std::make_shared<KeepAliveStream>();
+    stream->start([lease = lease_.get(), token = token_](auto* ctx, auto* reactor) {
+      if (!token.empty()) ctx->AddMetadata("token", token);
       lease->async()->LeaseKeepAlive(ctx, reactor);
     });
     return std::make_unique<GrpcLeaseKeeper>(std::move(stream), id);
   }
 
   std::unique_ptr<EtcdWatch> watch(WatchOptions options) override {
-    auto stream = std::make_shared<WatchStream>(channel_);
+    auto stream = std::make_shared<WatchStream>();
     pb::WatchRequest request;
     auto* create = request.mutable_create_request();
     create->set_key(options.key);
     create->set_range_end(options.range_end);
     create->set_start_revision(options.start_revision);
     create->set_prev_kv(options.prev_kv);
-    stream->start([watch = watch_.get()](auto* ctx, auto* reactor) {
+    stream->start([watch = watch_.get(), token = token_](auto* ctx, auto* reactor) {
+      if (!token.empty()) ctx->AddMetadata("token", token);
       watch->async()->Watch(ctx, reactor);
     });
     stream->write(std::move(request));
@@ -396,9 +424,27 @@ class GrpcEtcdClient final : public EtcdClient {
   }
 
  private:
-  // One unary call: gRPC completes it on its thread, the queue resumes us on ours.
+  // One unary call: gRPC completes it on its thread, the queue resumes us on ours. With
+  // etcd auth, a token is fetched first, and fetched again once if etcd says it expired.
   template <class Response, class Request, class StartFn>
   awaitable<result<Response>> unary(Request request, StartFn start) {
+    for (int attempt = 0;; ++attempt) {
+      if (!user_.empty() && token_.empty()) {
+        if (auto authenticated = co_await authenticate(); !authenticated) co_return authenticated.error();
+      }
+      auto [status, response] = co_await call<Response>(request, start, token_);
+      if (status.ok()) co_return std::move(response);
+      if (!user_.empty() && attempt == 0 && status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        token_.clear();
+        continue;
+      }
+      remember(status);
+      co_return from_status(status);
+    }
+  }
+
+  template <class Response, class Request, class StartFn>
+  awaitable<std::pair<grpc::Status, Response>> call(const Request& request, StartFn& start, const std::string& token) {
     struct Call {
       grpc::ClientContext context;
       Request request;
@@ -406,24 +452,48 @@ class GrpcEtcdClient final : public EtcdClient {
       AsyncQueue<grpc::Status> done;
     };
     auto call = std::make_shared<Call>();
-    call->request = std::move(request);
+    call->request = request;
     call->context.set_deadline(std::chrono::system_clock::now() + timeout_);
+    if (!token.empty()) call->context.AddMetadata("token", token);
     start(&call->context, &call->request, &call->response,
           [call](grpc::Status status) { call->done.push(std::move(status)); });
     grpc::Status status = co_await call->done.async_pop();
+    co_return std::pair{std::move(status), std::move(call->response)};
+  }
+
+  awaitable<result<void>> authenticate() {
+    pb::AuthenticateRequest request;
+    request.set_name(user_);
+    request.set_password(password_);
+    auto start = [auth = auth_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+      auth->async()->Authenticate(ctx, req, resp, std::move(done));
+    };
+    auto [status, response] = co_await call<pb::AuthenticateResponse>(request, start, "");
     if (!status.ok()) {
-      spdlog::debug("etcd {}: {}", endpoints_text_, status.error_message());
-      co_return from_status(status);
+      remember(status, "authenticating as " + user_);
+      co_return status.error_code() == grpc::StatusCode::UNAVAILABLE ? errc::etcd_unavailable : errc::etcd_error;
     }
-    co_return std::move(call->response);
+    token_ = response.token();
+    co_return result<void>{};
+  }
+
+  void remember(const grpc::Status& status, const std::string& doing = {}) {
+    spdlog::debug("etcd {}: {}", endpoints_text_, status.error_message());
+    std::lock_guard lock(error_mutex_);
+    last_error_ = doing.empty() ? status.error_message() : doing + ": " + status.error_message();
   }
 
   std::string endpoints_text_;
   std::chrono::milliseconds timeout_;
+  std::string user_, password_;
+  std::string token_;  // from Authenticate; used and renewed on the event loop's thread
+  mutable std::mutex error_mutex_;
+  std::string last_error_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::KV::Stub> kv_;
   std::unique_ptr<pb::Watch::Stub> watch_;
   std::unique_ptr<pb::Lease::Stub> lease_;
+  std::unique_ptr<pb::Auth::Stub> auth_;
 };
 
 }  // namespace
@@ -433,7 +503,15 @@ awaitable<result<RangeResult>> EtcdClient::range_prefix(std::string prefix) {
   co_return co_await range(std::move(prefix), std::move(end));
 }
 
+namespace {
+// gRPC logs its own errors (a failed TLS handshake, say) to stderr; toyvm reports failures
+// itself in one line, so gRPC's lines go to the debug log.
+void forward_grpc_log(gpr_log_func_args* args) { spdlog::debug("grpc: {}", args->message); }
+}  // namespace
+
 std::shared_ptr<EtcdClient> EtcdClient::create(const EtcdConfig& config) {
+  static std::once_flag once;
+  std::call_once(once, [] { gpr_set_log_function(forward_grpc_log); });
   return std::make_shared<GrpcEtcdClient>(config);
 }
 

@@ -155,6 +155,8 @@ class EtcdClient {
 
   // For messages: "http://127.0.0.1:2379,..."
   virtual const std::string& endpoints_text() const = 0;
+  // What etcd or gRPC said about the last failed call (TLS, auth...), for messages.
+  virtual std::string last_error() const = 0;
 };
 
 }  // namespace toyvm

@@ -109,6 +109,12 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   etcd.get("endpoints", config.etcd.endpoints);
   etcd.get("prefix", config.etcd.prefix);
   etcd.get("timeout", config.etcd.timeout_s);
+  etcd.get("ca_file", config.etcd.ca_file);
+  etcd.get("cert_file", config.etcd.cert_file);
+  etcd.get("key_file", config.etcd.key_file);
+  etcd.get("server_name", config.etcd.server_name);
+  etcd.get("user", config.etcd.user);
+  etcd.get("password", config.etcd.password);
   etcd.finish();
 
   TableReader placement(section("placement"), "placement", &error);
@@ -222,8 +228,8 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
     return config.error();
   }
   struct stat info {};
-  if (!path.empty() && config->placement.token != PlacementConfig{}.token &&
-      !config->security.allow_readable_secrets && stat(path.c_str(), &info) == 0 && (info.st_mode & 077)) {
+  const bool holds_secret = config->placement.token != PlacementConfig{}.token || !config->etcd.password.empty();
+  if (!path.empty() && holds_secret && !config->security.allow_readable_secrets && stat(path.c_str(), &info) == 0 && (info.st_mode & 077)) {
     if (detail)
       *detail = fmt::format("{} holds a secret and is readable by other users (mode {:o}); chmod 600 it, or set "
                             "[security] allow_readable_secrets = true",
@@ -237,6 +243,22 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
   if (!placement.empty()) config->placement.endpoint = placement;
   if (config->etcd.endpoints.empty()) {
     if (detail) *detail = "no etcd endpoint given";
+    return errc::invalid_config;
+  }
+  // TLS material is read when the etcd channel is made; missing files are reported here.
+  const EtcdConfig& etcd_config = config->etcd;
+  if (etcd_config.cert_file.empty() != etcd_config.key_file.empty()) {
+    if (detail) *detail = "etcd.cert_file and etcd.key_file go together";
+    return errc::invalid_config;
+  }
+  for (const std::string* file : {&etcd_config.ca_file, &etcd_config.cert_file, &etcd_config.key_file}) {
+    if (!file->empty() && !std::ifstream(*file)) {
+      if (detail) *detail = fmt::format("cannot read {}", *file);
+      return errc::invalid_config;
+    }
+  }
+  if (etcd_config.user.empty() != etcd_config.password.empty()) {
+    if (detail) *detail = "etcd.user and etcd.password go together";
     return errc::invalid_config;
   }
   return config;

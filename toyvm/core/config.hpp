@@ -15,6 +15,12 @@ struct EtcdConfig {
   std::vector<std::string> endpoints{"http://127.0.0.1:2379"};
   std::string prefix = "/toyvm/v1";
   double timeout_s = 5.0;  // per call
+  // TLS when the endpoints are https://: the CA to trust (empty: the system's), a client
+  // certificate and key for client-cert auth, and a name to check the server's certificate
+  // against instead of the endpoint's host.
+  std::string ca_file, cert_file, key_file, server_name;
+  // etcd's own user/password auth (Authenticate): the token is renewed when it expires.
+  std::string user, password;
   // HTTP/2 keepalive pings, so that a long-lived service notices a dead etcd; set by the
   // services, not in the file. Short commands go without (gRPC 1.51 can abort when a
   // channel goes away with a ping in flight).

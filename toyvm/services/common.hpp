@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the subcommands' entry functions.
 
+#include "clients/etcd.hpp"
 #include "core/async.hpp"
 #include "core/error.hpp"
 
@@ -20,6 +21,13 @@ inline int report_failure(ExitCode code, const std::string& message) {
 
 inline int report_failure(const error_code& ec, const std::string& message) {
   return report_failure(exit_code_for(ec), message);
+}
+
+// "etcd at <endpoints>: <what failed>: <what etcd or gRPC said>".
+inline int etcd_failure(const EtcdClient& etcd, const error_code& ec) {
+  std::string said = etcd.last_error();
+  return report_failure(ec, fmt::format("etcd at {}: {}{}{}", etcd.endpoints_text(), ec.message(),
+                                        said.empty() ? "" : ": ", said));
 }
 
 // Runs `task` on `io` until it ends; its value is the exit code.

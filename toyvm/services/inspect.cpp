@@ -23,10 +23,6 @@ namespace {
 
 namespace json = boost::json;
 
-int etcd_failure(const EtcdClient& etcd, const error_code& ec) {
-  return report_failure(ec, fmt::format("etcd at {}: {}", etcd.endpoints_text(), ec.message()));
-}
-
 std::string amounts_text(const ResourceAmounts& amounts) {
   return amounts.empty() ? "-" : format_amounts(amounts);
 }

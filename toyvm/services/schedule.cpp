@@ -402,9 +402,7 @@ class Scheduler {
     }
   }
 
-  int etcd_failure(const error_code& ec) {
-    return report_failure(ec, fmt::format("etcd at {}: {}", etcd_->endpoints_text(), ec.message()));
-  }
+  int etcd_failure(const error_code& ec) { return toyvm::etcd_failure(*etcd_, ec); }
 
   int placement_failure(const error_code& ec) {
     const PlacementError& error = placement_.last_error();

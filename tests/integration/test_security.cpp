@@ -1,0 +1,104 @@
+// etcd with TLS, client certificates and user/password auth, all at once, as a real
+// deployment runs it; and the ways a client can get that wrong.
+
+#include "harness.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+
+#include "catch_result.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+using namespace toyvm;
+using namespace toyvm::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string small = "resources=VCPU:1,DISK_GB:1,MEMORY_MB:256";
+
+// Every toyvm process the test starts reads this config file.
+struct ScopedConfig {
+  explicit ScopedConfig(const std::string& path) { setenv("TOYVM_CONFIG", path.c_str(), 1); }
+  ~ScopedConfig() { unsetenv("TOYVM_CONFIG"); }
+};
+
+size_t lines(const std::string& text) { return size_t(std::count(text.begin(), text.end(), '\n')); }
+
+}  // namespace
+
+TEST_CASE("etcd with TLS, client certificates and password auth: every command works", "[security]") {
+  Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
+  ScopedConfig config(servers.secure_config);
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
+
+  auto scheduled = servers.toyvm({"schedule", small, "--wait"});
+  INFO(scheduled.err);
+  REQUIRE(scheduled.exit_code == 0);
+  auto [target, uuid] = parse_notified(scheduled.out);
+  CHECK(target == rp);
+  CHECK_THAT(servers.toyvm({"show", uuid}).out, Catch::Contains("ACTIVE"));
+  CHECK_THAT(servers.toyvm({"show", "--hosts"}).out, Catch::Contains("c1"));
+  CHECK(servers.toyvm({"stop", uuid}).exit_code == 0);
+  CHECK(servers.toyvm({"start", uuid}).exit_code == 0);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  CHECK(servers.allocations(uuid).empty());
+
+  // The metadata service follows etcd the same way: it logs the listing it indexed.
+  auto md = servers.spawn_toyvm({"mdserver", "--listen", fmt::format("127.0.0.1:{}", free_port())}, "md.log");
+  CHECK(wait_for([&] { return md->output().find("indexed 0 guests") != std::string::npos; }, 20));
+}
+
+TEST_CASE("a wrong CA, a missing client certificate or a wrong password fail in one clear line", "[security]") {
+  Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
+  const std::string pki = servers.pki();
+  auto attempt = [&](const std::string& etcd_toml) {
+    std::string file = servers.dir() + "/attempt.toml";
+    std::ofstream(file) << "[etcd]\n" << etcd_toml;
+    fs::permissions(file, fs::perms(0600));
+    ScopedConfig config(file);
+    return servers.toyvm({"show"});
+  };
+  const std::string client = "cert_file = '" + pki + "/client.crt'\nkey_file = '" + pki + "/client.key'\n";
+  const std::string login = "user = 'root'\npassword = 'secret-pw'\n";
+
+  auto right = attempt("ca_file = '" + pki + "/ca.crt'\n" + client + login);
+  CHECK(right.exit_code == 0);
+
+  auto wrong_ca = attempt("ca_file = '" + pki + "/other-ca.crt'\n" + client + login);
+  CHECK(wrong_ca.exit_code == 4);
+  CHECK(lines(wrong_ca.err) == 1);
+  CHECK_THAT(wrong_ca.err, Catch::StartsWith("toyvm: etcd at https://127.0.0.1:"));
+  CHECK_THAT(wrong_ca.err, Catch::Contains("certificate verify failed"));
+
+  auto no_cert = attempt("ca_file = '" + pki + "/ca.crt'\n" + login);
+  CHECK(no_cert.exit_code != 0);
+  CHECK(lines(no_cert.err) == 1);
+  CHECK_THAT(no_cert.err, Catch::StartsWith("toyvm: etcd at https://127.0.0.1:"));
+
+  auto wrong_password = attempt("ca_file = '" + pki + "/ca.crt'\n" + client + "user = 'root'\npassword = 'nope'\n");
+  CHECK(wrong_password.exit_code == 5);
+  CHECK(lines(wrong_password.err) == 1);
+  CHECK_THAT(wrong_password.err, Catch::Contains("authenticating as root"));
+  CHECK_THAT(wrong_password.err, Catch::Contains("authentication failed"));
+
+  auto missing_file = attempt("ca_file = '" + pki + "/nothere.crt'\n");
+  CHECK(missing_file.exit_code == 2);
+  CHECK_THAT(missing_file.err, Catch::Contains("cannot read " + pki + "/nothere.crt"));
+}
+
+TEST_CASE("a config file holding the etcd password must not be readable by others", "[security]") {
+  Servers servers;
+  std::string file = servers.dir() + "/readable.toml";
+  std::ofstream(file) << "[etcd]\nuser = 'root'\npassword = 'secret-pw'\n";
+  fs::permissions(file, fs::perms(0644));
+  ScopedConfig config(file);
+  auto refused = servers.toyvm({"show"});
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.err, Catch::Contains("readable by other users"));
+}
