@@ -167,8 +167,8 @@ void make_certificates(const std::string& pki) {
 
 Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), options_(options) {
   if (options_.postgresql) start_postgresql();
+  if (options_.etcd_tls || options_.placement_https) make_certificates(pki());
   if (options_.etcd_tls) {
-    make_certificates(pki());
     config.etcd.ca_file = pki() + "/ca.crt";
     config.etcd.cert_file = pki() + "/client.crt";
     config.etcd.key_file = pki() + "/client.key";
@@ -190,7 +190,7 @@ Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), 
     config.etcd.password = "secret-pw";
     etcd_client_ = EtcdClient::create(config.etcd);
   }
-  if (options_.etcd_tls || options_.etcd_auth) {
+  if (options_.etcd_tls || options_.etcd_auth || options_.placement_https) {
     secure_config = dir() + "/secure.toml";
     std::ofstream out(secure_config);
     out << "[etcd]\n";
@@ -198,6 +198,7 @@ Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), 
                               std::pair{"key_file", config.etcd.key_file}, std::pair{"user", config.etcd.user},
                               std::pair{"password", config.etcd.password}})
       if (!value.empty()) out << key << " = '" << value << "'\n";
+    if (!config.placement.ca_file.empty()) out << "[placement]\nca_file = '" << config.placement.ca_file << "'\n";
     out.close();
     fs::permissions(secure_config, fs::perms(0600));
   }
@@ -220,7 +221,7 @@ bool Servers::placement_answers(double timeout_s) const {
   return wait_for(
       [&] {
         return run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
-          HttpClient http(io.get_executor(), HttpClientOptions{config.placement.endpoint});
+          HttpClient http(io.get_executor(), placement_http_options());
           HttpRequest request{"GET", "/", {}, {}};
           auto r = co_await http.request(std::move(request));
           co_return r && r->status == 200;
@@ -290,6 +291,17 @@ void Servers::start_placement() {
                                          dir() + "/uwsgi-console.log");
   config.placement.endpoint = "http://127.0.0.1:" + std::to_string(placement_port_);
   config.placement.timeout_s = 5;
+  if (options_.placement_https) {
+    // HTTPS in front of the same workers, as a TLS-terminating proxy would be.
+    uint16_t port = free_port();
+    placement_tls_ = std::make_unique<Process>(
+        std::vector<std::string>{"uwsgi", "--plugins", "http", "--master", "--https",
+                                 fmt::format("127.0.0.1:{},{}/server.crt,{}/server.key", port, pki(), pki()),
+                                 "--http-to", pdir + "/uwsgi.sock", "--http-keepalive"},
+        dir() + "/uwsgi-https.log");
+    config.placement.endpoint = fmt::format("https://127.0.0.1:{}", port);
+    config.placement.ca_file = pki() + "/ca.crt";
+  }
 }
 
 // A private PostgreSQL cluster (Debian's server binaries) owned by the postgres user, which
@@ -447,7 +459,7 @@ void Servers::set_traits(const std::string& provider, std::vector<std::string> t
 
 int Servers::provider_count() const {
   return run_sync<int>([&](asio::io_context& io) -> awaitable<int> {
-    HttpClient http(io.get_executor(), HttpClientOptions{config.placement.endpoint});
+    HttpClient http(io.get_executor(), placement_http_options());
     HttpRequest request{"GET", "/resource_providers", {{"X-Auth-Token", "admin"}}, {}};
     auto r = co_await http.request(std::move(request));
     if (!r || r->status != 200) throw std::runtime_error("listing providers failed");

@@ -3,6 +3,7 @@
 // directories, toyvm processes, and synchronous helpers to inspect the servers' state.
 
 #include "clients/etcd.hpp"
+#include "clients/http.hpp"
 #include "clients/placement.hpp"
 #include "core/config.hpp"
 #include "model/records.hpp"
@@ -73,6 +74,7 @@ struct ServersOptions {
   int placement_workers = 2;
   bool etcd_tls = false;       // https with client-certificate auth, certificates made by openssl
   bool etcd_auth = false;      // etcd's user/password auth on, user "root"
+  bool placement_https = false;  // Placement behind a TLS-terminating uWSGI router
 };
 
 class Servers {
@@ -98,6 +100,11 @@ class Servers {
   std::unique_ptr<Process> start_compute(const std::string& name, const std::string& inventory,
                                          std::string* provider, std::vector<std::string> extra = {},
                                          const std::string& compute_toml = "");
+
+  HttpClientOptions placement_http_options() const {
+    return HttpClientOptions{config.placement.endpoint, std::chrono::milliseconds(10'000),
+                             std::chrono::milliseconds(20'000), config.placement.ca_file};
+  }
 
   void stop_etcd();
   // Kills the member that is the cluster's leader now; returns its index.
@@ -133,6 +140,7 @@ class Servers {
   std::vector<EtcdMember> etcd_;
   uint16_t placement_port_ = 0;
   std::unique_ptr<Process> placement_;
+  std::unique_ptr<Process> placement_tls_;
   std::unique_ptr<Process> postgres_;
   ServersOptions options_;
   std::string database_url_;  // empty: sqlite

@@ -102,3 +102,27 @@ TEST_CASE("a config file holding the etcd password must not be readable by other
   CHECK(refused.exit_code == 2);
   CHECK_THAT(refused.err, Catch::Contains("readable by other users"));
 }
+
+TEST_CASE("Placement behind HTTPS: works with the right CA, fails in one clear line with another", "[security]") {
+  Servers servers(ServersOptions{.placement_https = true});
+  ScopedConfig config(servers.secure_config);
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
+  auto scheduled = servers.toyvm({"schedule", small, "--wait"});
+  INFO(scheduled.err);
+  REQUIRE(scheduled.exit_code == 0);
+  auto [target, uuid] = parse_notified(scheduled.out);
+  CHECK(target == rp);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  CHECK(servers.allocations(uuid).empty());
+
+  std::string file = servers.dir() + "/other-ca.toml";
+  std::ofstream(file) << "[placement]\nca_file = '" << servers.pki() << "/other-ca.crt'\n";
+  ScopedConfig wrong(file);
+  auto refused = servers.toyvm({"schedule", small});
+  CHECK(refused.exit_code == 4);
+  CHECK(lines(refused.err) == 1);
+  CHECK_THAT(refused.err, Catch::Contains("cannot reach Placement at https://127.0.0.1:"));
+  CHECK_THAT(refused.err, Catch::Contains("certificate verify failed"));
+  CHECK(servers.etcd_prefix(KeyLayout().instances_prefix()).empty());
+}

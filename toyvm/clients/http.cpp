@@ -2,8 +2,10 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <boost/url/parse.hpp>
 #include <spdlog/spdlog.h>
 
@@ -25,12 +27,16 @@ struct HttpClient::Impl {
   std::string base_path;
   std::string host_header;
   tcp::resolver::results_type endpoints;  // resolved once
+  std::optional<asio::ssl::context> tls;  // https only
+  error_code tls_error;                   // loading the CA failed: every request fails so
 
+  // Plain TCP, or TLS over it.
   struct Connection {
-    beast::tcp_stream stream;
+    std::optional<beast::tcp_stream> plain;
+    std::optional<beast::ssl_stream<beast::tcp_stream>> secure;
     beast::flat_buffer buffer;
     std::chrono::steady_clock::time_point last_used;
-    explicit Connection(asio::any_io_executor ex) : stream(ex) {}
+    beast::tcp_stream& transport() { return secure ? secure->next_layer() : *plain; }
   };
   std::vector<std::unique_ptr<Connection>> idle;
 
@@ -41,11 +47,22 @@ struct HttpClient::Impl {
       if (ec) co_return ec;
       endpoints = std::move(results);
     }
-    auto connection = std::make_unique<Connection>(executor);
-    connection->stream.expires_after(options.timeout);
-    auto [ec, endpoint] = co_await connection->stream.async_connect(endpoints, no_throw);
+    auto connection = std::make_unique<Connection>();
+    connection->plain.emplace(executor);
+    connection->plain->expires_after(options.timeout);
+    auto [ec, endpoint] = co_await connection->plain->async_connect(endpoints, no_throw);
     if (ec) co_return ec;
-    connection->stream.socket().set_option(tcp::no_delay(true));
+    connection->plain->socket().set_option(tcp::no_delay(true));
+    if (!tls) co_return std::move(connection);
+
+    // The server's certificate must chain to the CA and name the host (SNI says which).
+    connection->secure.emplace(std::move(*connection->plain), *tls);
+    connection->plain.reset();
+    auto& secure = *connection->secure;
+    secure.set_verify_callback(asio::ssl::host_name_verification(host));
+    SSL_set_tlsext_host_name(secure.native_handle(), host.c_str());
+    auto [handshake_ec] = co_await secure.async_handshake(asio::ssl::stream_base::client, no_throw);
+    if (handshake_ec) co_return handshake_ec;
     co_return std::move(connection);
   }
 
@@ -53,19 +70,26 @@ struct HttpClient::Impl {
   // does) would otherwise wait for our delayed ACK: 40 ms on every reused connection.
   static void quick_ack(Connection& c) {
     int one = 1;
-    setsockopt(c.stream.socket().native_handle(), IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
+    setsockopt(c.transport().socket().native_handle(), IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
   }
 
   // One request and its response on one connection.
   awaitable<result<HttpResponse>> exchange(Connection& c, const http::request<http::string_body>& req,
                                            bool& keep_alive) {
-    c.stream.expires_after(options.timeout);
-    auto [write_ec, written] = co_await http::async_write(c.stream, req, no_throw);
+    if (c.secure) co_return co_await exchange_on(*c.secure, c, req, keep_alive);
+    co_return co_await exchange_on(*c.plain, c, req, keep_alive);
+  }
+
+  template <class Stream>
+  awaitable<result<HttpResponse>> exchange_on(Stream& stream, Connection& c,
+                                              const http::request<http::string_body>& req, bool& keep_alive) {
+    c.transport().expires_after(options.timeout);
+    auto [write_ec, written] = co_await http::async_write(stream, req, no_throw);
     if (write_ec) co_return write_ec;
     quick_ack(c);
     http::response_parser<http::string_body> parser;
     parser.body_limit(64 << 20);
-    auto [read_ec, read] = co_await http::async_read(c.stream, c.buffer, parser, no_throw);
+    auto [read_ec, read] = co_await http::async_read(stream, c.buffer, parser, no_throw);
     if (read_ec) co_return read_ec;
     auto& res = parser.get();
     keep_alive = res.keep_alive();
@@ -79,8 +103,18 @@ HttpClient::HttpClient(asio::any_io_executor executor, HttpClientOptions options
   impl_->options = std::move(options);
   auto url = boost::urls::parse_uri(impl_->options.url);
   if (url) {
+    const bool https = url->scheme() == "https";
     impl_->host = std::string(url->host());
-    impl_->port = url->has_port() ? std::string(url->port()) : "80";
+    impl_->port = url->has_port() ? std::string(url->port()) : https ? "443" : "80";
+    if (https) {
+      impl_->tls.emplace(asio::ssl::context::tls_client);
+      impl_->tls->set_verify_mode(asio::ssl::verify_peer);
+      if (impl_->options.ca_file.empty()) {
+        impl_->tls->set_default_verify_paths(impl_->tls_error);
+      } else {
+        impl_->tls->load_verify_file(impl_->options.ca_file, impl_->tls_error);
+      }
+    }
     impl_->base_path = std::string(url->path());
     while (!impl_->base_path.empty() && impl_->base_path.back() == '/') impl_->base_path.pop_back();
   }
@@ -94,6 +128,7 @@ const std::string& HttpClient::url() const { return impl_->options.url; }
 awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
   auto impl = impl_;  // keeps the pool alive across suspension
   if (impl->host.empty()) co_return make_error_code(errc::invalid_config);
+  if (impl->tls_error) co_return impl->tls_error;
 
   http::request<http::string_body> req{http::string_to_verb(request.method),
                                        impl->base_path + request.target, 11};

@@ -45,8 +45,8 @@ result<std::vector<std::string>> parse_traits(const std::string& body) {
 
 PlacementClient::PlacementClient(asio::any_io_executor executor, const PlacementConfig& config)
     : http_(std::move(executor),
-            HttpClientOptions{config.endpoint,
-                              std::chrono::milliseconds(int64_t(config.timeout_s * 1000))}),
+            HttpClientOptions{config.endpoint, std::chrono::milliseconds(int64_t(config.timeout_s * 1000)),
+                              std::chrono::milliseconds(20'000), config.ca_file}),
       config_(config) {}
 
 awaitable<result<HttpResponse>> PlacementClient::call(std::string method, std::string target,

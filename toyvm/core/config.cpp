@@ -123,6 +123,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   placement.get("token_header", config.placement.token_header);
   placement.get("timeout", config.placement.timeout_s);
   placement.get("candidate_limit", config.placement.candidate_limit);
+  placement.get("ca_file", config.placement.ca_file);
   placement.finish();
 
   ComputeConfig& c = config.compute;
@@ -251,7 +252,8 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
     if (detail) *detail = "etcd.cert_file and etcd.key_file go together";
     return errc::invalid_config;
   }
-  for (const std::string* file : {&etcd_config.ca_file, &etcd_config.cert_file, &etcd_config.key_file}) {
+  for (const std::string* file : std::initializer_list<const std::string*>{
+           &etcd_config.ca_file, &etcd_config.cert_file, &etcd_config.key_file, &config->placement.ca_file}) {
     if (!file->empty() && !std::ifstream(*file)) {
       if (detail) *detail = fmt::format("cannot read {}", *file);
       return errc::invalid_config;

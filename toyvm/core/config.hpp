@@ -33,6 +33,7 @@ struct PlacementConfig {
   std::string token_header = "X-Auth-Token";
   double timeout_s = 10.0;  // per request
   int candidate_limit = 50;  // `limit` on GET /allocation_candidates unless the query has one
+  std::string ca_file;       // https endpoint: the CA to trust; empty: the system's
 };
 
 struct ComputeConfig {
