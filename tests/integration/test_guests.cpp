@@ -48,7 +48,9 @@ struct GuestHost {
                                     "stop_timeout = 20\n"
                                     "console_interval = 0.5\n");
     std::string detail;
-    auto opened = open_libvirt(LibvirtOptions{"qemu:///system"}, &detail);
+    LibvirtOptions system;
+    system.uri = "qemu:///system";
+    auto opened = open_libvirt(system, &detail);
     if (!opened) throw std::runtime_error(detail);
     libvirt = std::move(*opened);
   }
