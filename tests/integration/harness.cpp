@@ -142,8 +142,8 @@ void run_or_throw(const std::string& command) {
   if (std::system(command.c_str()) != 0) throw std::runtime_error("failed: " + command);
 }
 
-// A CA, a server certificate for 127.0.0.1 and a client certificate for user root, and a
-// second CA that signed none of them.
+}  // namespace
+
 void make_certificates(const std::string& pki) {
   fs::create_directories(pki);
   std::string in = "cd '" + pki + "' && ";
@@ -162,8 +162,6 @@ void make_certificates(const std::string& pki) {
   run_or_throw(in + "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 "
                     "-out client.crt 2>/dev/null");
 }
-
-}  // namespace
 
 Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), options_(options) {
   if (options_.postgresql) start_postgresql();
@@ -514,17 +512,25 @@ bool accepts_connections(uint16_t port) {
 }
 }  // namespace
 
-FileServer::FileServer(const std::string& dir, const std::string& log_file) : port(free_port()) {
-  process = std::make_unique<Process>(
-      std::vector<std::string>{"/usr/bin/python3", "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory",
-                               dir, std::to_string(port)},
-      log_file);
+FileServer::FileServer(const std::string& dir, const std::string& log_file, const std::string& pki)
+    : port(free_port()), https(!pki.empty()) {
+  std::string script = fmt::format(
+      "import functools, http.server, ssl\n"
+      "handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory='{}')\n"
+      "server = http.server.ThreadingHTTPServer(('127.0.0.1', {}), handler)\n"
+      "if '{}':\n"
+      "    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n"
+      "    tls.load_cert_chain('{}/server.crt', '{}/server.key')\n"
+      "    server.socket = tls.wrap_socket(server.socket, server_side=True)\n"
+      "server.serve_forever()\n",
+      dir, port, pki, pki, pki);
+  process = std::make_unique<Process>(std::vector<std::string>{"/usr/bin/python3", "-u", "-c", script}, log_file);
   if (!wait_for([&] { return accepts_connections(port); }, 20))
     throw std::runtime_error("http.server did not start: " + process->output());
 }
 
 std::string FileServer::url(const std::string& file) const {
-  return fmt::format("http://127.0.0.1:{}/{}", port, file);
+  return fmt::format("{}://127.0.0.1:{}/{}", https ? "https" : "http", port, file);
 }
 
 int FileServer::requests_for(const std::string& file) const {

@@ -155,12 +155,18 @@ std::optional<InstanceRecord> wait_for_record(const Servers& servers, const std:
                                               const std::function<bool(const InstanceRecord&)>& condition,
                                               double timeout_s = 30);
 
-// A plain HTTP server (python3 -m http.server) serving `dir`; its log lists every request.
+// A CA, a server certificate for 127.0.0.1 and a client certificate for user root (ca.crt,
+// server.crt/key, client.crt/key), and other-ca.crt, which signed none of them.
+void make_certificates(const std::string& pki);
+
+// An HTTP server (Python's http.server) serving `dir`; its log lists every request. With
+// `pki`, HTTPS with pki/server.crt.
 struct FileServer {
-  FileServer(const std::string& dir, const std::string& log_file);
+  FileServer(const std::string& dir, const std::string& log_file, const std::string& pki = "");
   std::string url(const std::string& file) const;
   int requests_for(const std::string& file) const;  // GETs seen so far
   uint16_t port = 0;
+  bool https = false;
   std::unique_ptr<Process> process;
 };
 

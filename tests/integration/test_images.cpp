@@ -231,3 +231,20 @@ TEST_CASE("show --console prints the tail the agent published", "[images]") {
   CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
   CHECK(host.servers.etcd_prefix(KeyLayout().console(uuid)).empty());
 }
+
+TEST_CASE("an https image is fetched with the configured CA and refused under another", "[images]") {
+  TempDir served;
+  std::string pki = served.path() + "/pki";
+  make_certificates(pki);
+  std::string image = random_bytes(1 << 20);
+  write_file(served.path() + "/base.raw", image);
+
+  ImageHost trusting("image_ca_file = '" + pki + "/ca.crt'");
+  FileServer https(served.path(), trusting.servers.dir() + "/https.log", pki);
+  auto [uuid, record] = trusting.schedule({"--image", https.url("base.raw"), "--image-sha256", sha256_hex(image)}, 0);
+  CHECK(record.state == InstanceState::active);
+  CHECK(https.requests_for("base.raw") == 1);
+
+  ImageHost distrusting("image_ca_file = '" + pki + "/other-ca.crt'");
+  distrusting.expect_image_failure({"--image", https.url("base.raw")}, "certificate verify failed");
+}

@@ -751,7 +751,7 @@ class ComputeAgent {
     auto console_every = std::chrono::milliseconds(int64_t(config_.compute.console_interval_s * 1000));
     auto next_console = std::chrono::steady_clock::now();
     while (!stopping_) {
-      timer.expires_after(std::min<std::chrono::milliseconds>(500ms, console_every));
+      timer.expires_after(console_every.count() > 0 ? std::min<std::chrono::milliseconds>(500ms, console_every) : 500ms);
       co_await timer.async_wait(asio::as_tuple(use_awaitable));
       auto now = std::chrono::steady_clock::now();
       std::vector<std::string> looking, consoles;
