@@ -15,7 +15,7 @@ service_pkgs=(
   postgresql python3-psycopg2
   etcd-server etcd-client
   placement-api python3-placement uwsgi-core uwsgi-plugin-python3
-  libvirt-clients
+  libvirt-clients openssl keystone
   # Real guests: libvirtd with QEMU, and what contrib/tiny-guest.sh builds the test guest with.
   libvirt-daemon-system qemu-system-x86 qemu-utils busybox-static xz-utils
 )

@@ -3,7 +3,8 @@
 # 127.0.0.1:PORT by `uwsgi --ini DIR/uwsgi.ini`. Used by the tests, the benchmark and the
 # quick start. With a third argument, the database is copied from that prepared sqlite file
 # instead of being created (saves the ~2 s schema sync). With a fifth, Placement uses that
-# database URL instead (e.g. postgresql+psycopg2://user@127.0.0.1:5432/placement).
+# database URL instead (e.g. postgresql+psycopg2://user@127.0.0.1:5432/placement). With
+# KEYSTONE_URL and KEYSTONE_ADMIN_PASSWORD in the environment, auth_strategy is keystone.
 #   usage: placement-setup.sh DIR PORT [TEMPLATE_DB] [WORKERS] [DATABASE_URL]
 set -euo pipefail
 dir=$1 port=$2 template=${3:-} workers=${4:-2} database=${5:-}
@@ -11,14 +12,30 @@ mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 [ -n "$database" ] || database=sqlite:///$dir/placement.sqlite
 
+strategy=noauth2
+[ -z "${KEYSTONE_URL:-}" ] || strategy=keystone
 cat > "$dir/placement.conf" <<CONF
 [DEFAULT]
 debug = false
 [api]
-auth_strategy = noauth2
+auth_strategy = $strategy
 [placement_database]
 connection = $database
 CONF
+# With KEYSTONE_URL (…/v3) and KEYSTONE_ADMIN_PASSWORD, tokens are checked by Keystone.
+if [ -n "${KEYSTONE_URL:-}" ]; then
+  cat >> "$dir/placement.conf" <<CONF
+[keystone_authtoken]
+www_authenticate_uri = $KEYSTONE_URL
+auth_url = $KEYSTONE_URL
+auth_type = password
+username = admin
+password = $KEYSTONE_ADMIN_PASSWORD
+project_name = admin
+user_domain_name = Default
+project_domain_name = Default
+CONF
+fi
 
 # uWSGI's own HTTP router in front of the workers, so idle keep-alive clients do not pin a
 # worker (with http11-socket one idle client can stall others for seconds).

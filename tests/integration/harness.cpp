@@ -172,6 +172,7 @@ Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), 
     config.etcd.key_file = pki() + "/client.key";
   }
   start_etcd();
+  if (options_.keystone_token_s > 0) start_keystone();
   start_placement();
   etcd_client_ = EtcdClient::create(config.etcd);
   if (!etcd_answers(30)) throw std::runtime_error("etcd did not start: " + read_file(dir() + "/etcd0.log"));
@@ -188,7 +189,7 @@ Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), 
     config.etcd.password = "secret-pw";
     etcd_client_ = EtcdClient::create(config.etcd);
   }
-  if (options_.etcd_tls || options_.etcd_auth || options_.placement_https) {
+  if (options_.etcd_tls || options_.etcd_auth || options_.placement_https || options_.keystone_token_s > 0) {
     secure_config = dir() + "/secure.toml";
     std::ofstream out(secure_config);
     out << "[etcd]\n";
@@ -196,7 +197,11 @@ Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), 
                               std::pair{"key_file", config.etcd.key_file}, std::pair{"user", config.etcd.user},
                               std::pair{"password", config.etcd.password}})
       if (!value.empty()) out << key << " = '" << value << "'\n";
-    if (!config.placement.ca_file.empty()) out << "[placement]\nca_file = '" << config.placement.ca_file << "'\n";
+    out << "[placement]\n";
+    for (auto [key, value] : {std::pair{"ca_file", config.placement.ca_file}, std::pair{"auth_url", config.placement.auth_url},
+                              std::pair{"user", config.placement.user}, std::pair{"password", config.placement.password},
+                              std::pair{"project", config.placement.project}})
+      if (!value.empty()) out << key << " = '" << value << "'\n";
     out.close();
     fs::permissions(secure_config, fs::perms(0600));
   }
@@ -277,10 +282,39 @@ int Servers::kill_etcd_leader() {
   throw std::runtime_error("leader not found in: " + status);
 }
 
+void Servers::start_keystone() {
+  uint16_t port = free_port();
+  std::string kdir = dir() + "/keystone";
+  std::string command = fmt::format("{}/contrib/keystone-setup.sh {} {} keystone-pw {}", source_root(), kdir, port,
+                                    options_.keystone_token_s);
+  if (std::system(command.c_str()) != 0)
+    throw std::runtime_error("keystone-setup.sh failed: " + read_file(kdir + "/setup.log"));
+  keystone_ = std::make_unique<Process>(std::vector<std::string>{"uwsgi", "--ini", kdir + "/uwsgi.ini"},
+                                        dir() + "/keystone-console.log");
+  config.placement.auth_url = fmt::format("http://127.0.0.1:{}/v3", port);
+  config.placement.user = "admin";
+  config.placement.password = "keystone-pw";
+  config.placement.project = "admin";
+  config.placement.token.clear();
+  bool up = wait_for([&] {
+    return run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
+      HttpClient http(io.get_executor(), HttpClientOptions{config.placement.auth_url});
+      HttpRequest request{"GET", "/", {}, {}};
+      auto r = co_await http.request(std::move(request));
+      co_return r && r->status == 200;
+    });
+  }, 60);
+  if (!up) throw std::runtime_error("Keystone did not start: " + read_file(kdir + "/uwsgi.log"));
+}
+
 void Servers::start_placement() {
   placement_port_ = placement_port_ ? placement_port_ : free_port();
   std::string pdir = dir() + "/placement";
-  std::string command = source_root() + "/contrib/placement-setup.sh " + pdir + " " +
+  std::string keystone_env = config.placement.auth_url.empty()
+                                 ? ""
+                                 : fmt::format("KEYSTONE_URL={} KEYSTONE_ADMIN_PASSWORD={} ", config.placement.auth_url,
+                                               config.placement.password);
+  std::string command = keystone_env + source_root() + "/contrib/placement-setup.sh " + pdir + " " +
                         std::to_string(placement_port_) + " " +
                         (database_url_.empty() ? placement_template() : "''") + " " +
                         std::to_string(options_.placement_workers) + " '" + database_url_ + "'";

@@ -75,6 +75,8 @@ struct ServersOptions {
   bool etcd_tls = false;       // https with client-certificate auth, certificates made by openssl
   bool etcd_auth = false;      // etcd's user/password auth on, user "root"
   bool placement_https = false;  // Placement behind a TLS-terminating uWSGI router
+  int keystone_token_s = 0;      // > 0: Placement checks tokens with a private Keystone
+                                 // whose tokens live this many seconds
 };
 
 class Servers {
@@ -141,6 +143,8 @@ class Servers {
   uint16_t placement_port_ = 0;
   std::unique_ptr<Process> placement_;
   std::unique_ptr<Process> placement_tls_;
+  std::unique_ptr<Process> keystone_;
+  void start_keystone();
   std::unique_ptr<Process> postgres_;
   ServersOptions options_;
   std::string database_url_;  // empty: sqlite

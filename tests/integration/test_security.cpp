@@ -126,3 +126,33 @@ TEST_CASE("Placement behind HTTPS: works with the right CA, fails in one clear l
   CHECK_THAT(refused.err, Catch::Contains("certificate verify failed"));
   CHECK(servers.etcd_prefix(KeyLayout().instances_prefix()).empty());
 }
+
+TEST_CASE("Placement behind Keystone: toyvm logs in, renews an expired token, and says so when refused",
+          "[security]") {
+  Servers servers(ServersOptions{.keystone_token_s = 12});
+  ScopedConfig config(servers.secure_config);
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
+  auto scheduled = servers.toyvm({"schedule", small, "--wait"});
+  INFO(scheduled.err);
+  REQUIRE(scheduled.exit_code == 0);
+  auto [target, uuid] = parse_notified(scheduled.out);
+  CHECK(target == rp);
+
+  // The agent's token expires; releasing the allocation needs a new one.
+  auto expired = std::chrono::steady_clock::now() + std::chrono::seconds(13);
+  REQUIRE(wait_for([&] { return std::chrono::steady_clock::now() > expired; }, 20));
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  CHECK(servers.allocations(uuid).empty());
+  CHECK_THAT(compute->output(), Catch::Contains("fetching a new one"));
+
+  std::string file = servers.dir() + "/wrong-password.toml";
+  std::ofstream(file) << "[placement]\nauth_url = '" << servers.config.placement.auth_url
+                      << "'\nuser = 'admin'\npassword = 'nope'\nproject = 'admin'\n";
+  fs::permissions(file, fs::perms(0600));
+  ScopedConfig wrong(file);
+  auto refused = servers.toyvm({"schedule", small});
+  CHECK(refused.exit_code != 0);
+  CHECK(lines(refused.err) == 1);
+  CHECK_THAT(refused.err, Catch::Contains("refused user admin (HTTP 401)"));
+}

@@ -93,7 +93,7 @@ struct HttpClient::Impl {
     if (read_ec) co_return read_ec;
     auto& res = parser.get();
     keep_alive = res.keep_alive();
-    co_return HttpResponse{int(res.result_int()), std::move(res.body())};
+    co_return HttpResponse{int(res.result_int()), std::move(res.body()), std::string(res["X-Subject-Token"])};
   }
 };
 

@@ -23,6 +23,7 @@ struct HttpRequest {
 struct HttpResponse {
   int status = 0;
   std::string body;
+  std::string subject_token;  // Keystone's X-Subject-Token header, when present
 };
 
 struct HttpClientOptions {

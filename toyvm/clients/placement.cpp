@@ -44,10 +44,39 @@ result<std::vector<std::string>> parse_traits(const std::string& body) {
 }  // namespace
 
 PlacementClient::PlacementClient(asio::any_io_executor executor, const PlacementConfig& config)
-    : http_(std::move(executor),
-            HttpClientOptions{config.endpoint, std::chrono::milliseconds(int64_t(config.timeout_s * 1000)),
-                              std::chrono::milliseconds(20'000), config.ca_file}),
-      config_(config) {}
+    : http_(executor, HttpClientOptions{config.endpoint, std::chrono::milliseconds(int64_t(config.timeout_s * 1000)),
+                                        std::chrono::milliseconds(20'000), config.ca_file}),
+      config_(config) {
+  if (!config.auth_url.empty())
+    keystone_ = std::make_unique<HttpClient>(
+        executor, HttpClientOptions{config.auth_url, std::chrono::milliseconds(int64_t(config.timeout_s * 1000)),
+                                    std::chrono::milliseconds(20'000), config.ca_file});
+}
+
+awaitable<bool> PlacementClient::authenticate() {
+  json::object user{{"name", config_.user},
+                    {"domain", json::object{{"name", config_.user_domain}}},
+                    {"password", config_.password}};
+  json::object project{{"name", config_.project}, {"domain", json::object{{"name", config_.project_domain}}}};
+  json::object auth{{"identity", json::object{{"methods", json::array{"password"}},
+                                              {"password", json::object{{"user", std::move(user)}}}}},
+                    {"scope", json::object{{"project", std::move(project)}}}};
+  HttpRequest request{"POST", "/auth/tokens", {}, json::serialize(json::object{{"auth", std::move(auth)}})};
+  auto response = co_await keystone_->request(std::move(request));
+  if (!response) {
+    last_error_ = {errc::placement_unavailable, {},
+                   fmt::format("cannot reach Keystone at {}: {}", keystone_->url(), response.error().message())};
+    co_return false;
+  }
+  if (response->status != 201 || response->subject_token.empty()) {
+    last_error_ = {errc::placement_error, {},
+                   fmt::format("Keystone at {} refused user {} (HTTP {})", keystone_->url(), config_.user,
+                               response->status)};
+    co_return false;
+  }
+  token_ = std::move(response->subject_token);
+  co_return true;
+}
 
 awaitable<result<HttpResponse>> PlacementClient::call(std::string method, std::string target,
                                                       std::string microversion, std::string body) {
@@ -55,9 +84,24 @@ awaitable<result<HttpResponse>> PlacementClient::call(std::string method, std::s
   request.method = std::move(method);
   request.target = std::move(target);
   request.headers.emplace_back("OpenStack-API-Version", "placement " + microversion);
-  if (!config_.token.empty()) request.headers.emplace_back(config_.token_header, config_.token);
   request.body = std::move(body);
+  // With Keystone, a token that expired (401) is replaced once and the request sent again.
+  for (int renewals = 0;; ++renewals) {
+    if (keystone_ && token_.empty() && !co_await authenticate()) co_return make_error_code(last_error_.code);
+    const std::string& token = keystone_ ? token_ : config_.token;
+    request.headers.resize(1);
+    if (!token.empty()) request.headers.emplace_back(config_.token_header, token);
+    auto response = co_await send(request);
+    if (keystone_ && renewals == 0 && response && response->status == 401) {
+      spdlog::info("Placement refused the Keystone token (expired?); fetching a new one");
+      token_.clear();
+      continue;
+    }
+    co_return response;
+  }
+}
 
+awaitable<result<HttpResponse>> PlacementClient::send(const HttpRequest& request) {
   // sqlite-backed Placement answers 500 "database is locked" under concurrent writers, and a
   // restarting Placement refuses connections: a few quick retries ride over both.
   asio::steady_timer timer(co_await asio::this_coro::executor);

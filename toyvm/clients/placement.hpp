@@ -51,9 +51,16 @@ class PlacementClient {
   awaitable<result<void>> put_with_generation(std::string uuid, std::string what, std::string microversion,
                                               std::string value_json);
 
+  // Keystone: a project-scoped token for X-Auth-Token, fetched when missing.
+  awaitable<bool> authenticate();
+  // One request, retried on 5xx and refused connections.
+  awaitable<result<HttpResponse>> send(const HttpRequest& request);
+
   HttpClient http_;
   PlacementConfig config_;
   PlacementError last_error_;
+  std::unique_ptr<HttpClient> keystone_;  // with auth_url only
+  std::string token_;
 };
 
 }  // namespace toyvm

@@ -124,6 +124,12 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   placement.get("timeout", config.placement.timeout_s);
   placement.get("candidate_limit", config.placement.candidate_limit);
   placement.get("ca_file", config.placement.ca_file);
+  placement.get("auth_url", config.placement.auth_url);
+  placement.get("user", config.placement.user);
+  placement.get("password", config.placement.password);
+  placement.get("project", config.placement.project);
+  placement.get("user_domain", config.placement.user_domain);
+  placement.get("project_domain", config.placement.project_domain);
   placement.finish();
 
   ComputeConfig& c = config.compute;
@@ -229,7 +235,8 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
     return config.error();
   }
   struct stat info {};
-  const bool holds_secret = config->placement.token != PlacementConfig{}.token || !config->etcd.password.empty();
+  const bool holds_secret = config->placement.token != PlacementConfig{}.token || !config->etcd.password.empty() ||
+                            !config->placement.password.empty();
   if (!path.empty() && holds_secret && !config->security.allow_readable_secrets && stat(path.c_str(), &info) == 0 && (info.st_mode & 077)) {
     if (detail)
       *detail = fmt::format("{} holds a secret and is readable by other users (mode {:o}); chmod 600 it, or set "
@@ -258,6 +265,12 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
       if (detail) *detail = fmt::format("cannot read {}", *file);
       return errc::invalid_config;
     }
+  }
+  const PlacementConfig& placement_config = config->placement;
+  if (!placement_config.auth_url.empty() &&
+      (placement_config.user.empty() || placement_config.password.empty() || placement_config.project.empty())) {
+    if (detail) *detail = "placement.auth_url needs placement.user, placement.password and placement.project";
+    return errc::invalid_config;
   }
   if (etcd_config.user.empty() != etcd_config.password.empty()) {
     if (detail) *detail = "etcd.user and etcd.password go together";

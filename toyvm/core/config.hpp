@@ -34,6 +34,11 @@ struct PlacementConfig {
   double timeout_s = 10.0;  // per request
   int candidate_limit = 50;  // `limit` on GET /allocation_candidates unless the query has one
   std::string ca_file;       // https endpoint: the CA to trust; empty: the system's
+  // Keystone v3 password authentication instead of the static token: a project-scoped token
+  // is fetched from auth_url and fetched again when it expires or Placement answers 401.
+  std::string auth_url;      // e.g. http://keystone:5000/v3
+  std::string user, password, project;
+  std::string user_domain = "Default", project_domain = "Default";
 };
 
 struct ComputeConfig {
