@@ -19,7 +19,7 @@ namespace {
 
 using namespace toyvm;
 
-constexpr const char* kFooter = R"(Environment: TOYVM_CONFIG, TOYVM_ETCD, TOYVM_PLACEMENT (flags win).
+constexpr const char* kFooter = R"(Environment: TOYVM_CONFIG, TOYVM_ETCD, TOYVM_PLACEMENT, TOYVM_ETCD_PASSWORD (flags win).
 Exit codes: 0 ok, 1 no allocations left, 2 bad usage or input, 3 unknown instance,
 4 etcd or Placement unavailable, 5 any other failure.)";
 
@@ -36,6 +36,11 @@ int main(int argc, char** argv) {
   app.add_option("--config", common.config_file, "TOML configuration file (env TOYVM_CONFIG)");
   app.add_option("--etcd", common.etcd, "etcd endpoints, URL[,URL...] (env TOYVM_ETCD)");
   app.add_option("--placement", common.placement, "Placement endpoint URL (env TOYVM_PLACEMENT)");
+  app.add_option("--etcd-ca", common.etcd_ca, "CA file for https:// etcd endpoints");
+  app.add_option("--etcd-cert", common.etcd_cert, "client certificate for etcd (with --etcd-key)");
+  app.add_option("--etcd-key", common.etcd_key, "client key for etcd");
+  app.add_option("--etcd-server-name", common.etcd_server_name, "name to check etcd's certificate against");
+  app.add_option("--etcd-user", common.etcd_user, "etcd user (password in env TOYVM_ETCD_PASSWORD)");
   app.add_flag("-v,--verbose", verbose, "debug logs on stderr");
 
   // Subcommand flags that override the configuration file.

@@ -254,6 +254,8 @@ void Servers::start_etcd() {
     if (options_.etcd_tls)
       argv.insert(argv.end(), {"--cert-file", pki() + "/server.crt", "--key-file", pki() + "/server.key",
                                "--trusted-ca-file", pki() + "/ca.crt", "--client-cert-auth"});
+    // Short-lived tokens, so that the tests see toyvm renew them.
+    if (options_.etcd_auth) argv.insert(argv.end(), {"--auth-token-ttl", "3"});
     etcd_[i].process = std::make_unique<Process>(std::move(argv), fmt::format("{}/etcd{}.log", dir(), i));
     config.etcd.endpoints.push_back(client_url);
   }

@@ -156,3 +156,28 @@ TEST_CASE("Placement behind Keystone: toyvm logs in, renews an expired token, an
   CHECK(lines(refused.err) == 1);
   CHECK_THAT(refused.err, Catch::Contains("refused user admin (HTTP 401)"));
 }
+
+TEST_CASE("etcd auth from flags and the environment; an expired token is renewed", "[security]") {
+  Servers servers(ServersOptions{.etcd_auth = true});  // tokens live 3 s
+  std::string rp;
+  std::unique_ptr<Process> compute;
+  {
+    ScopedConfig config(servers.secure_config);
+    compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
+  }
+  auto no_password = servers.toyvm({"--etcd-user", "root", "show"});
+  CHECK(no_password.exit_code == 2);
+  CHECK_THAT(no_password.err, Catch::Contains("etcd.user and etcd.password go together"));
+  setenv("TOYVM_ETCD_PASSWORD", "secret-pw", 1);
+
+  // Idle longer than the token lives: the agent's next write needs a new one.
+  auto expired = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+  REQUIRE(wait_for([&] { return std::chrono::steady_clock::now() > expired; }, 10));
+  auto scheduled = servers.toyvm({"--etcd-user", "root", "schedule", small, "--wait"});
+  INFO(scheduled.err << compute->output());
+  CHECK(scheduled.exit_code == 0);
+  CHECK_THAT(compute->output(), Catch::Contains("authenticating again"));
+  auto [target, uuid] = parse_notified(scheduled.out);
+  CHECK(servers.toyvm({"--etcd-user", "root", "destroy", uuid}).exit_code == 0);
+  unsetenv("TOYVM_ETCD_PASSWORD");
+}

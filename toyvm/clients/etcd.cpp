@@ -435,6 +435,7 @@ class GrpcEtcdClient final : public EtcdClient {
       auto [status, response] = co_await call<Response>(request, start, token_);
       if (status.ok()) co_return std::move(response);
       if (!user_.empty() && attempt == 0 && status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        spdlog::info("etcd: {}; authenticating again", status.error_message());
         token_.clear();
         continue;
       }

@@ -247,6 +247,13 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
   config->source_file = path;
   std::string etcd = !flags.etcd.empty() ? flags.etcd : env("TOYVM_ETCD");
   if (!etcd.empty()) config->etcd.endpoints = split_endpoints(etcd);
+  EtcdConfig& etcd_tls = config->etcd;
+  for (auto [flag, setting] : {std::pair{&flags.etcd_ca, &etcd_tls.ca_file}, std::pair{&flags.etcd_cert, &etcd_tls.cert_file},
+                               std::pair{&flags.etcd_key, &etcd_tls.key_file},
+                               std::pair{&flags.etcd_server_name, &etcd_tls.server_name},
+                               std::pair{&flags.etcd_user, &etcd_tls.user}})
+    if (!flag->empty()) *setting = *flag;
+  if (std::string password = env("TOYVM_ETCD_PASSWORD"); !password.empty()) etcd_tls.password = password;
   std::string placement = !flags.placement.empty() ? flags.placement : env("TOYVM_PLACEMENT");
   if (!placement.empty()) config->placement.endpoint = placement;
   if (config->etcd.endpoints.empty()) {

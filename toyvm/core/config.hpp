@@ -113,6 +113,9 @@ struct CommonOverrides {
   std::string config_file;
   std::string etcd;       // URL[,URL...]
   std::string placement;  // URL
+  // etcd TLS and auth; the password only from the environment (TOYVM_ETCD_PASSWORD), never
+  // from a flag, which any user could read in the process list.
+  std::string etcd_ca, etcd_cert, etcd_key, etcd_server_name, etcd_user;
 };
 
 // Reads the TOML file (if any) and applies environment and flags on top.
