@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -180,4 +182,30 @@ TEST_CASE("etcd auth from flags and the environment; an expired token is renewed
   auto [target, uuid] = parse_notified(scheduled.out);
   CHECK(servers.toyvm({"--etcd-user", "root", "destroy", uuid}).exit_code == 0);
   unsetenv("TOYVM_ETCD_PASSWORD");
+}
+
+TEST_CASE("the compute agent runs as an unprivileged user", "[security]") {
+  if (std::system("id toyvm-test >/dev/null 2>&1 || "
+                  "useradd --system --no-create-home --shell /usr/sbin/nologin toyvm-test") != 0)
+    FAIL("cannot create user toyvm-test");
+  Servers servers;
+  std::string state = servers.dir() + "/unprivileged";
+  fs::create_directories(state);
+  REQUIRE(std::system(("chown toyvm-test: '" + state + "'").c_str()) == 0);
+  std::vector<std::string> argv{"runuser", "-u", "toyvm-test", "--"};
+  for (std::string& arg : servers.toyvm_argv({"compute", "--state-dir", state, "--libvirt-uri", "test:///default",
+                                              "--inventory", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", "--name", "u1"}))
+    argv.push_back(std::move(arg));
+  Process compute(argv, servers.dir() + "/unprivileged.log");
+  REQUIRE(wait_for([&] { return servers.toyvm({"show", "--hosts"}).out.find("u1 ") != std::string::npos; }, 30));
+
+  auto scheduled = servers.toyvm({"schedule", small, "--wait"});
+  INFO(scheduled.err << compute.output());
+  CHECK(scheduled.exit_code == 0);
+  auto [target, uuid] = parse_notified(scheduled.out);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  // What the agent wrote is the unprivileged user's.
+  struct stat info {};
+  REQUIRE(::stat((state + "/provider_uuid").c_str(), &info) == 0);
+  CHECK(info.st_uid != 0);
 }
