@@ -162,13 +162,12 @@ class ComputeAgent {
     fs::create_directories(instance_dir_, ec);
     // QEMU runs as its own user on qemu:///system and must reach instance files and images.
     fs::permissions(instance_dir_, fs::perms(0755), ec);
-    const std::string& instance_dir = instance_dir_;
     if (!c.inventory.empty()) {
       auto amounts = parse_resource_amounts(c.inventory, &detail);
       if (!amounts) return report_failure(amounts.error(), "invalid --inventory: " + detail);
       inventory_ = inventory_from_amounts(*amounts);
     } else {
-      auto facts = measure_host(instance_dir);
+      auto facts = measure_host(instance_dir_);
       if (!facts) return report_failure(facts.error(), "cannot measure this host's resources");
       inventory_ = inventory_from_host(*facts, c.policy);
     }

@@ -46,8 +46,6 @@ class ImageStore {
   // in `in_use` stay. Blocking (file system).
   void trim(const std::set<std::string>& in_use) const;
 
-  const ImageStoreOptions& options() const { return options_; }
-
  private:
   struct Fetch {
     bool done = false;
