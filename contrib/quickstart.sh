@@ -87,12 +87,7 @@ if [ "${1:-}" != --real ]; then
   query='resources=VCPU:1,DISK_GB:1,MEMORY_MB:256'
   schedule_args=()
 else
-  virsh -q -c qemu:///system uri >/dev/null 2>&1 || {
-    virtlogd -d 2>/dev/null || true  # fails harmlessly when already running
-    libvirtd -d 2>/dev/null || true
-    echo "started libvirtd"
-  }
-  wait_until 60 virsh -q -c qemu:///system uri
+  "$root/contrib/start-libvirtd.sh"
   "$root/contrib/tiny-guest.sh" "$data/images/tiny"
   chmod 0755 "$data" "$data/images"
   if ! alive compute-real; then

@@ -339,15 +339,6 @@ def measure_mdserver(bench, guests):
             "p99_ms": wrk_ms("99%"), "non_2xx": errors, "tool": "wrk -t1 -c16 -d10s --latency"}
 
 
-def ensure_libvirtd():
-    answers = lambda: subprocess.run(["virsh", "-q", "-c", "qemu:///system", "uri"],
-                                     capture_output=True).returncode == 0
-    if not answers():
-        # A daemon that already runs refuses to start twice: harmless.
-        subprocess.run("virtlogd -d 2>/dev/null; libvirtd -d 2>/dev/null", shell=True)
-    wait_until("libvirtd", answers, timeout=60)
-
-
 class Scheduled:
     """One `toyvm schedule --wait` in the background, with the time each line arrived."""
 
@@ -388,7 +379,7 @@ class Scheduled:
 
 def measure_guests(bench, rounds):
     """schedule -> ACTIVE with an IP for real TCG guests: one at a time, then four at once."""
-    ensure_libvirtd()
+    subprocess.run([str(ROOT / "contrib" / "start-libvirtd.sh")], check=True)
     images = bench.dir / "images"
     subprocess.run([str(ROOT / "contrib" / "tiny-guest.sh"), str(images / "tiny")], check=True,
                    stdout=subprocess.DEVNULL)

@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -187,6 +188,8 @@ struct StallingServer {
 void ensure_libvirtd();
 // The tiny direct-kernel-boot guest (contrib/tiny-guest.sh), built once per build tree.
 std::string tiny_guest_dir();
+
+inline size_t count_lines(const std::string& text) { return size_t(std::count(text.begin(), text.end(), '\n')); }
 
 // "NOTIFIED TARGET, <rp>, OF INSTANCE <uuid>" -> {rp, uuid}; empty strings otherwise.
 std::pair<std::string, std::string> parse_notified(const std::string& out);

@@ -25,7 +25,6 @@ int64_t domains_on(const Servers& servers, const std::string& provider) {
   return host ? host->domains : -1;
 }
 
-size_t count_lines(const std::string& text) { return size_t(std::count(text.begin(), text.end(), '\n')); }
 
 }  // namespace
 

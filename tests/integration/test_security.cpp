@@ -29,7 +29,6 @@ struct ScopedConfig {
   ~ScopedConfig() { unsetenv("TOYVM_CONFIG"); }
 };
 
-size_t lines(const std::string& text) { return size_t(std::count(text.begin(), text.end(), '\n')); }
 
 }  // namespace
 
@@ -74,18 +73,18 @@ TEST_CASE("a wrong CA, a missing client certificate or a wrong password fail in 
 
   auto wrong_ca = attempt("ca_file = '" + pki + "/other-ca.crt'\n" + client + login);
   CHECK(wrong_ca.exit_code == 4);
-  CHECK(lines(wrong_ca.err) == 1);
+  CHECK(count_lines(wrong_ca.err) == 1);
   CHECK_THAT(wrong_ca.err, Catch::StartsWith("toyvm: etcd at https://127.0.0.1:"));
   CHECK_THAT(wrong_ca.err, Catch::Contains("certificate verify failed"));
 
   auto no_cert = attempt("ca_file = '" + pki + "/ca.crt'\n" + login);
   CHECK(no_cert.exit_code != 0);
-  CHECK(lines(no_cert.err) == 1);
+  CHECK(count_lines(no_cert.err) == 1);
   CHECK_THAT(no_cert.err, Catch::StartsWith("toyvm: etcd at https://127.0.0.1:"));
 
   auto wrong_password = attempt("ca_file = '" + pki + "/ca.crt'\n" + client + "user = 'root'\npassword = 'nope'\n");
   CHECK(wrong_password.exit_code == 5);
-  CHECK(lines(wrong_password.err) == 1);
+  CHECK(count_lines(wrong_password.err) == 1);
   CHECK_THAT(wrong_password.err, Catch::Contains("authenticating as root"));
   CHECK_THAT(wrong_password.err, Catch::Contains("authentication failed"));
 
@@ -123,7 +122,7 @@ TEST_CASE("Placement behind HTTPS: works with the right CA, fails in one clear l
   ScopedConfig wrong(file);
   auto refused = servers.toyvm({"schedule", small});
   CHECK(refused.exit_code == 4);
-  CHECK(lines(refused.err) == 1);
+  CHECK(count_lines(refused.err) == 1);
   CHECK_THAT(refused.err, Catch::Contains("cannot reach Placement at https://127.0.0.1:"));
   CHECK_THAT(refused.err, Catch::Contains("certificate verify failed"));
   CHECK(servers.etcd_prefix(KeyLayout().instances_prefix()).empty());
@@ -155,7 +154,7 @@ TEST_CASE("Placement behind Keystone: toyvm logs in, renews an expired token, an
   ScopedConfig wrong(file);
   auto refused = servers.toyvm({"schedule", small});
   CHECK(refused.exit_code != 0);
-  CHECK(lines(refused.err) == 1);
+  CHECK(count_lines(refused.err) == 1);
   CHECK_THAT(refused.err, Catch::Contains("refused user admin (HTTP 401)"));
 }
 

@@ -764,7 +764,7 @@ class ComputeAgent {
       for (const std::string& uuid : looking) co_await find_address(uuid);
       if (console_every.count() > 0 && now >= next_console) {
         next_console = now + console_every;
-        for (const std::string& uuid : consoles) co_await publish_console(uuid);
+        if (!consoles.empty()) co_await publish_consoles(consoles);
       }
     }
   }
@@ -783,30 +783,40 @@ class ComputeAgent {
     co_await write_instance(instance_record(spec, InstanceState::active));
   }
 
-  // The last 16 KiB of the serial console, put in etcd when the log has grown, so that
-  // `toyvm show --console` works from any host.
-  awaitable<void> publish_console(std::string uuid) {
-    const std::string path = console_log_path(instance_dir_, uuid);
-    int64_t published = slots_[uuid].console_published;
-    auto read_tail = [path, published]() -> std::optional<std::pair<int64_t, std::string>> {
-      std::error_code ec;
-      auto size = int64_t(fs::file_size(path, ec));
-      if (ec || size == published) return std::nullopt;
-      std::ifstream in(path, std::ios::binary);
-      constexpr int64_t tail = 16 * 1024;
-      in.seekg(std::max<int64_t>(0, size - tail));
-      std::string text(size_t(std::min(size, tail)), '\0');
-      in.read(text.data(), std::streamsize(text.size()));
-      text.resize(size_t(in.gcount()));
-      return std::pair{size, std::move(text)};
+  // The last 16 KiB of each serial console that has grown, put in etcd so that
+  // `toyvm show --console` works from any host. One trip to the worker pool reads them all.
+  awaitable<void> publish_consoles(const std::vector<std::string>& uuids) {
+    struct Tail {
+      std::string uuid;
+      int64_t size = 0;
+      std::string text;
     };
-    auto tail = co_await run_blocking(pool_, std::move(read_tail));
-    if (!tail) co_return;
-    auto [size, text] = std::move(*tail);
-    std::vector<EtcdCompare> compare{EtcdCompare::present(keys_.work(provider_, uuid))};
-    std::vector<EtcdOp> ops{EtcdOp::put(keys_.console(uuid), std::move(text))};
-    auto put = co_await etcd_->txn(std::move(compare), std::move(ops));
-    if (put && put->succeeded) slots_[uuid].console_published = size;
+    std::vector<std::pair<std::string, int64_t>> logs;  // uuid, size last published
+    for (const std::string& uuid : uuids) logs.emplace_back(uuid, slots_[uuid].console_published);
+    auto read_tails = [dir = instance_dir_, logs = std::move(logs)] {
+      std::vector<Tail> grown;
+      for (const auto& [uuid, published] : logs) {
+        const std::string path = console_log_path(dir, uuid);
+        std::error_code ec;
+        auto size = int64_t(fs::file_size(path, ec));
+        if (ec || size == published) continue;
+        std::ifstream in(path, std::ios::binary);
+        constexpr int64_t tail = 16 * 1024;
+        in.seekg(std::max<int64_t>(0, size - tail));
+        std::string text(size_t(std::min(size, tail)), '\0');
+        in.read(text.data(), std::streamsize(text.size()));
+        text.resize(size_t(in.gcount()));
+        grown.push_back(Tail{uuid, size, std::move(text)});
+      }
+      return grown;
+    };
+    std::vector<Tail> grown = co_await run_blocking(pool_, std::move(read_tails));
+    for (Tail& tail : grown) {
+      std::vector<EtcdCompare> compare{EtcdCompare::present(keys_.work(provider_, tail.uuid))};
+      std::vector<EtcdOp> ops{EtcdOp::put(keys_.console(tail.uuid), std::move(tail.text))};
+      auto put = co_await etcd_->txn(std::move(compare), std::move(ops));
+      if (put && put->succeeded) slots_[tail.uuid].console_published = tail.size;
+    }
   }
 
   // Domain first, then the allocation, then the keys: if any step fails the keys stay, and
