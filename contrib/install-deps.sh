@@ -18,6 +18,10 @@ service_pkgs=(
   libvirt-clients openssl keystone
   # Real guests: libvirtd with QEMU, and what contrib/tiny-guest.sh builds the test guest with.
   libvirt-daemon-system qemu-system-x86 qemu-utils busybox-static xz-utils
+  # What libvirtd runs that its packages only recommend (installed here without them):
+  # dnsmasq serves DHCP and DNS on NAT networks such as "default", dmidecode gives it the
+  # host's SMBIOS facts. Its firewall backend, iptables, is a hard dependency.
+  dnsmasq-base dmidecode
 )
 extra_pkgs=("$@")
 

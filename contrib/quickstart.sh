@@ -97,7 +97,6 @@ libvirt_uri = "qemu:///system"
 domain_type = "qemu"           # TCG: no nested virtualisation here
 image_dir = "$data/images"
 network = "default"
-nic_model = "e1000"            # the tiny guest's kernel has this driver
 metadata_interface = "virbr0"  # 169.254.169.254 on the guests' bridge, mdserver started if needed
 [mdserver]
 listen = ["169.254.169.254:80"]

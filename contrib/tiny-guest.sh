@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds a tiny direct-kernel-boot guest image from Debian's packages, no other downloads:
-# the kernel of linux-image-amd64, the e1000 driver from the same package, and an initramfs
+# the kernel of linux-image-amd64, the virtio-net and e1000 drivers from the same package
+# (so either NIC model works), and an initramfs
 # of busybox-static whose init prints a marker on the serial console, asks DHCP for an
 # address, and reads its metadata from the metadata service.
 #   usage: contrib/tiny-guest.sh OUTDIR      (writes OUTDIR/{kernel,initrd,cmdline,disk.raw})
@@ -28,13 +29,18 @@ version=${kernel_pkg#linux-image-}
 root="$work/root"
 mkdir -p "$root"/{bin,dev,proc,sys,etc,tmp,run,lib/modules}
 cp /bin/busybox "$root/bin/busybox"
-for module in e1000 evdev button; do
+# In load order: each after the modules it depends on.
+modules="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci failover net_failover virtio_net
+e1000 evdev button"
+for module in $modules; do
   found=$(find "$work/pkg/lib/modules/$version" -name "$module.ko*" | head -1)
   case "$found" in
     *.xz) xz -dc "$found" > "$root/lib/modules/$module.ko" ;;
+    '') echo "tiny-guest: $kernel_pkg has no module $module" >&2; exit 1 ;;
     *) cp "$found" "$root/lib/modules/$module.ko" ;;
   esac
 done
+echo $modules > "$root/lib/modules/order"
 
 cat > "$root/init" <<'INIT'
 #!/bin/busybox sh
@@ -44,9 +50,7 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
 echo "toyvm-guest: booted $(uname -r)"
-insmod /lib/modules/e1000.ko
-insmod /lib/modules/evdev.ko
-insmod /lib/modules/button.ko
+for module in $(cat /lib/modules/order); do insmod /lib/modules/$module.ko; done
 # The host's shutdown request (ACPI power button) powers the guest off.
 mkdir -p /etc/acpi/PWRF
 printf '#!/bin/sh\necho "toyvm-guest: power button"\npoweroff -f\n' > /etc/acpi/PWRF/00000080

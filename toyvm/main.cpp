@@ -103,7 +103,11 @@ int main(int argc, char** argv) {
   show_cmd->add_option("uuid", show.uuid, "instance uuid (omit to list every instance)");
   show_cmd->add_flag("--json", show.json, "print JSON");
   show_cmd->add_flag("--hosts", show.hosts, "list the compute hosts");
-  show_cmd->add_flag("--console", show.console, "print the tail of the instance's serial console");
+  auto* console_flag = show_cmd->add_flag("--console", show.console,
+                                          "print the tail of the instance's serial console, control characters "
+                                          "shown as ^X");
+  show_cmd->add_flag("--raw", show.raw, "with --console: the guest's bytes as they are, escape sequences too")
+      ->needs(console_flag);
   show_cmd->footer("Example: toyvm show d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --json");
   show_cmd->callback([&] { service = [&](const Config& c) { return run_show(c, show); }; });
 

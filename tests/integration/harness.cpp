@@ -116,9 +116,10 @@ bool wait_for(const std::function<bool()>& condition, double timeout_s) {
   }
 }
 
+std::string toyvm_binary() { return TOYVM_BINARY; }
+
 namespace {
 
-std::string toyvm_binary() { return TOYVM_BINARY; }
 std::string source_root() { return TOYVM_SOURCE_ROOT; }
 
 // Creating Placement's schema takes seconds; every test copies one prepared database.
@@ -401,9 +402,12 @@ std::vector<std::string> Servers::toyvm_argv(std::vector<std::string> args) cons
 }
 
 CommandResult Servers::toyvm(std::vector<std::string> args, double timeout_s) const {
+  return run_command(toyvm_argv(std::move(args)), dir(), timeout_s);
+}
+
+CommandResult run_command(const std::vector<std::string>& argv, const std::string& dir, double timeout_s) {
   static int counter = 0;
-  std::string base = dir() + "/cmd-" + std::to_string(++counter);
-  std::vector<std::string> argv = toyvm_argv(std::move(args));
+  std::string base = dir + "/cmd-" + std::to_string(++counter);
   // stdout and stderr apart: a shell keeps them apart more simply than dup2 juggling here.
   std::string command;
   for (auto& arg : argv) command += "'" + arg + "' ";

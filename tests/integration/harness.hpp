@@ -189,6 +189,11 @@ void ensure_libvirtd();
 // The tiny direct-kernel-boot guest (contrib/tiny-guest.sh), built once per build tree.
 std::string tiny_guest_dir();
 
+std::string toyvm_binary();  // the build's toyvm
+
+// Runs a command to its end, its stdout and stderr kept apart in files under `dir`.
+CommandResult run_command(const std::vector<std::string>& argv, const std::string& dir, double timeout_s = 60);
+
 inline size_t count_lines(const std::string& text) { return size_t(std::count(text.begin(), text.end(), '\n')); }
 
 // "NOTIFIED TARGET, <rp>, OF INSTANCE <uuid>" -> {rp, uuid}; empty strings otherwise.

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <tuple>
 
 using namespace toyvm;
 using namespace toyvm::test;
@@ -224,6 +225,21 @@ TEST_CASE("bad input gets one clear line and a non-zero exit, and writes nothing
     auto after = servers.toyvm({"schedule", small, "--wait"});
     CHECK(after.exit_code == 0);
     CHECK(compute->running());
+  }
+  SECTION("endpoints without a scheme are bad usage, not an unreachable server") {
+    const std::string etcd = servers.config.etcd.endpoints.front();
+    const std::string placement = servers.config.placement.endpoint;
+    const std::string bare_placement = placement.substr(placement.find("://") + 3);
+    const std::string bare_etcd = etcd.substr(etcd.find("://") + 3);
+    for (auto [etcd_flag, placement_flag, named] : {std::tuple{etcd, bare_placement, bare_placement},
+                                                    std::tuple{bare_etcd, placement, bare_etcd}}) {
+      auto r = run_command({toyvm_binary(), "--etcd", etcd_flag, "--placement", placement_flag, "schedule", small},
+                           servers.dir());
+      CHECK(r.exit_code == 2);
+      CHECK(count_lines(r.err) == 1);
+      CHECK_THAT(r.err, Catch::Contains("'" + named + "'") && Catch::Contains("http://"));
+    }
+    CHECK(servers.usages(rp)["VCPU"] == 0);
   }
   SECTION("Placement down") {
     servers.stop_placement();

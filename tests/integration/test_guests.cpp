@@ -44,20 +44,22 @@ struct GuestHost {
                                     "domain_type = 'qemu'\n"
                                     "image_dir = '" + images + "'\n"
                                     "network = 'default'\n"
-                                    "nic_model = 'e1000'\n"
                                     "stop_timeout = 20\n"
                                     "console_interval = 0.5\n");
     std::string detail;
     LibvirtOptions system;
     system.uri = "qemu:///system";
+    system.network = "default";
     auto opened = open_libvirt(system, &detail);
     if (!opened) throw std::runtime_error(detail);
     libvirt = std::move(*opened);
   }
 
   // The metadata service where guests look for it: 169.254.169.254 on the default network's
-  // bridge (the agent has started that network by now).
+  // bridge, which needs the network up (whoever comes first starts it).
   void serve_metadata() {
+    auto network = libvirt->ensure_network();
+    if (!network) throw std::runtime_error(network.failure->message);
     if (std::system("ip addr replace 169.254.169.254/32 dev virbr0") != 0)
       throw std::runtime_error("cannot put the metadata address on virbr0");
     mdserver = servers.spawn_toyvm({"mdserver", "--listen", "169.254.169.254:80"}, "mdserver.log");
@@ -99,6 +101,17 @@ struct GuestHost {
   }
 };
 
+// virsh, for what toyvm's backend has no call for.
+CommandResult virsh(std::vector<std::string> args) {
+  TempDir dir;
+  args.insert(args.begin(), {"virsh", "-q", "-c", "qemu:///system"});
+  return run_command(args, dir.path());
+}
+
+bool network_active(const std::string& network) {
+  return virsh({"net-info", network}).out.find("Active:         yes") != std::string::npos;
+}
+
 InstanceRecord record_of(const Servers& servers, const std::string& uuid) {
   auto kvs = servers.etcd_prefix(KeyLayout().instance(uuid));
   REQUIRE(kvs.size() == 1);
@@ -110,7 +123,13 @@ InstanceRecord record_of(const Servers& servers, const std::string& uuid) {
 }  // namespace
 
 TEST_CASE("a tiny guest boots under TCG, gets an address by DHCP and reads its own metadata", "[guests]") {
+  // Nothing may assume the default network is up: the agent starts it.
+  ensure_libvirtd();
+  virsh({"net-destroy", "default"});
+  REQUIRE_FALSE(network_active("default"));
   GuestHost host;
+  CHECK(network_active("default"));
+
   host.serve_metadata();
   std::string user_data = host.servers.dir() + "/user-data";
   std::ofstream(user_data) << "#cloud-config\nhostname: tiny-one\n";
@@ -196,4 +215,73 @@ TEST_CASE("missing and corrupt images are ERROR image_failure with the allocatio
     host.expect_nothing_left(uuid);
   }
   CHECK(host.servers.usages(host.rp)["VCPU"] == 0);
+}
+
+TEST_CASE("libvirt's own words reach toyvm show: a network that cannot start, a domain it refuses", "[guests]") {
+  ensure_libvirtd();
+  Servers servers;
+  // A NAT network on the default network's subnet: libvirt will not start it beside virbr0.
+  std::string clash = servers.dir() + "/clash.xml";
+  std::ofstream(clash) << "<network><name>toyvm-test-clash</name><forward mode='nat'/>"
+                          "<ip address='192.168.122.1' netmask='255.255.255.0'/></network>";
+  virsh({"net-undefine", "toyvm-test-clash"});
+  REQUIRE(virsh({"net-define", clash}).exit_code == 0);
+  virsh({"net-start", "default"});
+  REQUIRE(network_active("default"));
+
+  std::string clashing, plain;
+  auto on_clash = servers.start_compute("clash", "VCPU:4,MEMORY_MB:2048,DISK_GB:10", &clashing,
+                                        {"--libvirt-uri", "qemu:///system", "--trait", "CUSTOM_CLASH"},
+                                        "domain_type = 'qemu'\nnetwork = 'toyvm-test-clash'\n");
+  auto on_plain = servers.start_compute("plain", "VCPU:512,MEMORY_MB:2048,DISK_GB:10", &plain,
+                                        {"--libvirt-uri", "qemu:///system", "--trait", "CUSTOM_PLAIN"},
+                                        "domain_type = 'qemu'\nnetwork = ''\n");
+  struct Case {
+    std::string query, host, libvirt_says;
+  };
+  for (const Case& c : {Case{"resources=VCPU:1,MEMORY_MB:128,DISK_GB:1&required=CUSTOM_CLASH", clashing,
+                             "Network is already in use by interface virbr0"},
+                        Case{"resources=VCPU:300,MEMORY_MB:128,DISK_GB:1&required=CUSTOM_PLAIN", plain,
+                             "Maximum CPUs greater than specified machine type limit"}}) {
+    auto scheduled = servers.toyvm({"schedule", c.query, "--wait", "--timeout", "60"}, 90);
+    INFO(scheduled.out << scheduled.err << on_clash->output() << on_plain->output());
+    CHECK(scheduled.exit_code == 5);
+    auto [target, uuid] = parse_notified(scheduled.out);
+    REQUIRE(target == c.host);
+    auto shown = servers.toyvm({"show", uuid});
+    CHECK_THAT(shown.out, Catch::Contains("ERROR") && Catch::Contains(c.libvirt_says));
+    CHECK_THAT(shown.out, !Catch::Contains("unknown libvirt error"));
+    CHECK(servers.allocations(uuid).empty());
+    CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  }
+  CHECK_THAT(on_clash->output(), Catch::Contains("Network is already in use by interface virbr0"));
+  virsh({"net-undefine", "toyvm-test-clash"});
+}
+
+TEST_CASE("schedule --wait stops at the host's address_timeout for a guest that never asks DHCP", "[guests]") {
+  ensure_libvirtd();
+  Servers servers;
+  std::string images = servers.dir() + "/images";
+  fs::create_directories(images + "/tiny");
+  for (const char* file : {"kernel", "initrd", "cmdline"})
+    fs::copy_file(tiny_guest_dir() + "/" + file, images + "/tiny/" + file);
+  // rtl8139: a NIC the tiny guest has no driver for, so it never asks for an address.
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:2,MEMORY_MB:1024,DISK_GB:10", &rp,
+                                       {"--libvirt-uri", "qemu:///system"},
+                                       "domain_type = 'qemu'\nimage_dir = '" + images +
+                                           "'\nnic_model = 'rtl8139'\naddress_timeout = 5\n");
+  auto scheduled = servers.toyvm({"schedule", flavor, "--image", "tiny", "--wait", "--timeout", "120"}, 150);
+  INFO(scheduled.out << scheduled.err << compute->output());
+  CHECK(scheduled.exit_code == 6);
+  CHECK_THAT(scheduled.out, Catch::Contains("ACTIVE"));
+  CHECK_THAT(scheduled.err, Catch::Contains("ACTIVE") && Catch::Contains("no address"));
+  CHECK(count_lines(scheduled.err) == 1);
+  auto [target, uuid] = parse_notified(scheduled.out);
+  REQUIRE(!uuid.empty());
+  InstanceRecord record = record_of(servers, uuid);
+  CHECK(record.state == InstanceState::active);
+  CHECK(record.no_address);
+  CHECK_THAT(servers.toyvm({"show", uuid}).out, Catch::Contains("address_timeout"));
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }

@@ -222,11 +222,18 @@ TEST_CASE("show --console prints the tail the agent published", "[images]") {
 
   // The test driver writes no console: stand in for QEMU.
   std::string log = host.servers.dir() + "/c1/instances/" + uuid + "/console.log";
-  write_file(log, std::string(20000, '.') + "\nlogin: ");
+  // A guest's escape sequence (retitle the terminal, clear the screen) reaches the operator
+  // defused, unless asked for raw.
+  write_file(log, std::string(20000, '.') + "\r\n\x1b]0;owned\x07\x1b[2Jlogin: ");
   CHECK(wait_for([&] { return host.servers.toyvm({"show", uuid, "--console"}).out.find("login:") != std::string::npos; },
                  10));
   std::string tail = host.servers.toyvm({"show", uuid, "--console"}).out;
-  CHECK(tail.size() <= 16 * 1024 + 1);
+  CHECK(tail.size() <= 16 * 1024 + 16);
+  CHECK(tail.find('\x1b') == std::string::npos);
+  CHECK(tail.find('\r') == std::string::npos);
+  CHECK_THAT(tail, Catch::EndsWith("\n^[]0;owned^G^[[2Jlogin: \n"));
+  std::string raw = host.servers.toyvm({"show", uuid, "--console", "--raw"}).out;
+  CHECK_THAT(raw, Catch::EndsWith("\r\n\x1b]0;owned\x07\x1b[2Jlogin: \n"));
 
   CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
   CHECK(host.servers.etcd_prefix(KeyLayout().console(uuid)).empty());

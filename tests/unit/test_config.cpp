@@ -131,3 +131,28 @@ TEST_CASE("a config file holding a secret must not be readable by others") {
   CHECK(load_config(flags, &detail).has_value());
   std::remove(path);
 }
+
+TEST_CASE("endpoints without a scheme are bad usage, named with what is expected") {
+  unsetenv("TOYVM_CONFIG");
+  unsetenv("TOYVM_ETCD");
+  unsetenv("TOYVM_PLACEMENT");
+  std::string detail;
+  CommonOverrides flags;
+  flags.placement = "localhost:8080";
+  auto config = load_config(flags, &detail);
+  REQUIRE_FALSE(config);
+  CHECK(config.error() == errc::invalid_config);
+  CHECK_THAT(detail, Catch::Contains("'localhost:8080'") && Catch::Contains("http://") && Catch::Contains("https://"));
+
+  flags.placement = "https://placement.example:8778/placement";
+  flags.etcd = "http://127.0.0.1:2379,etcd-2:2379";
+  CHECK_FALSE(load_config(flags, &detail));
+  CHECK_THAT(detail, Catch::Contains("etcd endpoint 'etcd-2:2379'"));
+
+  for (const char* bad : {"http://", "ftp://etcd:2379", "http:///x"}) {
+    flags.etcd = bad;
+    CHECK_FALSE(load_config(flags, &detail));
+  }
+  flags.etcd = "https://etcd-1:2379, http://[::1]:2379";
+  CHECK(load_config(flags, &detail).has_value());
+}

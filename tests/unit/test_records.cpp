@@ -39,6 +39,14 @@ TEST_CASE("instance records survive a round trip, with and without an error") {
   auto back = decode_instance(encode(r));
   REQUIRE(back);
   CHECK(*back == r);
+  r.ip.clear();
+  r.no_address = true;
+  CHECK_THAT(encode(r), Catch::Contains("\"no_address\":true"));
+  back = decode_instance(encode(r));
+  REQUIRE(back);
+  CHECK(*back == r);
+  CHECK_FALSE(decode_instance(R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","no_address":"yes"})"));
+  r.no_address = false;
   r.state = InstanceState::error;
   r.error_code = "launch_failure";
   r.error_message = "no such\nthing";

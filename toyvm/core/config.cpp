@@ -88,6 +88,20 @@ std::vector<std::string> split_endpoints(std::string_view list) {
   return out;
 }
 
+namespace {
+
+// Endpoints are URLs: "localhost:8080" would otherwise fail later as an unreachable server.
+std::string check_url(std::string_view what, std::string_view url) {
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (url.starts_with(scheme) && url.size() > scheme.size() && url[scheme.size()] != '/' &&
+        url.find_first_of(" \t") == std::string_view::npos)
+      return {};
+  }
+  return fmt::format("{} '{}' is not a URL: expected http://HOST:PORT or https://HOST:PORT", what, url);
+}
+
+}  // namespace
+
 result<Config> parse_config(std::string_view text, std::string* detail) {
   Config config;
   toml::table root;
@@ -258,6 +272,15 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
   if (!placement.empty()) config->placement.endpoint = placement;
   if (config->etcd.endpoints.empty()) {
     if (detail) *detail = "no etcd endpoint given";
+    return errc::invalid_config;
+  }
+  std::string bad_url = check_url("the Placement endpoint", config->placement.endpoint);
+  if (bad_url.empty() && !config->placement.auth_url.empty())
+    bad_url = check_url("placement.auth_url", config->placement.auth_url);
+  for (const std::string& endpoint : config->etcd.endpoints)
+    if (bad_url.empty()) bad_url = check_url("the etcd endpoint", endpoint);
+  if (!bad_url.empty()) {
+    if (detail) *detail = std::move(bad_url);
     return errc::invalid_config;
   }
   // TLS material is read when the etcd channel is made; missing files are reported here.

@@ -53,6 +53,7 @@ enum class ExitCode : int {
   not_found = 3,        // unknown instance
   unavailable = 4,      // etcd or Placement unreachable
   failed = 5,           // anything else, including an instance in ERROR with --wait
+  no_address = 6,       // --wait: the instance is ACTIVE but its guest got no address
 };
 
 ExitCode exit_code_for(const error_code& ec) noexcept;

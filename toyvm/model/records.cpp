@@ -161,6 +161,7 @@ std::string encode(const InstanceRecord& r) {
   o["state"] = to_string(r.state);
   o["ip"] = r.ip;
   o["mac"] = r.mac;
+  if (r.no_address) o["no_address"] = true;
   if (!r.error_code.empty()) {
     o["error"] = json::object{{"code", r.error_code}, {"message", r.error_message}};
   }
@@ -236,6 +237,7 @@ result<InstanceRecord> decode_instance(std::string_view text, std::string* detai
     if (key == "state") return read_enum(v, state_names, r.state);
     if (key == "ip") return read_string(v, r.ip);
     if (key == "mac") return read_string(v, r.mac);
+    if (key == "no_address") return !v.get_bool().get(r.no_address);
     if (key == "updated_at") return read_int(v, r.updated_at);
     if (key == "error") {
       if (v.is_null()) return true;

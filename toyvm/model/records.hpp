@@ -54,6 +54,7 @@ struct InstanceRecord {
   InstanceState state = InstanceState::scheduled;
   std::string ip;
   std::string mac;
+  bool no_address = false;    // ACTIVE, and the agent stopped looking for the guest's address
   std::string error_code;     // CIAO's reason codes: image_failure, launch_failure, ...
   std::string error_message;
   int64_t updated_at = 0;     // unix milliseconds

@@ -139,6 +139,7 @@ class ComputeAgent {
     bool dirty = false;
     std::string ip;             // the guest's address once libvirt knows it
     std::chrono::steady_clock::time_point address_deadline;  // stop looking for it then
+    bool address_given_up = false;  // the deadline passed without one: recorded, so --wait ends
     int64_t console_published = -1;  // console log size last put in etcd
     asio::steady_timer* waiting = nullptr;  // a build waiting for its image; cancelled on destroy
   };
@@ -512,7 +513,10 @@ class ComputeAgent {
     record.name = spec.name;
     record.host = provider_;
     record.state = state;
-    if (state == InstanceState::active) record.ip = slots_[spec.uuid].ip;
+    if (state == InstanceState::active) {
+      record.ip = slots_[spec.uuid].ip;
+      record.no_address = slots_[spec.uuid].address_given_up;
+    }
     const bool has_nic = !config_.compute.network.empty() || !config_.compute.bridge.empty();
     if (has_nic && (state == InstanceState::active || state == InstanceState::stopped))
       record.mac = instance_mac(spec.uuid);
@@ -543,6 +547,7 @@ class ComputeAgent {
       // A guest that just started gets an address from DHCP: look for it until the deadline.
       slot.address_deadline = std::chrono::steady_clock::now() +
                               std::chrono::milliseconds(int64_t(config_.compute.address_timeout_s * 1000));
+      slot.address_given_up = false;
     }
     if (state != InstanceState::active) slot.ip.clear();
     co_return co_await write_instance(instance_record(spec, state));
@@ -753,15 +758,16 @@ class ComputeAgent {
       timer.expires_after(console_every.count() > 0 ? std::min<std::chrono::milliseconds>(500ms, console_every) : 500ms);
       co_await timer.async_wait(asio::as_tuple(use_awaitable));
       auto now = std::chrono::steady_clock::now();
-      std::vector<std::string> looking, consoles;
+      std::vector<std::string> looking, given_up, consoles;
+      const bool has_nic = !config_.compute.network.empty() || !config_.compute.bridge.empty();
       for (auto& [uuid, slot] : slots_) {
         if (!slot.desired || slot.busy) continue;
-        if (slot.recorded == InstanceState::active && slot.ip.empty() && now < slot.address_deadline &&
-            (!config_.compute.network.empty() || !config_.compute.bridge.empty()))
-          looking.push_back(uuid);
+        if (has_nic && slot.recorded == InstanceState::active && slot.ip.empty() && !slot.address_given_up)
+          (now < slot.address_deadline ? looking : given_up).push_back(uuid);
         if (slot.recorded == InstanceState::active || slot.recorded == InstanceState::stopped) consoles.push_back(uuid);
       }
       for (const std::string& uuid : looking) co_await find_address(uuid);
+      for (const std::string& uuid : given_up) co_await give_up_address(uuid);
       if (console_every.count() > 0 && now >= next_console) {
         next_console = now + console_every;
         if (!consoles.empty()) co_await publish_consoles(consoles);
@@ -779,6 +785,17 @@ class ComputeAgent {
     for (const GuestAddress& address : found.value)
       if (address.mac == mac) slot.ip = address.ip;
     spdlog::info("instance {}: address {}", uuid, slot.ip);
+    WorkSpec spec = *slot.desired;
+    co_await write_instance(instance_record(spec, InstanceState::active));
+  }
+
+  // Recorded so that whoever waits for the address stops waiting.
+  awaitable<void> give_up_address(std::string uuid) {
+    Slot& slot = slots_[uuid];
+    if (!slot.desired || slot.busy || slot.recorded != InstanceState::active || !slot.ip.empty()) co_return;
+    slot.address_given_up = true;
+    spdlog::warn("instance {}: no address within address_timeout ({} s); no longer looking", uuid,
+                 config_.compute.address_timeout_s);
     WorkSpec spec = *slot.desired;
     co_await write_instance(instance_record(spec, InstanceState::active));
   }

@@ -4,6 +4,7 @@
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
+#include "model/console.hpp"
 #include "model/keys.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
@@ -35,6 +36,7 @@ json::object instance_json(const InstanceRecord& r) {
   } else {
     o["error"] = json::object{{"code", r.error_code}, {"message", r.error_message}};
   }
+  if (r.no_address) o["no_address"] = true;
   o["updated_at"] = r.updated_at;
   return o;
 }
@@ -57,7 +59,9 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
   if (!record->name.empty()) std::printf("name:   %s\n", record->name.c_str());
   std::printf("state:  %s\n", std::string(to_string(record->state)).c_str());
   std::printf("host:   %s\n", record->host.c_str());
-  std::printf("ip:     %s\n", record->ip.empty() ? "-" : record->ip.c_str());
+  std::printf("ip:     %s\n", !record->ip.empty() ? record->ip.c_str()
+                             : record->no_address ? "- (none within the host's address_timeout)"
+                                                  : "-");
   if (!record->error_code.empty())
     std::printf("error:  %s: %s\n", record->error_code.c_str(), record->error_message.c_str());
   co_return 0;
@@ -74,7 +78,8 @@ awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowO
     std::fprintf(stderr, "toyvm: instance %s has no console output yet\n", options.uuid.c_str());
     co_return 0;
   }
-  const std::string& text = console->kvs.front().value;
+  const std::string& published = console->kvs.front().value;
+  const std::string text = options.raw ? published : printable_console(published);
   std::fwrite(text.data(), 1, text.size(), stdout);
   if (!text.empty() && text.back() != '\n') std::fputc('\n', stdout);
   co_return 0;

@@ -195,8 +195,11 @@ class Scheduler {
       std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", record.host.c_str(), record.uuid.c_str());
     std::fflush(stdout);
     if (!options_.wait) co_return 0;
-    int worst = 0;
-    for (const std::string& uuid : uuids) worst = std::max(worst, co_await wait_until_settled(uuid, *handed));
+    int worst = 0;  // a failure outranks an instance that is only missing its address
+    for (const std::string& uuid : uuids) {
+      int code = co_await wait_until_settled(uuid, *handed);
+      if (code != 0 && (worst == 0 || worst == int(ExitCode::no_address))) worst = code;
+    }
     co_return worst;
   }
 
@@ -376,6 +379,9 @@ class Scheduler {
     while (true) {
       WatchBatch batch = co_await watch->next();
       if (deadline.fired()) {
+        if (last == InstanceState::active)
+          co_return report_failure(ExitCode::no_address, fmt::format("instance {} is ACTIVE but has no address after {} s",
+                                                                     uuid, options_.wait_timeout_s));
         co_return report_failure(ExitCode::failed,
                                  fmt::format("instance {} did not settle within {} s", uuid, options_.wait_timeout_s));
       }
@@ -385,7 +391,15 @@ class Scheduler {
           co_return report_failure(ExitCode::failed, fmt::format("instance {} was deleted", uuid));
         }
         auto record = decode_instance(event.kv.value);
-        if (!record || (record->state == last && record->ip == last_ip)) continue;
+        if (!record) continue;
+        if (record->state == InstanceState::active && record->ip.empty() && record->no_address) {
+          if (last != InstanceState::active) std::printf("INSTANCE %s ACTIVE\n", uuid.c_str());
+          co_return report_failure(ExitCode::no_address,
+                                   fmt::format("instance {} is ACTIVE but its guest got no address within its "
+                                               "host's address_timeout",
+                                               uuid));
+        }
+        if (record->state == last && record->ip == last_ip) continue;
         last = record->state;
         last_ip = record->ip;
         if (record->state == InstanceState::error) {

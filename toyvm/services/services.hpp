@@ -35,6 +35,7 @@ struct ShowOptions {
   bool json = false;
   bool hosts = false;
   bool console = false;  // the tail of the instance's serial console
+  bool raw = false;      // ... with the guest's control characters left in
 };
 int run_show(const Config& config, const ShowOptions& options);
 

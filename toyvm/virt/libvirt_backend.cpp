@@ -18,9 +18,11 @@ namespace fs = std::filesystem;
 
 const LibvirtApi* api = nullptr;  // set by open_libvirt before any backend exists
 
+// libvirt keeps one error per thread and clears it at the start of every public call, even a
+// successful one: read it right after the call that failed, before any other.
 std::string last_virt_error() {
   virErrorPtr error = api->virGetLastError();
-  return error && error->message ? error->message : "unknown libvirt error";
+  return error && error->message ? error->message : "libvirt failed without saying why";
 }
 
 bool last_error_is(int code) {
@@ -87,11 +89,13 @@ class LibvirtBackend final : public VirtBackend {
       auto disk = make_overlay(spec);
       if (!disk) return {false, disk.failure};
       dom.ptr = api->virDomainDefineXML(conn_, domain_xml(spec, options_, disk.value).c_str());
-      if (!dom) return fail<bool>(last_error_is(VIR_ERR_NO_NETWORK) ? "network_failure" : "launch_failure");
+      if (!dom)
+        return fail<bool>(last_error_is(VIR_ERR_NO_NETWORK) ? "network_failure" : "launch_failure",
+                          "libvirt refused the domain");
     }
     int active = api->virDomainIsActive(dom.ptr);
     if (active == 1) return {true, {}};
-    if (active < 0 || api->virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure");
+    if (active < 0 || api->virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure", "cannot start the domain");
     return {true, {}};
   }
 
@@ -100,26 +104,16 @@ class LibvirtBackend final : public VirtBackend {
     if (!dom) return fail<bool>("launch_failure");
     if (api->virDomainIsActive(dom.ptr) == 1) return {true, {}};
     if (auto network = ensure_network(); !network) return network;
-    if (api->virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure");
+    if (api->virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure", "cannot start the domain");
     return {true, {}};
   }
 
   VirtResult<bool> shutdown(const std::string& uuid) override {
-    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-    if (!dom) return fail<bool>("invalid_data");
-    if (api->virDomainIsActive(dom.ptr) != 1) return {true, {}};
-    if (api->virDomainShutdown(dom.ptr) < 0 && api->virDomainIsActive(dom.ptr) == 1)
-      return fail<bool>("launch_failure");
-    return {true, {}};
+    return power_off(uuid, api->virDomainShutdown, "shutting down");
   }
 
   VirtResult<bool> stop(const std::string& uuid) override {
-    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-    if (!dom) return fail<bool>("invalid_data");
-    if (api->virDomainIsActive(dom.ptr) != 1) return {true, {}};
-    if (api->virDomainDestroy(dom.ptr) < 0 && api->virDomainIsActive(dom.ptr) == 1)
-      return fail<bool>("launch_failure");
-    return {true, {}};
+    return power_off(uuid, api->virDomainDestroy, "stopping");
   }
 
   VirtResult<bool> destroy(const std::string& uuid) override {
@@ -190,11 +184,11 @@ class LibvirtBackend final : public VirtBackend {
   VirtResult<bool> ensure_network() override {
     if (options_.network.empty() || !options_.bridge.empty()) return {true, {}};
     NetworkHandle network(api->virNetworkLookupByName(conn_, options_.network.c_str()));
-    if (!network) return fail<bool>("network_failure");
-    if (api->virNetworkIsActive(network.ptr) != 1 && api->virNetworkCreate(network.ptr) < 0 &&
-        api->virNetworkIsActive(network.ptr) != 1)
-      return fail<bool>("network_failure");
-    return {true, {}};
+    if (!network) return fail<bool>("network_failure", fmt::format("libvirt network '{}'", options_.network));
+    if (api->virNetworkIsActive(network.ptr) == 1 || api->virNetworkCreate(network.ptr) == 0) return {true, {}};
+    auto failed = fail<bool>("network_failure", fmt::format("cannot start libvirt network '{}'", options_.network));
+    if (api->virNetworkIsActive(network.ptr) == 1) return {true, {}};  // another agent started it
+    return failed;
   }
 
   // The instance storage pool: transient (libvirt forgets it on restart; open_libvirt makes
@@ -210,13 +204,21 @@ class LibvirtBackend final : public VirtBackend {
   }
 
  private:
+  // A failure carrying libvirt's own words, after what toyvm was doing when it has a say.
   template <class T>
-  VirtResult<T> fail(const char* reason) {
-    return {T{}, VirtFailure{reason, last_virt_error()}};
+  VirtResult<T> fail(const char* reason, std::string_view doing = {}) {
+    std::string message = doing.empty() ? last_virt_error() : fmt::format("{}: {}", doing, last_virt_error());
+    return {T{}, VirtFailure{reason, std::move(message)}};
   }
 
-
-
+  VirtResult<bool> power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing) {
+    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
+    if (!dom) return fail<bool>("invalid_data");
+    if (api->virDomainIsActive(dom.ptr) != 1 || call(dom.ptr) == 0) return {true, {}};
+    auto failed = fail<bool>("launch_failure", doing);
+    if (api->virDomainIsActive(dom.ptr) == 0) return {true, {}};  // it went off meanwhile
+    return failed;
+  }
 
   // A copy-on-write qcow2 over the base disk (or a blank one), as big as the instance's disk.
   VirtResult<std::string> make_overlay(const DomainSpec& spec) {
@@ -247,7 +249,7 @@ class LibvirtBackend final : public VirtBackend {
         "<target><format type='qcow2'/><permissions><mode>0600</mode></permissions></target>{}</volume>",
         overlay_name(spec.uuid), wanted, backing);
     VolumeHandle volume(api->virStorageVolCreateXML(pool.ptr, xml.c_str(), 0));
-    if (!volume) return fail<std::string>("image_failure");
+    if (!volume) return fail<std::string>("image_failure", "cannot make the disk overlay");
     char* path = api->virStorageVolGetPath(volume.ptr);
     if (!path) return fail<std::string>("launch_failure");
     std::string result = path;

@@ -1,0 +1,16 @@
+#include "model/console.hpp"
+
+#include <catch2/catch.hpp>
+
+using toyvm::printable_console;
+
+TEST_CASE("console text keeps lines and tabs and defuses terminal control") {
+  CHECK(printable_console("login:\tok\r\nnext\n") == "login:\tok\nnext\n");
+  // An escape sequence that would retitle the terminal and clear the screen.
+  CHECK(printable_console("a\x1b]0;owned\x07\x1b[2Jb") == "a^[]0;owned^G^[[2Jb");
+  CHECK(printable_console(std::string("\0\x7f\rx", 4)) == "^@^?^Mx");
+  CHECK(printable_console("caf\xC3\xA9 \xE2\x9C\x93") == "caf\xC3\xA9 \xE2\x9C\x93");  // UTF-8 stays
+  CHECK(printable_console("\xC2\x9B" "31m") == "\xEF\xBF\xBD" "31m");  // C1 CSI
+  CHECK(printable_console("\x9b\xff\xC3") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // not UTF-8
+  CHECK(printable_console("\xE0\x80\xAF") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
+}
