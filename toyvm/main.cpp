@@ -138,6 +138,17 @@ int main(int argc, char** argv) {
     });
   }
 
+  AuditOptions audit;
+  auto* audit_cmd = app.add_subcommand("audit", "check that Placement, etcd and the hosts' domains agree");
+  audit_cmd->add_flag("--json", audit.json, "print JSON");
+  audit_cmd->add_flag("--fix", audit.fix,
+                      "release allocations nobody owns or an ERROR instance holds, drop members of gone "
+                      "instances; each only when seen again after --grace seconds");
+  audit_cmd->add_option("--grace", audit.grace_s, "seconds between the two looks of --fix")->capture_default_str();
+  audit_cmd->footer("Exit 0 when everything agrees, 1 when something does not (after --fix: is still not).\n"
+                    "Example: toyvm audit --fix");
+  audit_cmd->callback([&] { service = [&](const Config& c) { return run_audit(c, audit); }; });
+
   MdserverOptions mdserver;
   auto* md = app.add_subcommand("mdserver", "serve cloud-init metadata to guests");
   md->add_option("--listen", mdserver.listen, "ADDRESS:PORT to serve on (repeatable; default 169.254.169.254:80)");

@@ -486,6 +486,15 @@ Allocations Servers::allocations(const std::string& consumer) const {
   });
 }
 
+void Servers::claim(const std::string& consumer, const Allocations& allocations) const {
+  run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
+    PlacementClient placement(io.get_executor(), config.placement);
+    auto r = co_await placement.claim(consumer, allocations);
+    if (!r) throw std::runtime_error("claim failed: " + placement.last_error().detail);
+    co_return true;
+  });
+}
+
 void Servers::set_traits(const std::string& provider, std::vector<std::string> traits) const {
   run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
     PlacementClient placement(io.get_executor(), config.placement);

@@ -122,6 +122,8 @@ class Servers {
   void etcd_put(const std::string& key, const std::string& value) const;
   ResourceAmounts usages(const std::string& provider) const;
   Allocations allocations(const std::string& consumer) const;
+  // A claim made behind toyvm's back, as a leak or a crashed scheduler would leave it.
+  void claim(const std::string& consumer, const Allocations& allocations) const;
   void set_traits(const std::string& provider, std::vector<std::string> traits) const;
   std::string provider_uuid_of(const std::string& compute_name) const;
   int provider_count() const;

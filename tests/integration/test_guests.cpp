@@ -285,3 +285,58 @@ TEST_CASE("schedule --wait stops at the host's address_timeout for a guest that 
   CHECK_THAT(servers.toyvm({"show", uuid}).out, Catch::Contains("address_timeout"));
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }
+
+TEST_CASE("agents sharing one libvirt never touch each other's domains", "[guests]") {
+  ensure_libvirtd();
+  Servers servers;
+  const std::string no_guest = "domain_type = 'qemu'\nnetwork = ''\nresync_interval = 0.2\n";
+  std::string first, second;
+  auto a = servers.start_compute("a", "VCPU:2,MEMORY_MB:1024,DISK_GB:10", &first,
+                                 {"--libvirt-uri", "qemu:///system", "--trait", "CUSTOM_A"}, no_guest);
+  auto on_a = servers.toyvm({"schedule", "resources=VCPU:1,MEMORY_MB:64,DISK_GB:1&required=CUSTOM_A", "--wait"}, 120);
+  REQUIRE(on_a.exit_code == 0);
+  std::string a_uuid = parse_notified(on_a.out).second;
+
+  // A second agent on the same libvirt, as on a host whose state dir was lost: the first
+  // agent's domain is not its work, and it must leave it alone.
+  auto b = servers.start_compute("b", "VCPU:2,MEMORY_MB:1024,DISK_GB:10", &second,
+                                 {"--libvirt-uri", "qemu:///system", "--trait", "CUSTOM_B"}, no_guest);
+  auto on_b = servers.toyvm({"schedule", "resources=VCPU:1,MEMORY_MB:64,DISK_GB:1&required=CUSTOM_B", "--wait"}, 120);
+  REQUIRE(on_b.exit_code == 0);
+  std::string b_uuid = parse_notified(on_b.out).second;
+
+  std::string detail;
+  LibvirtOptions system;
+  system.uri = "qemu:///system";
+  auto libvirt = open_libvirt(system, &detail);
+  REQUIRE(libvirt);
+  INFO(b->output());
+  // Several resyncs of the second agent: the first one's domain keeps running.
+  CHECK_FALSE(wait_for([&] { return (*libvirt)->state(a_uuid).value != DomainState::running; }, 3));
+  CHECK((*libvirt)->state(b_uuid).value == DomainState::running);
+  CHECK(record_of(servers, a_uuid).state == InstanceState::active);
+  CHECK(servers.toyvm({"destroy", a_uuid}).exit_code == 0);
+  CHECK(servers.toyvm({"destroy", b_uuid}).exit_code == 0);
+  CHECK((*libvirt)->state(a_uuid).value == DomainState::absent);
+  CHECK((*libvirt)->state(b_uuid).value == DomainState::absent);
+}
+
+TEST_CASE("after a libvirtd restart the agent connects again and builds here, with no attempt burnt", "[guests]") {
+  ensure_libvirtd();
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:2,MEMORY_MB:1024,DISK_GB:10", &rp,
+                                       {"--libvirt-uri", "qemu:///system"}, "domain_type = 'qemu'\nnetwork = ''\n");
+  REQUIRE(std::system("pkill -x libvirtd") == 0);
+  REQUIRE(wait_for([] { return std::system("pgrep -x libvirtd >/dev/null") != 0; }, 30));
+  REQUIRE(std::system(TOYVM_SOURCE_ROOT "/contrib/start-libvirtd.sh 2>/dev/null") == 0);
+
+  auto scheduled = servers.toyvm({"schedule", "resources=VCPU:1,MEMORY_MB:64,DISK_GB:1", "--wait", "--timeout", "60"}, 90);
+  INFO(scheduled.out << scheduled.err << compute->output());
+  CHECK(scheduled.exit_code == 0);
+  auto [target, uuid] = parse_notified(scheduled.out);
+  REQUIRE(target == rp);
+  CHECK(record_of(servers, uuid).state == InstanceState::active);
+  CHECK_THAT(compute->output(), Catch::Contains("connected again"));
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+}

@@ -8,11 +8,13 @@
 
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 
 using namespace toyvm;
 using namespace toyvm::test;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -261,4 +263,79 @@ TEST_CASE("a host that keeps failing builds: instances move to a healthy one, or
     CHECK(servers.usages(healthy)["VCPU"] == 4);
     CHECK(servers.etcd_prefix(KeyLayout().work_prefix(broken)).empty());
   }
+}
+
+TEST_CASE("an ERROR instance stays ERROR and holds nothing after its agent is killed, even once its image exists",
+          "[recovery]") {
+  Servers servers;
+  std::string images = servers.dir() + "/images";
+  fs::create_directories(images);
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp, {}, "image_dir = '" + images + "'\n");
+  auto scheduled = servers.toyvm({"schedule", small, "--image", "later.raw", "--wait"});
+  CHECK(scheduled.exit_code == 5);
+  std::string uuid = parse_notified(scheduled.out).second;
+  REQUIRE(!uuid.empty());
+  CHECK(servers.allocations(uuid).empty());
+
+  std::ofstream(images + "/later.raw", std::ios::binary) << std::string(4096, 'x');
+  compute->signal(SIGKILL);
+  compute->wait();
+  compute = servers.spawn_toyvm({"--config", servers.dir() + "/c1.toml", "compute", "--state-dir", servers.dir() + "/c1",
+                                 "--libvirt-uri", "test:///default", "--inventory", roomy, "--name", "c1"},
+                                "c1-restarted.log");
+  // The restarted agent reads what it recorded and gives back (again) what ERROR holds.
+  CHECK(wait_for([&] { return compute->output().find(uuid + ": ERROR; its allocation is released") != std::string::npos; },
+                 30));
+  auto record = wait_for_record(servers, uuid, [](const InstanceRecord&) { return true; });
+  REQUIRE(record);
+  CHECK(record->state == InstanceState::error);
+  CHECK(record->error_code == "image_failure");
+  CHECK(servers.allocations(uuid).empty());
+  CHECK(servers.usages(rp)["VCPU"] == 0);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+}
+
+TEST_CASE("a build that fails while Placement is down gives its allocation back once Placement is back",
+          "[recovery]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto stalling = std::make_unique<StallingServer>(servers.dir() + "/stall.log");
+  auto scheduled = servers.toyvm({"schedule", small, "--image", stalling->url()});
+  REQUIRE(scheduled.exit_code == 0);
+  std::string uuid = parse_notified(scheduled.out).second;
+  REQUIRE(wait_for_record(servers, uuid, [](const InstanceRecord& r) { return r.state == InstanceState::building; }));
+
+  servers.stop_placement();
+  stalling.reset();  // the download breaks off: image_failure, while the release cannot happen
+  auto failed = wait_for_record(servers, uuid, [](const InstanceRecord& r) { return r.state == InstanceState::error; });
+  REQUIRE(failed);
+  CHECK(wait_for([&] { return compute->output().find("will retry") != std::string::npos; }, 20));
+  servers.start_placement_again();
+  CHECK(wait_for([&] { return servers.allocations(uuid).empty(); }, 30));
+  CHECK(servers.usages(rp)["VCPU"] == 0);
+  CHECK(compute->running());
+}
+
+TEST_CASE("an agent whose state dir was wiped takes its provider back by name, with its instances", "[recovery]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto scheduled = servers.toyvm({"schedule", small, "--wait"});
+  REQUIRE(scheduled.exit_code == 0);
+  std::string uuid = parse_notified(scheduled.out).second;
+  compute->signal(SIGKILL);
+  compute->wait();
+  fs::remove_all(servers.dir() + "/c1");
+
+  std::string again;
+  compute = servers.start_compute("c1", roomy, &again);
+  CHECK(again == rp);
+  CHECK(servers.provider_count() == 1);
+  CHECK_THAT(compute->output(), Catch::Contains("taking it again"));
+  // Its domain went with the old process (the test driver): it is built again, here.
+  CHECK(wait_for([&] { return compute->output().find("instance " + uuid + ": active") != std::string::npos; }, 30));
+  CHECK(servers.usages(rp)["VCPU"] == 1);
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
 }

@@ -144,6 +144,11 @@ TEST_CASE("domain XML: kernel boot, overlay disk, NIC, serial log and SMBIOS") {
   CHECK(xml.find("<entry name='product'>OpenStack Nova</entry>") != std::string::npos);
   CHECK(xml.find("<smbios mode='sysinfo'/>") != std::string::npos);
   CHECK(xml.find("<acpi/>") != std::string::npos);
+  CHECK(xml.find("<metadata>") == std::string::npos);
+  options.owner = "853557e9-7dc3-438c-9239-f54b9673f509";
+  xml = domain_xml(spec, options, "");
+  CHECK(xml.find("<metadata><toyvm:owner xmlns:toyvm='urn:toyvm:owner:1'>853557e9-7dc3-438c-9239-f54b9673f509"
+                 "</toyvm:owner></metadata>") != std::string::npos);
 
   spec.image = BootImage{};
   options.network.clear();

@@ -18,33 +18,40 @@ WorkSpec with_power(PowerState power) {
 
 TEST_CASE("running work builds, starts, or records what already runs") {
   WorkSpec spec = with_power(PowerState::running);
-  CHECK(decide(&spec, D::absent, std::nullopt) == A::build);
-  CHECK(decide(&spec, D::absent, S::scheduled) == A::build);
-  CHECK(decide(&spec, D::stopped, std::nullopt) == A::start);
-  CHECK(decide(&spec, D::running, std::nullopt) == A::record_active);  // adopted after a restart
-  CHECK(decide(&spec, D::running, S::active) == A::none);               // a replayed event
+  CHECK(decide(&spec, D::absent, std::nullopt, false) == A::build);
+  CHECK(decide(&spec, D::absent, S::scheduled, false) == A::build);
+  CHECK(decide(&spec, D::stopped, std::nullopt, false) == A::start);
+  CHECK(decide(&spec, D::running, std::nullopt, false) == A::record_active);  // adopted after a restart
+  CHECK(decide(&spec, D::running, S::active, false) == A::none);               // a replayed event
 }
 
-TEST_CASE("a failed build is not retried in a loop") {
-  WorkSpec spec = with_power(PowerState::running);
-  CHECK(decide(&spec, D::absent, S::error) == A::none);
+TEST_CASE("an ERROR instance is never built again and gives back what it holds") {
+  for (PowerState power : {PowerState::running, PowerState::stopped}) {
+    WorkSpec spec = with_power(power);
+    CHECK(decide(&spec, D::absent, S::error, false) == A::release);  // after a restart too
+    CHECK(decide(&spec, D::absent, S::error, true) == A::none);      // no retry loop
+    CHECK(decide(&spec, D::running, S::error, true) == A::remove_domain);
+    CHECK(decide(&spec, D::stopped, S::error, false) == A::remove_domain);
+  }
+  WorkSpec deleted = with_power(PowerState::deleted);
+  CHECK(decide(&deleted, D::absent, S::error, false) == A::remove);
 }
 
 TEST_CASE("stopped work stops a running domain and records it once") {
   WorkSpec spec = with_power(PowerState::stopped);
-  CHECK(decide(&spec, D::running, S::active) == A::stop);
-  CHECK(decide(&spec, D::stopped, std::nullopt) == A::record_stopped);
-  CHECK(decide(&spec, D::stopped, S::stopped) == A::none);
+  CHECK(decide(&spec, D::running, S::active, false) == A::stop);
+  CHECK(decide(&spec, D::stopped, std::nullopt, false) == A::record_stopped);
+  CHECK(decide(&spec, D::stopped, S::stopped, false) == A::none);
 }
 
 TEST_CASE("deleted work is removed whatever the domain's state") {
   WorkSpec spec = with_power(PowerState::deleted);
-  CHECK(decide(&spec, D::absent, std::nullopt) == A::remove);
-  CHECK(decide(&spec, D::running, S::active) == A::remove);
+  CHECK(decide(&spec, D::absent, std::nullopt, false) == A::remove);
+  CHECK(decide(&spec, D::running, S::active, false) == A::remove);
 }
 
 TEST_CASE("domains without work are destroyed; nothing without either") {
-  CHECK(decide(nullptr, D::running, std::nullopt) == A::remove_domain);
-  CHECK(decide(nullptr, D::stopped, S::stopped) == A::remove_domain);
-  CHECK(decide(nullptr, D::absent, std::nullopt) == A::none);
+  CHECK(decide(nullptr, D::running, std::nullopt, false) == A::remove_domain);
+  CHECK(decide(nullptr, D::stopped, S::stopped, false) == A::remove_domain);
+  CHECK(decide(nullptr, D::absent, std::nullopt, false) == A::none);
 }

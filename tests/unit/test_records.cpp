@@ -50,6 +50,7 @@ TEST_CASE("instance records survive a round trip, with and without an error") {
   r.state = InstanceState::error;
   r.error_code = "launch_failure";
   r.error_message = "no such\nthing";
+  r.releasing = true;
   back = decode_instance(encode(r));
   REQUIRE(back);
   CHECK(*back == r);

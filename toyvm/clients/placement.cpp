@@ -3,6 +3,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
+#include <boost/url/url.hpp>
 #include <fmt/format.h>
 #include <simdjson.h>
 #include <spdlog/spdlog.h>
@@ -137,6 +138,22 @@ awaitable<result<Candidates>> PlacementClient::allocation_candidates(std::string
 }
 
 awaitable<result<void>> PlacementClient::claim(std::string consumer, Allocations allocations) {
+  co_return co_await put_allocations(std::move(consumer), std::move(allocations), std::nullopt);
+}
+
+awaitable<result<void>> PlacementClient::replace(std::string consumer, Allocations allocations, int64_t generation) {
+  co_return co_await put_allocations(std::move(consumer), std::move(allocations), generation);
+}
+
+awaitable<result<ConsumerAllocations>> PlacementClient::consumer_allocations(std::string consumer) {
+  auto response = co_await call("GET", "/allocations/" + consumer, mv_allocations);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  co_return parse_consumer_allocations(response->body);
+}
+
+awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, Allocations allocations,
+                                                         std::optional<int64_t> generation) {
   json::object body;
   json::object by_provider;
   for (auto& [rp, resources] : allocations)
@@ -145,7 +162,11 @@ awaitable<result<void>> PlacementClient::claim(std::string consumer, Allocations
   // toyvm has no tenants yet; Placement requires both ids.
   body["project_id"] = "toyvm";
   body["user_id"] = "toyvm";
-  body["consumer_generation"] = nullptr;
+  if (generation) {
+    body["consumer_generation"] = *generation;
+  } else {
+    body["consumer_generation"] = nullptr;
+  }
   body["consumer_type"] = "INSTANCE";
   auto response = co_await call("PUT", "/allocations/" + consumer, mv_allocations,
                                 json::serialize(body));
@@ -166,6 +187,32 @@ awaitable<result<Allocations>> PlacementClient::allocations_of(std::string consu
   if (!response) co_return response.error();
   if (response->status != 200) co_return last_error_.code;
   co_return parse_allocations(response->body);
+}
+
+awaitable<result<std::optional<std::string>>> PlacementClient::provider_named(std::string name) {
+  boost::urls::url query("/resource_providers");
+  query.params().append({"name", name});
+  auto response = co_await call("GET", std::string(query.buffer()), mv_providers);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  auto uuids = parse_provider_uuids(response->body);
+  if (!uuids) co_return uuids.error();
+  if (uuids->empty()) co_return std::optional<std::string>();
+  co_return std::optional<std::string>(uuids->front());
+}
+
+awaitable<result<std::vector<std::string>>> PlacementClient::providers() {
+  auto response = co_await call("GET", "/resource_providers", mv_providers);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  co_return parse_provider_uuids(response->body);
+}
+
+awaitable<result<std::map<std::string, ResourceAmounts>>> PlacementClient::provider_allocations(std::string provider) {
+  auto response = co_await call("GET", "/resource_providers/" + provider + "/allocations", mv_providers);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return last_error_.code;
+  co_return parse_allocations(response->body);  // the same shape, keyed by consumer
 }
 
 awaitable<result<ResourceAmounts>> PlacementClient::usages(std::string provider) {

@@ -22,10 +22,21 @@ class PlacementClient {
   awaitable<result<Candidates>> allocation_candidates(std::string query);
   // PUT /allocations/{consumer} for a new consumer (consumer_generation null).
   awaitable<result<void>> claim(std::string consumer, Allocations allocations);
+  // PUT /allocations/{consumer} for one that holds allocations: replaces them all in one
+  // step (a move to another provider) unless the consumer changed since `generation`
+  // (placement_concurrent_update).
+  awaitable<result<void>> replace(std::string consumer, Allocations allocations, int64_t generation);
+  // GET /allocations/{consumer}, with the consumer's generation.
+  awaitable<result<ConsumerAllocations>> consumer_allocations(std::string consumer);
   // DELETE /allocations/{consumer}; releasing what is already gone succeeds.
   awaitable<result<void>> release(std::string consumer);
   awaitable<result<Allocations>> allocations_of(std::string consumer);
   awaitable<result<ResourceAmounts>> usages(std::string provider);
+  // The uuid of the provider named `name`, if there is one.
+  awaitable<result<std::optional<std::string>>> provider_named(std::string name);
+  // Every provider's uuid, and what each consumer holds of one provider (consumer -> amounts).
+  awaitable<result<std::vector<std::string>>> providers();
+  awaitable<result<std::map<std::string, ResourceAmounts>>> provider_allocations(std::string provider);
   awaitable<result<Inventory>> inventory(std::string provider);
   awaitable<result<std::vector<std::string>>> traits(std::string provider);
 
@@ -45,6 +56,8 @@ class PlacementClient {
   const std::string& endpoint() const { return http_.url(); }
 
  private:
+  awaitable<result<void>> put_allocations(std::string consumer, Allocations allocations,
+                                         std::optional<int64_t> generation);
   awaitable<result<HttpResponse>> call(std::string method, std::string target,
                                        std::string microversion, std::string body = {});
   awaitable<result<int64_t>> provider_generation(const std::string& uuid);

@@ -37,6 +37,32 @@ result<Allocations> parse_allocations(const std::string& body) {
   return out;
 }
 
+result<ConsumerAllocations> parse_consumer_allocations(const std::string& body) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  simdjson::dom::object allocations;
+  ConsumerAllocations out;
+  if (parser.parse(body).get(doc) || doc["allocations"].get_object().get(allocations) ||
+      !read_allocations(allocations, out.allocations))
+    return errc::placement_error;
+  int64_t generation = 0;
+  if (!doc["consumer_generation"].get_int64().get(generation)) out.generation = generation;
+  return out;
+}
+
+result<std::vector<std::string>> parse_provider_uuids(const std::string& body) {
+  simdjson::dom::parser parser;
+  simdjson::dom::array providers;
+  if (parser.parse(body)["resource_providers"].get_array().get(providers)) return errc::placement_error;
+  std::vector<std::string> uuids;
+  for (simdjson::dom::element provider : providers) {
+    std::string_view uuid;
+    if (provider["uuid"].get_string().get(uuid)) return errc::placement_error;
+    uuids.emplace_back(uuid);
+  }
+  return uuids;
+}
+
 result<ResourceAmounts> parse_usages(const std::string& body) {
   simdjson::dom::parser parser;
   simdjson::dom::object usages;

@@ -31,6 +31,13 @@ result<Candidates> parse_allocation_candidates(const std::string& body);
 
 // The body of GET /allocations/{consumer}.
 result<Allocations> parse_allocations(const std::string& body);
+struct ConsumerAllocations {
+  Allocations allocations;
+  std::optional<int64_t> generation;  // none for a consumer Placement does not know
+};
+result<ConsumerAllocations> parse_consumer_allocations(const std::string& body);
+// The uuids in the body of GET /resource_providers.
+result<std::vector<std::string>> parse_provider_uuids(const std::string& body);
 // The body of GET /resource_providers/{uuid}/usages.
 result<ResourceAmounts> parse_usages(const std::string& body);
 

@@ -5,6 +5,7 @@
 //   <prefix>/instances/<instance>    observed state of an instance
 //   <prefix>/groups/<name>/<instance> server group membership: the member's host
 //   <prefix>/console/<instance>      the tail of the instance's serial console
+//   <prefix>/domains/<rp>            the domains a host's agent has, under its lease
 
 #include <optional>
 #include <string>
@@ -26,6 +27,8 @@ class KeyLayout {
   std::string instances_prefix() const { return prefix_ + "/instances/"; }
   std::string instance(std::string_view uuid) const;
   std::string console(std::string_view uuid) const { return prefix_ + "/console/" + std::string(uuid); }
+  std::string domains_prefix() const { return prefix_ + "/domains/"; }
+  std::string domains(std::string_view rp) const { return domains_prefix() + std::string(rp); }
   std::string group_prefix(std::string_view group) const;
   std::string group_member(std::string_view group, std::string_view instance) const;
 

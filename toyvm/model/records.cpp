@@ -162,6 +162,7 @@ std::string encode(const InstanceRecord& r) {
   o["ip"] = r.ip;
   o["mac"] = r.mac;
   if (r.no_address) o["no_address"] = true;
+  if (r.releasing) o["releasing"] = true;
   if (!r.error_code.empty()) {
     o["error"] = json::object{{"code", r.error_code}, {"message", r.error_message}};
   }
@@ -238,6 +239,7 @@ result<InstanceRecord> decode_instance(std::string_view text, std::string* detai
     if (key == "ip") return read_string(v, r.ip);
     if (key == "mac") return read_string(v, r.mac);
     if (key == "no_address") return !v.get_bool().get(r.no_address);
+    if (key == "releasing") return !v.get_bool().get(r.releasing);
     if (key == "updated_at") return read_int(v, r.updated_at);
     if (key == "error") {
       if (v.is_null()) return true;
@@ -257,6 +259,25 @@ result<InstanceRecord> decode_instance(std::string_view text, std::string* detai
   if (!parsed) return parsed.error();
   if (auto ok = require(is_uuid(r.uuid), detail, "uuid"); !ok) return ok.error();
   return r;
+}
+
+std::string encode_domains(const std::vector<std::string>& uuids) {
+  json::array out;
+  for (const std::string& uuid : uuids) out.emplace_back(uuid);
+  return json::serialize(out);
+}
+
+result<std::vector<std::string>> decode_domains(std::string_view text) {
+  simdjson::dom::parser parser;
+  simdjson::dom::array items;
+  if (parser.parse(text.data(), text.size()).get_array().get(items)) return errc::corrupt_record;
+  std::vector<std::string> uuids;
+  for (simdjson::dom::element item : items) {
+    std::string_view uuid;
+    if (item.get_string().get(uuid) || !is_uuid(uuid)) return errc::corrupt_record;
+    uuids.emplace_back(uuid);
+  }
+  return uuids;
 }
 
 }  // namespace toyvm

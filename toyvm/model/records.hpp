@@ -55,6 +55,7 @@ struct InstanceRecord {
   std::string ip;
   std::string mac;
   bool no_address = false;    // ACTIVE, and the agent stopped looking for the guest's address
+  bool releasing = false;     // ERROR, and its allocation is still being given back
   std::string error_code;     // CIAO's reason codes: image_failure, launch_failure, ...
   std::string error_message;
   int64_t updated_at = 0;     // unix milliseconds
@@ -72,6 +73,9 @@ std::string encode(const InstanceRecord& record);
 result<HostRecord> decode_host(std::string_view json, std::string* detail = nullptr);
 result<WorkSpec> decode_work(std::string_view json, std::string* detail = nullptr);
 result<InstanceRecord> decode_instance(std::string_view json, std::string* detail = nullptr);
+// A host's domains: a JSON array of instance uuids.
+std::string encode_domains(const std::vector<std::string>& uuids);
+result<std::vector<std::string>> decode_domains(std::string_view json);
 
 int64_t unix_seconds();
 int64_t unix_millis();

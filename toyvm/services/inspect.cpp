@@ -37,6 +37,7 @@ json::object instance_json(const InstanceRecord& r) {
     o["error"] = json::object{{"code", r.error_code}, {"message", r.error_message}};
   }
   if (r.no_address) o["no_address"] = true;
+  if (r.releasing) o["releasing"] = true;
   o["updated_at"] = r.updated_at;
   return o;
 }
@@ -63,7 +64,8 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
                              : record->no_address ? "- (none within the host's address_timeout)"
                                                   : "-");
   if (!record->error_code.empty())
-    std::printf("error:  %s: %s\n", record->error_code.c_str(), record->error_message.c_str());
+    std::printf("error:  %s: %s%s\n", record->error_code.c_str(), record->error_message.c_str(),
+                record->releasing ? " (its allocation is being released)" : "");
   co_return 0;
 }
 

@@ -10,9 +10,9 @@
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
+#include "services/placer.hpp"
 #include "services/services.hpp"
 
-#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
@@ -25,8 +25,6 @@
 
 namespace toyvm {
 namespace {
-
-using namespace asio::experimental::awaitable_operators;
 
 // Nova's limit on user data; etcd's on a request is 1.5 MiB.
 constexpr size_t max_user_data = 64 * 1024;
@@ -92,11 +90,6 @@ result<void> read_guest_data(const ScheduleOptions& options, WorkSpec& spec, std
   return {};
 }
 
-struct Claim {
-  std::string host;
-  Allocations allocations;
-};
-
 class Scheduler {
  public:
   Scheduler(asio::io_context& io, const Config& config, const ScheduleOptions& options)
@@ -105,7 +98,8 @@ class Scheduler {
         options_(options),
         keys_(config.etcd.prefix),
         etcd_(EtcdClient::create(config.etcd)),
-        placement_(io.get_executor(), config.placement) {}
+        placement_(io.get_executor(), config.placement),
+        placer_(placement_, *etcd_, config) {}
 
   awaitable<int> run() {
     std::string detail;
@@ -114,42 +108,28 @@ class Scheduler {
     if (!options_.group.empty() && !is_group_name(options_.group))
       co_return report_failure(errc::invalid_argument,
                                fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group));
-    // Stopped agents mark their providers so (microversion 1.39 lets `required` repeat).
-    query->params.emplace_back("required", "!COMPUTE_STATUS_DISABLED");
     if (!options_.availability_zone.empty())
       query->params.emplace_back("member_of", availability_zone_aggregate(options_.availability_zone));
     WorkSpec spec;
     if (auto read = read_guest_data(options_, spec, &detail); !read)
       co_return report_failure(read.error(), detail);
 
-    // Candidates and live hosts are independent: ask Placement and etcd at once.
     spdlog::debug("schedule: asking Placement and etcd");
-    auto [candidates, hosts] = co_await (
-        placement_.allocation_candidates(query->to_query_string(config_.placement.candidate_limit)) &&
-        etcd_->range_prefix(keys_.hosts_prefix()));
-    if (!hosts) co_return etcd_failure(hosts.error());
-    if (!candidates) co_return placement_failure(candidates.error());
-
-    std::map<std::string, int> group_members;  // host -> members of the group on it
-    if (!options_.group.empty()) {
-      auto members = co_await group_members_by_host();
-      if (!members) co_return members.error() == errc::invalid_argument
-                               ? report_failure(members.error(), group_error_)
-                               : etcd_failure(members.error());
-      group_members = std::move(*members);
+    auto view = co_await placer_.look(std::move(*query), options_.group);
+    if (!view) co_return is_etcd_error(view.error()) ? etcd_failure(view.error()) : placement_failure(view.error());
+    for (GroupPolicy policy : view->group_policies) {
+      if (to_string(policy) != options_.group_policy)
+        co_return report_failure(errc::invalid_argument, fmt::format("server group {} has policy {}, not {}",
+                                                                     options_.group, to_string(policy),
+                                                                     options_.group_policy));
     }
 
-    std::set<std::string> live;
-    for (const KeyValue& kv : hosts->kvs) {
-      auto host = decode_host(kv.value);
-      if (host && host->status == "READY") live.insert(host->provider);
-    }
-
-    spdlog::debug("schedule: {} candidates, {} live hosts", candidates->allocation_requests.size(), live.size());
+    spdlog::debug("schedule: {} candidates, {} live hosts", view->candidates.allocation_requests.size(),
+                  view->live.size());
     const int count = std::max(1, options_.count);
     std::vector<std::string> uuids(static_cast<size_t>(count));
     for (std::string& uuid : uuids) uuid = new_uuid();
-    auto plan = plan_choices(*candidates, live, count, group_members);
+    auto plan = plan_choices(std::move(*view), count);
     auto claims = co_await claim_all(uuids, plan);
     if (!claims) {
       co_await release_all(uuids);
@@ -204,55 +184,23 @@ class Scheduler {
   }
 
  private:
-  WeighPolicy weigh_policy() const {
-    const ScheduleConfig& c = config_.schedule;
-    WeighPolicy policy;
-    policy.kind = parse_weigh_kind(options_.policy.empty() ? c.policy : options_.policy).value_or(WeighPolicy::Kind::spread);
-    policy.ram_multiplier = c.ram_weight_multiplier;
-    policy.cpu_multiplier = c.cpu_weight_multiplier;
-    policy.disk_multiplier = c.disk_weight_multiplier;
-    policy.host_subset_size = c.host_subset_size;
-    return policy;
-  }
-
   // For each instance, the hosts to try, best first. A batch is planned against a local
   // copy of the free capacity, so its instances spread (or pack) before they reach Placement
   // instead of all colliding on the best host.
-  // Members of the requested group per host; invalid_argument (with group_error_ set) when
-  // the group exists with another policy.
-  awaitable<result<std::map<std::string, int>>> group_members_by_host() {
-    auto listed = co_await etcd_->range_prefix(keys_.group_prefix(options_.group));
-    if (!listed) co_return listed.error();
-    std::map<std::string, int> members;
-    for (const KeyValue& kv : listed->kvs) {
-      auto member = decode_group_member(kv.value);
-      if (!member) continue;
-      if (to_string(member->policy) != options_.group_policy) {
-        group_error_ = fmt::format("server group {} has policy {}, not {}", options_.group,
-                                   to_string(member->policy), options_.group_policy);
-        co_return make_error_code(errc::invalid_argument);
-      }
-      members[member->host] += 1;
-    }
-    co_return members;
-  }
-
-  std::vector<std::vector<Choice>> plan_choices(const Candidates& candidates, const std::set<std::string>& live,
-                                                int count, std::map<std::string, int> group_members) {
+  std::vector<std::vector<Choice>> plan_choices(PlacementView view, int count) {
     std::optional<GroupPolicy> group_policy;
     if (!options_.group.empty()) group_policy = parse_group_policy(options_.group_policy);
-    view_ = candidates;
+    view_ = std::move(view);
     std::uniform_real_distribution<double> uniform(0.0, 1.0);
     std::mt19937_64 rng{std::random_device{}()};
-    WeighPolicy policy = weigh_policy();
+    WeighPolicy policy = placer_.weigh_policy(options_.policy);
     std::vector<std::vector<Choice>> plan;
     for (int i = 0; i < count; ++i) {
-      std::vector<Choice> ranked = rank_candidates(view_, live, policy, uniform(rng));
-      if (group_policy) ranked = filter_for_group(std::move(ranked), *group_policy, group_members);
+      std::vector<Choice> ranked = placer_.rank(view_, policy, uniform(rng), group_policy);
       auto fits = [&](const Choice& choice) {
         for (auto& [rp, resources] : *choice.allocations) {
-          auto summary = view_.provider_summaries.find(rp);
-          if (summary == view_.provider_summaries.end()) continue;
+          auto summary = view_.candidates.provider_summaries.find(rp);
+          if (summary == view_.candidates.provider_summaries.end()) continue;
           for (auto& [rc, amount] : resources) {
             auto capacity = summary->second.capacity.find(rc);
             if (capacity != summary->second.capacity.end() && summary->second.used[rc] + amount > capacity->second)
@@ -265,8 +213,8 @@ class Scheduler {
       if (first != ranked.end()) {
         std::rotate(ranked.begin(), first, first + 1);
         for (auto& [rp, resources] : *first->allocations)
-          for (auto& [rc, amount] : resources) view_.provider_summaries[rp].used[rc] += amount;
-        group_members[ranked.front().host] += 1;  // later instances of the batch see it
+          for (auto& [rc, amount] : resources) view_.candidates.provider_summaries[rp].used[rc] += amount;
+        view_.group_members[ranked.front().host] += 1;  // later instances of the batch see it
       }
       plan.push_back(std::move(ranked));
     }
@@ -297,7 +245,7 @@ class Scheduler {
                                std::shared_ptr<AsyncQueue<int>> done) {
     while (!failure && next < uuids.size()) {
       size_t i = next++;
-      auto claim = co_await claim_first_fit(uuids[i], plan[i]);
+      auto claim = co_await placer_.claim_first_fit(uuids[i], plan[i]);
       if (claim) {
         claims[i] = std::move(*claim);
       } else if (!failure) {
@@ -305,21 +253,6 @@ class Scheduler {
       }
     }
     done->push(1);
-  }
-
-  // Tries the hosts in order: a generation conflict retries the same one, a capacity
-  // conflict moves on to the next.
-  awaitable<result<Claim>> claim_first_fit(const std::string& uuid, const std::vector<Choice>& choices) {
-    for (const Choice& choice : choices) {
-      for (int attempt = 1; attempt <= config_.schedule.max_claim_attempts; ++attempt) {
-        auto claimed = co_await placement_.claim(uuid, *choice.allocations);
-        if (claimed) co_return Claim{choice.host, *choice.allocations};
-        if (claimed.error() == errc::placement_concurrent_update) continue;
-        if (claimed.error() == errc::placement_capacity) break;
-        co_return claimed.error();
-      }
-    }
-    co_return make_error_code(errc::no_allocations_left);
   }
 
   awaitable<void> release_all(const std::vector<std::string>& uuids) {
@@ -391,7 +324,8 @@ class Scheduler {
           co_return report_failure(ExitCode::failed, fmt::format("instance {} was deleted", uuid));
         }
         auto record = decode_instance(event.kv.value);
-        if (!record) continue;
+        // ERROR counts once its allocation is given back: then it holds nothing.
+        if (!record || (record->state == InstanceState::error && record->releasing)) continue;
         if (record->state == InstanceState::active && record->ip.empty() && record->no_address) {
           if (last != InstanceState::active) std::printf("INSTANCE %s ACTIVE\n", uuid.c_str());
           co_return report_failure(ExitCode::no_address,
@@ -431,8 +365,8 @@ class Scheduler {
   KeyLayout keys_;
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;
-  Candidates view_;  // candidates with the batch's planned usage added
-  std::string group_error_;
+  Placer placer_;
+  PlacementView view_;  // with the batch's planned usage and group members added
 };
 
 }  // namespace

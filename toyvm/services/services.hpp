@@ -55,6 +55,13 @@ struct PowerOptions {
 };
 int run_power(const Config& config, const PowerOptions& options);
 
+struct AuditOptions {
+  bool json = false;
+  bool fix = false;      // repair what is unambiguous, once seen again after the grace period
+  double grace_s = 10;
+};
+int run_audit(const Config& config, const AuditOptions& options);
+
 struct MdserverOptions {
   std::vector<std::string> listen;  // ADDRESS:PORT; empty: config's
 };

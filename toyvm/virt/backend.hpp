@@ -40,7 +40,8 @@ struct GuestAddress {
   std::string ip;
 };
 
-// A failure with a reason code from design.md's taxonomy (launch_failure, ...).
+// A failure with a reason code from the instance error taxonomy (launch_failure, ...), or
+// libvirt_unavailable: the connection to libvirt is lost, which says nothing about the instance.
 struct VirtFailure {
   std::string reason;
   std::string message;
@@ -71,7 +72,8 @@ class VirtBackend {
   // The guest's IPv4 addresses as libvirt knows them (DHCP leases, or ARP on a bridge).
   virtual VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) = 0;
   virtual VirtResult<DomainState> state(const std::string& uuid) = 0;
-  // The uuids of the domains this agent manages (named toyvm-<uuid>).
+  // The uuids of the domains this agent manages: named toyvm-<uuid> and, with an owner set,
+  // made by that owner (several agents may share one libvirt).
   virtual VirtResult<std::vector<std::string>> list() = 0;
 };
 
@@ -82,7 +84,11 @@ struct LibvirtOptions {
   std::string network;       // libvirt network for guest NICs, e.g. "default"
   std::string bridge;        // or a host bridge (then the network is not used)
   std::string nic_model = "virtio";
+  std::string owner;         // the agent's provider uuid, recorded in each domain it makes
 };
+
+// The namespace of toyvm's element in a domain's <metadata>.
+inline constexpr const char* owner_namespace = "urn:toyvm:owner:1";
 
 // Where an instance's files live.
 std::string instance_path(const std::string& instance_dir, const std::string& uuid);

@@ -17,6 +17,7 @@ namespace toyvm {
   X(virGetLastError)               \
   X(virConnectOpen)                \
   X(virConnectClose)               \
+  X(virConnectIsAlive)             \
   X(virConnectListAllDomains)      \
   X(virDomainLookupByUUIDString)   \
   X(virDomainDefineXML)            \
@@ -27,6 +28,7 @@ namespace toyvm {
   X(virDomainFree)                 \
   X(virDomainGetName)              \
   X(virDomainGetUUIDString)        \
+  X(virDomainGetMetadata)          \
   X(virDomainShutdown)             \
   X(virDomainInterfaceAddresses)   \
   X(virDomainInterfaceFree)        \

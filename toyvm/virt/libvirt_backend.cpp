@@ -8,7 +8,10 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <system_error>
 
 namespace toyvm {
@@ -73,9 +76,26 @@ class LibvirtBackend final : public VirtBackend {
     PoolHandle pool(api->virStoragePoolLookupByName(conn_, pool_.c_str()));
     if (pool) api->virStoragePoolDestroy(pool.ptr);
     api->virConnectClose(conn_);
+    for (virConnectPtr dead : retired_) api->virConnectClose(dead);
+  }
+
+  // libvirtd may restart under the agent: a connection found dead is replaced by a new one.
+  // The dead one is closed with the backend, as calls on other threads may still hold it.
+  bool revive() {
+    virConnectPtr current = conn_.load();
+    if (api->virConnectIsAlive(current) == 1) return true;
+    std::lock_guard lock(revive_mutex_);
+    if (conn_.load() != current) return true;  // another thread did it
+    virConnectPtr fresh = api->virConnectOpen(options_.uri.c_str());
+    if (!fresh) return false;
+    retired_.push_back(current);
+    conn_.store(fresh);
+    spdlog::warn("libvirt {}: the connection was lost; connected again", options_.uri);
+    return true;
   }
 
   VirtResult<bool> create(const DomainSpec& spec) override {
+    if (!revive()) return unavailable<bool>();
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, spec.uuid.c_str()));
     if (!dom) {
       if (!last_error_is(VIR_ERR_NO_DOMAIN)) return fail<bool>("launch_failure");
@@ -100,6 +120,7 @@ class LibvirtBackend final : public VirtBackend {
   }
 
   VirtResult<bool> start(const std::string& uuid) override {
+    if (!revive()) return unavailable<bool>();
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
     if (!dom) return fail<bool>("launch_failure");
     if (api->virDomainIsActive(dom.ptr) == 1) return {true, {}};
@@ -117,6 +138,7 @@ class LibvirtBackend final : public VirtBackend {
   }
 
   VirtResult<bool> destroy(const std::string& uuid) override {
+    if (!revive()) return unavailable<bool>();
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
     if (!dom && !last_error_is(VIR_ERR_NO_DOMAIN)) return fail<bool>("launch_failure");
     if (dom) {
@@ -133,6 +155,7 @@ class LibvirtBackend final : public VirtBackend {
   }
 
   VirtResult<DomainState> state(const std::string& uuid) override {
+    if (!revive()) return unavailable<DomainState>();
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
     if (!dom) {
       if (last_error_is(VIR_ERR_NO_DOMAIN)) return {DomainState::absent, {}};
@@ -144,6 +167,7 @@ class LibvirtBackend final : public VirtBackend {
   }
 
   VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) override {
+    if (!revive()) return unavailable<std::vector<GuestAddress>>();
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
     if (!dom) return fail<std::vector<GuestAddress>>("launch_failure");
     // dnsmasq's leases on a libvirt network; the host's ARP table on a plain bridge.
@@ -166,6 +190,7 @@ class LibvirtBackend final : public VirtBackend {
   }
 
   VirtResult<std::vector<std::string>> list() override {
+    if (!revive()) return unavailable<std::vector<std::string>>();
     virDomainPtr* domains = nullptr;
     int count = api->virConnectListAllDomains(conn_, &domains, 0);
     if (count < 0) return fail<std::vector<std::string>>("launch_failure");
@@ -173,7 +198,8 @@ class LibvirtBackend final : public VirtBackend {
     char uuid[VIR_UUID_STRING_BUFLEN];
     for (int i = 0; i < count; ++i) {
       const char* name = api->virDomainGetName(domains[i]);
-      if (name && api->virDomainGetUUIDString(domains[i], uuid) == 0 && domain_name(uuid) == name)
+      if (name && api->virDomainGetUUIDString(domains[i], uuid) == 0 && domain_name(uuid) == name &&
+          owned(domains[i], uuid))
         uuids.emplace_back(uuid);
       api->virDomainFree(domains[i]);
     }
@@ -182,6 +208,7 @@ class LibvirtBackend final : public VirtBackend {
   }
 
   VirtResult<bool> ensure_network() override {
+    if (!revive()) return unavailable<bool>();
     if (options_.network.empty() || !options_.bridge.empty()) return {true, {}};
     NetworkHandle network(api->virNetworkLookupByName(conn_, options_.network.c_str()));
     if (!network) return fail<bool>("network_failure", fmt::format("libvirt network '{}'", options_.network));
@@ -204,14 +231,40 @@ class LibvirtBackend final : public VirtBackend {
   }
 
  private:
-  // A failure carrying libvirt's own words, after what toyvm was doing when it has a say.
+  // A failure carrying libvirt's own words, after what toyvm was doing when it has a say. A
+  // connection that died meanwhile says nothing about the instance: libvirt_unavailable.
   template <class T>
   VirtResult<T> fail(const char* reason, std::string_view doing = {}) {
     std::string message = doing.empty() ? last_virt_error() : fmt::format("{}: {}", doing, last_virt_error());
+    if (api->virConnectIsAlive(conn_.load()) != 1) reason = "libvirt_unavailable";
     return {T{}, VirtFailure{reason, std::move(message)}};
   }
 
+  template <class T>
+  VirtResult<T> unavailable() {
+    return {T{}, VirtFailure{"libvirt_unavailable", fmt::format("cannot connect to libvirt {} again: {}", options_.uri,
+                                                                last_virt_error())}};
+  }
+
+  // Whether this agent made the domain, as its metadata says; remembered, as it never changes.
+  bool owned(virDomainPtr domain, const std::string& uuid) {
+    if (options_.owner.empty()) return true;
+    {
+      std::lock_guard lock(owners_mutex_);
+      if (mine_.count(uuid)) return true;
+      if (foreign_.count(uuid)) return false;
+    }
+    char* element = api->virDomainGetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, owner_namespace, 0);
+    if (!element && !last_error_is(VIR_ERR_NO_DOMAIN_METADATA)) return false;  // unknown: leave it alone
+    bool mine = element && std::string_view(element) == "<owner>" + options_.owner + "</owner>";
+    free(element);
+    std::lock_guard lock(owners_mutex_);
+    (mine ? mine_ : foreign_).insert(uuid);
+    return mine;
+  }
+
   VirtResult<bool> power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing) {
+    if (!revive()) return unavailable<bool>();
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
     if (!dom) return fail<bool>("invalid_data");
     if (api->virDomainIsActive(dom.ptr) != 1 || call(dom.ptr) == 0) return {true, {}};
@@ -271,9 +324,13 @@ class LibvirtBackend final : public VirtBackend {
     return {true, {}};
   }
 
-  virConnectPtr conn_;
+  std::atomic<virConnectPtr> conn_;
+  std::mutex revive_mutex_;
+  std::vector<virConnectPtr> retired_;
   LibvirtOptions options_;
   std::string pool_;
+  std::mutex owners_mutex_;  // list() may run on several worker threads
+  std::set<std::string> mine_, foreign_;
 };
 
 }  // namespace
@@ -323,6 +380,11 @@ std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, co
                            "    <console type='file'><source path='{0}' append='on'/><target type='serial' port='0'/></console>\n",
                            log);
   }
+  // Who made the domain: agents sharing one libvirt never touch each other's.
+  std::string metadata;
+  if (!options.owner.empty())
+    metadata = fmt::format("  <metadata><toyvm:owner xmlns:toyvm='{}'>{}</toyvm:owner></metadata>\n", owner_namespace,
+                           xml_escape(options.owner));
   // SMBIOS says "OpenStack Nova": cloud-init then trusts the metadata service at 169.254.169.254.
   return fmt::format(
       "<domain type='{type}'>\n"
@@ -331,6 +393,7 @@ std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, co
       "  <title>{title}</title>\n"
       "  <memory unit='MiB'>{memory}</memory>\n"
       "  <vcpu>{vcpus}</vcpu>\n"
+      "{metadata}"
       "  <sysinfo type='smbios'><system>"
       "<entry name='manufacturer'>toyvm</entry><entry name='product'>OpenStack Nova</entry>"
       "<entry name='version'>{version}</entry><entry name='serial'>{uuid}</entry>"
@@ -345,7 +408,7 @@ std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, co
       fmt::arg("type", xml_escape(type)), fmt::arg("name", domain_name(spec.uuid)),
       fmt::arg("uuid", xml_escape(spec.uuid)), fmt::arg("title", xml_escape(spec.name)),
       fmt::arg("memory", spec.memory_mb), fmt::arg("vcpus", spec.vcpus), fmt::arg("version", TOYVM_VERSION),
-      fmt::arg("boot", boot), fmt::arg("devices", devices));
+      fmt::arg("boot", boot), fmt::arg("devices", devices), fmt::arg("metadata", metadata));
 }
 
 result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options, std::string* detail) {

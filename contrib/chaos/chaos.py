@@ -1,0 +1,312 @@
+#!/usr/bin/env python3
+"""A seeded fault campaign: several agents on libvirt's test driver, a random mix of
+operations (schedule, --count, server groups, bad images, stop, start, destroy) and faults
+(agents killed -9 or stopped and restarted, an agent restarted with its state dir wiped,
+etcd restarted, Placement's uWSGI restarted). Then it lets things settle and requires:
+`toyvm audit` clean, every instance ACTIVE, STOPPED, ERROR or gone, no provider over its
+capacity. The seed fixes the sequence of operations and faults (what they meet depends on
+timing); it is printed first, and `--seed` replays it.
+
+  usage: chaos.py --build DIR [--seconds N] [--seed S] [--agents N] [--junit FILE]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from xml.sax.saxutils import escape
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+INVENTORY = "VCPU:16,MEMORY_MB:8192,DISK_GB:64"
+FLAVORS = ["resources=VCPU:1,MEMORY_MB:256,DISK_GB:1", "resources=VCPU:2,MEMORY_MB:512,DISK_GB:2"]
+FINAL = {"ACTIVE", "STOPPED", "ERROR"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what, check, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return True
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Cloud:
+    """etcd, Placement and the agents, each a process of its own in `dir`."""
+
+    def __init__(self, build, dir, agents):
+        self.toyvm = str(build / "toyvm" / "toyvm")
+        self.dir = dir
+        self.procs = {}
+        self.etcd_port, self.peer_port = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
+        self.start_etcd()
+        port = self.placement_port = free_port()
+        self.placement_url = f"http://127.0.0.1:{port}"
+        subprocess.run([str(ROOT / "contrib" / "placement-setup.sh"), str(dir / "placement"), str(port), "", "2"],
+                       check=True, stdout=subprocess.DEVNULL)
+        self.start_placement()
+        self.env = dict(os.environ, TOYVM_ETCD=self.etcd_url, TOYVM_PLACEMENT=self.placement_url)
+        (dir / "agent.toml").write_text("[compute]\nlease_ttl = 3\nresync_interval = 5\nstop_timeout = 0\n"
+                                        f"image_dir = '{dir / 'images'}'\n")
+        (dir / "images").mkdir()
+        (dir / "images" / "good.raw").write_bytes(b"\0" * 4096)
+        self.agents = [f"host{i}" for i in range(agents)]
+        for name in self.agents:
+            self.start_agent(name)
+        for name in self.agents:
+            wait_until(f"agent {name}", lambda: self.agent_alive(name), 30)
+
+    def spawn(self, key, args, env=None):
+        log = open(self.dir / f"{key}.log", "a")
+        self.procs[key] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           env=env, start_new_session=True)
+
+    def start_etcd(self):
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.spawn("etcd", ["etcd", "--name", "chaos", "--data-dir", str(self.dir / "etcd"), "--logger=zap",
+                            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+                            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                            "--initial-cluster", f"chaos={peer}"])
+        wait_until("etcd", lambda: self.run("--etcd", self.etcd_url, "show").returncode == 0, 30)
+
+    def start_placement(self):
+        self.spawn("placement", ["uwsgi", "--ini", str(self.dir / "placement" / "uwsgi.ini")])
+        wait_until("Placement", lambda: urllib.request.urlopen(self.placement_url + "/").status == 200, 30)
+
+    @staticmethod
+    def port_open(port):
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    def start_agent(self, name):
+        self.spawn(name, [self.toyvm, "--config", str(self.dir / "agent.toml"), "compute", "--state-dir",
+                          str(self.dir / name), "--libvirt-uri", "test:///default", "--inventory", INVENTORY,
+                          "--name", name], self.env)
+
+    def provider(self, name):
+        path = self.dir / name / "provider_uuid"
+        return path.read_text().strip() if path.exists() else ""
+
+    def agent_alive(self, name):
+        provider = self.provider(name)
+        return provider and any(h["provider"] == provider and h["alive"] for h in self.hosts())
+
+    def stop(self, key, sig):
+        proc = self.procs.get(key)
+        if proc and proc.poll() is None:
+            os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def run(self, *args, timeout=120):
+        return subprocess.run([self.toyvm, *args], capture_output=True, text=True, env=getattr(self, "env", None),
+                              timeout=timeout)
+
+    def hosts(self):
+        return json.loads(self.run("show", "--hosts", "--json").stdout or "[]")
+
+    def instances(self):
+        return json.loads(self.run("show", "--json").stdout or "[]")
+
+    def placement_get(self, path):
+        request = urllib.request.Request(self.placement_url + path, headers={
+            "X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.39"})
+        return json.load(urllib.request.urlopen(request, timeout=30))
+
+    def overbooked(self):
+        bad = []
+        for rp in self.placement_get("/resource_providers")["resource_providers"]:
+            inventories = self.placement_get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"]
+            usages = self.placement_get(f"/resource_providers/{rp['uuid']}/usages")["usages"]
+            for rc, used in usages.items():
+                inv = inventories.get(rc)
+                if inv and used > (inv["total"] - inv["reserved"]) * inv["allocation_ratio"]:
+                    bad.append(f"{rp['uuid']} {rc} {used}")
+        return bad
+
+    def shutdown(self):
+        for key in list(self.procs):
+            self.stop(key, signal.SIGTERM)
+
+
+class Campaign:
+    def __init__(self, cloud, seed):
+        self.cloud = cloud
+        self.rng = random.Random(seed)
+        self.counts = {}
+        self.log = open(cloud.dir / "campaign.log", "w")
+
+    def note(self, what, detail=""):
+        self.counts[what] = self.counts.get(what, 0) + 1
+        print(f"{time.monotonic():.1f} {what} {detail}", file=self.log, flush=True)
+
+    def known(self):
+        try:
+            return [i["uuid"] for i in self.cloud.instances()]
+        except (json.JSONDecodeError, subprocess.TimeoutExpired):
+            return []
+
+    def operation(self):
+        rng, cloud = self.rng, self.cloud
+        kind = rng.choices(["schedule", "count", "group", "bad_image", "destroy", "stop", "start"],
+                           weights=[6, 2, 2, 1, 4, 2, 2])[0]
+        flavor = rng.choice(FLAVORS)
+        if kind == "schedule":
+            args = ["schedule", flavor, "--image", "good.raw"]
+        elif kind == "count":
+            args = ["schedule", flavor, "--count", str(rng.randint(2, 5))]
+        elif kind == "group":
+            args = ["schedule", flavor, "--group", f"g{rng.randint(1, 3)}", "--group-policy",
+                    rng.choice(["anti-affinity", "soft-anti-affinity"])]
+        elif kind == "bad_image":
+            args = ["schedule", flavor, "--image", "missing.raw"]
+        else:
+            known = self.known()
+            if not known:
+                return
+            # The sequence of choices stays the same for a seed; what they name may differ.
+            pick = known[rng.randrange(1 << 30) % len(known)]
+            args = [kind, pick, "--no-wait"]
+        try:
+            result = cloud.run(*args, timeout=60)
+            self.note(kind, f"exit {result.returncode}")
+        except subprocess.TimeoutExpired:
+            self.note(kind, "timed out")
+
+    def fault(self):
+        rng, cloud = self.rng, self.cloud
+        kind = rng.choices(["kill_agent", "term_agent", "wipe_agent", "restart_etcd", "restart_placement"],
+                           weights=[4, 3, 1, 1, 1])[0]
+        if kind in ("kill_agent", "term_agent", "wipe_agent"):
+            name = rng.choice(cloud.agents)
+            cloud.stop(name, signal.SIGKILL if kind == "kill_agent" else signal.SIGTERM)
+            if kind == "wipe_agent":
+                # The host comes back as a new provider; the old one's work is left to its
+                # operator (destroy --force below, as for a host that is gone for good).
+                shutil.rmtree(cloud.dir / name, ignore_errors=True)
+            cloud.start_agent(name)
+        elif kind == "restart_etcd":
+            cloud.stop("etcd", signal.SIGKILL)
+            cloud.start_etcd()
+        else:
+            cloud.stop("placement", signal.SIGKILL)
+            # Its workers are killed with it, but may hold the port a moment longer.
+            wait_until("Placement's port", lambda: not cloud.port_open(cloud.placement_port), 30)
+            cloud.start_placement()
+        self.note(kind)
+
+    def run(self, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.rng.random() < 0.15:
+                self.fault()
+            else:
+                self.operation()
+
+    def settle(self):
+        """Every agent up, every instance final, dead hosts' work removed; then the checks."""
+        cloud = self.cloud
+        for name in cloud.agents:
+            if cloud.procs[name].poll() is not None:
+                cloud.start_agent(name)
+        for name in cloud.agents:
+            wait_until(f"agent {name}", lambda: cloud.agent_alive(name), 60)
+        live = {h["provider"] for h in cloud.hosts() if h["alive"]}
+        for instance in cloud.instances():
+            if instance["host"] not in live:
+                result = cloud.run("destroy", instance["uuid"], "--force")
+                self.note("destroy_force", f"exit {result.returncode}")
+        wait_until("every instance final", lambda: all(i["state"] in FINAL for i in cloud.instances()), 120)
+        problems = []
+        audit = None
+        # Allow the agents a resync or two to finish what a fault interrupted.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            audit = cloud.run("audit", "--json")
+            if audit.returncode == 0:
+                break
+            time.sleep(1)
+        found = json.loads(audit.stdout).get("discrepancies", []) if audit.stdout.startswith("{") else []
+        if audit.returncode != 0:
+            problems.append(f"toyvm audit exit {audit.returncode}: {audit.stdout.strip()} {audit.stderr.strip()}")
+        not_final = [i for i in cloud.instances() if i["state"] not in FINAL]
+        if not_final:
+            problems.append(f"{len(not_final)} instance(s) not in a final state")
+        over = cloud.overbooked()
+        if over:
+            problems.append(f"providers over capacity: {over}")
+        return problems, found
+
+
+def write_junit(path, name, problems, seconds):
+    failure = f'<failure message="{escape(problems[0])}">{escape(chr(10).join(problems))}</failure>' if problems else ""
+    pathlib.Path(path).write_text(
+        f'<?xml version="1.0"?>\n<testsuites><testsuite name="chaos" tests="1" failures="{int(bool(problems))}">'
+        f'<testcase classname="chaos" name="{escape(name)}" time="{seconds:.1f}">{failure}</testcase>'
+        "</testsuite></testsuites>\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--agents", type=int, default=3)
+    parser.add_argument("--junit", default="")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    print(f"chaos: seed {seed} ({args.seconds:.0f} s, {args.agents} agents); replay with --seed {seed}", flush=True)
+    started = time.monotonic()
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-chaos-"))
+    cloud = None
+    problems, found, counts = [], [], {}
+    try:
+        cloud = Cloud(args.build, workdir, args.agents)
+        campaign = Campaign(cloud, seed)
+        campaign.run(args.seconds)
+        problems, found = campaign.settle()
+        counts = campaign.counts
+    except Exception as e:  # a server that never came back is a finding too
+        problems.append(f"{type(e).__name__}: {e}")
+    finally:
+        if cloud:
+            cloud.shutdown()
+    print("chaos: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    for problem in problems:
+        print(f"chaos: FAILED: {problem}")
+    for d in found:
+        print(f"chaos: discrepancy {d['kind']} {d['instance']} {d['provider']}: {d['detail']}")
+    if args.junit:
+        write_junit(args.junit, f"seed {seed}", problems, time.monotonic() - started)
+    if problems or args.keep:
+        print(f"chaos: logs in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+// toyvm audit against real etcd and Placement, with libvirt's test driver in the agent.
+
+#include "harness.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+#include "model/uuid.hpp"
+
+#include "catch_result.hpp"
+
+#include <signal.h>
+
+using namespace toyvm;
+using namespace toyvm::test;
+
+namespace {
+
+const std::string small = "resources=VCPU:1,DISK_GB:1,MEMORY_MB:64";
+
+std::string schedule_one(const Servers& servers, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{"schedule", small, "--wait"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto r = servers.toyvm(args);
+  REQUIRE(r.exit_code == 0);
+  return parse_notified(r.out).second;
+}
+
+}  // namespace
+
+TEST_CASE("audit: clean books, then each planted discrepancy found and the unambiguous ones fixed", "[audit]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:8,DISK_GB:100,MEMORY_MB:4096", &rp, {}, "lease_ttl = 2\n");
+  schedule_one(servers);
+  std::string grouped = schedule_one(servers, {"--group", "web"});
+  // The agent publishes its domains once its work is done.
+  REQUIRE(wait_for([&] { return !servers.etcd_prefix(KeyLayout().domains(rp)).empty() &&
+                                decode_domains(servers.etcd_prefix(KeyLayout().domains(rp)).front().value)->size() == 2; },
+                   10));
+  auto clean = servers.toyvm({"audit"});
+  INFO(clean.out << clean.err);
+  CHECK(clean.exit_code == 0);
+  CHECK_THAT(clean.out, Catch::Contains("clean"));
+
+  // A claim nobody handed over, and a group member whose instance is gone.
+  const std::string leaked = new_uuid();
+  servers.claim(leaked, Allocations{{rp, {{"VCPU", 1}, {"MEMORY_MB", 64}}}});
+  const std::string gone = new_uuid();
+  servers.etcd_put(KeyLayout().group_member("web", gone), R"({"host":")" + rp + R"(","policy":"anti-affinity"})");
+  auto dirty = servers.toyvm({"audit", "--json"});
+  INFO(dirty.out << dirty.err);
+  CHECK(dirty.exit_code == 1);
+  CHECK_THAT(dirty.out, Catch::Contains("\"allocation_without_instance\"") && Catch::Contains(leaked));
+  CHECK_THAT(dirty.out, Catch::Contains("\"member_without_instance\"") && Catch::Contains(gone));
+
+  auto fixed = servers.toyvm({"audit", "--fix", "--grace", "0.2"});
+  INFO(fixed.out << fixed.err);
+  CHECK(fixed.exit_code == 0);
+  CHECK_THAT(fixed.out, Catch::Contains("2 discrepancies, 2 fixed"));
+  CHECK(servers.allocations(leaked).empty());
+  CHECK(servers.etcd_prefix(KeyLayout().group_member("web", gone)).empty());
+  CHECK_FALSE(servers.etcd_prefix(KeyLayout().group_member("web", grouped)).empty());
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+
+  // Work whose agent died, and an instance that holds nothing: found, not guessed at.
+  servers.claim(leaked, Allocations{{rp, {{"VCPU", 1}}}});
+  compute->signal(SIGKILL);
+  compute->wait();
+  REQUIRE(wait_for([&] { return servers.etcd_prefix(KeyLayout().host(rp)).empty(); }, 30));
+  auto dead = servers.toyvm({"audit", "--fix", "--grace", "0.2"});
+  INFO(dead.out << dead.err);
+  CHECK(dead.exit_code == 1);
+  CHECK_THAT(dead.out, Catch::Contains("work_on_dead_host") && Catch::Contains(grouped));
+  CHECK_THAT(dead.out, Catch::Contains("allocation_without_instance") && Catch::Contains("(fixed)"));
+  CHECK(servers.allocations(leaked).empty());
+  CHECK_FALSE(servers.allocations(grouped).empty());  // the dead host's instance keeps its claim
+}
+
+TEST_CASE("audit: Placement or etcd down is exit 4 with one line", "[audit]") {
+  Servers servers;
+  servers.stop_placement();
+  auto r = servers.toyvm({"audit"});
+  CHECK(r.exit_code == 4);
+  CHECK(count_lines(r.err) == 1);
+  CHECK_THAT(r.err, Catch::Contains("Placement"));
+}

@@ -1,0 +1,91 @@
+#include "model/audit.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace toyvm;
+
+namespace {
+
+const std::string host_a = "aaaaaaaa-0000-4000-8000-000000000000";
+const std::string host_b = "bbbbbbbb-0000-4000-8000-000000000000";
+
+InstanceRecord record(const std::string& uuid, const std::string& host, InstanceState state) {
+  InstanceRecord r;
+  r.uuid = uuid;
+  r.host = host;
+  r.state = state;
+  return r;
+}
+
+// Two live hosts, one ACTIVE instance on each: everything agrees.
+AuditSnapshot consistent() {
+  AuditSnapshot s;
+  s.providers = {host_a, host_b};
+  s.live_hosts = {host_a, host_b};
+  for (auto [uuid, host] : {std::pair{"i-1", host_a}, std::pair{"i-2", host_b}}) {
+    s.allocations[uuid] = Allocations{{host, {{"VCPU", 1}}}};
+    s.work_host[uuid] = host;
+    s.instances[uuid] = record(uuid, host, InstanceState::active);
+    s.domains[host].insert(uuid);
+  }
+  s.group_members["i-1"] = "web";
+  return s;
+}
+
+std::vector<AuditKind> kinds(const AuditSnapshot& s) {
+  std::vector<AuditKind> out;
+  for (const Discrepancy& d : find_discrepancies(s)) out.push_back(d.kind);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a consistent snapshot has no discrepancy") { CHECK(find_discrepancies(consistent()).empty()); }
+
+TEST_CASE("every kind of disagreement is named") {
+  using K = AuditKind;
+  AuditSnapshot s = consistent();
+  SECTION("an allocation nobody owns") {
+    s.allocations["ghost"] = Allocations{{host_a, {{"VCPU", 2}}}};
+    CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance});
+  }
+  SECTION("an instance that holds nothing, and one held elsewhere") {
+    s.allocations.erase("i-1");
+    s.allocations["i-2"] = Allocations{{host_a, {{"VCPU", 1}}}};
+    CHECK(kinds(s) == std::vector<K>{K::instance_without_allocation, K::allocation_elsewhere});
+  }
+  SECTION("work on a dead host and on a provider Placement does not know") {
+    s.live_hosts.erase(host_b);
+    s.domains.erase(host_b);
+    s.work_host["i-3"] = "cccccccc-0000-4000-8000-000000000000";
+    s.instances["i-3"] = record("i-3", s.work_host["i-3"], InstanceState::scheduled);
+    s.allocations["i-3"] = Allocations{{s.work_host["i-3"], {{"VCPU", 1}}}};
+    CHECK(kinds(s) == std::vector<K>{K::work_on_dead_host, K::work_on_unknown_provider});
+  }
+  SECTION("ERROR holds nothing once given back; while releasing it may") {
+    s.instances["i-1"].state = InstanceState::error;
+    s.domains[host_a].clear();
+    CHECK(kinds(s) == std::vector<K>{K::error_holding_allocation});
+    s.instances["i-1"].releasing = true;
+    CHECK(kinds(s).empty());
+    s.allocations.erase("i-1");
+    s.instances["i-1"].releasing = false;
+    CHECK(kinds(s).empty());
+  }
+  SECTION("a domain without work, a member and a record without an instance") {
+    s.domains[host_b].insert("i-1");  // i-1's work is on host_a
+    s.group_members["gone"] = "web";
+    s.instances["old"] = record("old", host_a, InstanceState::active);
+    CHECK(kinds(s) == std::vector<K>{K::record_without_work, K::domain_without_work, K::member_without_instance});
+  }
+  for (const Discrepancy& d : find_discrepancies(s)) CHECK_FALSE(to_string(d.kind).empty());
+}
+
+TEST_CASE("only unambiguous repairs are fixable") {
+  CHECK(fixable(AuditKind::allocation_without_instance));
+  CHECK(fixable(AuditKind::error_holding_allocation));
+  CHECK(fixable(AuditKind::member_without_instance));
+  CHECK_FALSE(fixable(AuditKind::instance_without_allocation));
+  CHECK_FALSE(fixable(AuditKind::allocation_elsewhere));
+  CHECK_FALSE(fixable(AuditKind::domain_without_work));
+}

@@ -1,0 +1,89 @@
+#include "model/audit.hpp"
+
+#include <fmt/format.h>
+
+namespace toyvm {
+
+std::string_view to_string(AuditKind kind) noexcept {
+  switch (kind) {
+    case AuditKind::allocation_without_instance: return "allocation_without_instance";
+    case AuditKind::instance_without_allocation: return "instance_without_allocation";
+    case AuditKind::allocation_elsewhere: return "allocation_elsewhere";
+    case AuditKind::work_on_unknown_provider: return "work_on_unknown_provider";
+    case AuditKind::work_on_dead_host: return "work_on_dead_host";
+    case AuditKind::error_holding_allocation: return "error_holding_allocation";
+    case AuditKind::domain_without_work: return "domain_without_work";
+    case AuditKind::member_without_instance: return "member_without_instance";
+    case AuditKind::record_without_work: return "record_without_work";
+  }
+  return "unknown";
+}
+
+bool fixable(AuditKind kind) noexcept {
+  return kind == AuditKind::allocation_without_instance || kind == AuditKind::error_holding_allocation ||
+         kind == AuditKind::member_without_instance;
+}
+
+std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
+  std::vector<Discrepancy> found;
+  auto add = [&](AuditKind kind, const std::string& instance, const std::string& provider, std::string detail) {
+    found.push_back(Discrepancy{kind, instance, provider, std::move(detail)});
+  };
+  auto providers_of = [](const Allocations& allocations) {
+    std::string text;
+    for (auto& [rp, amounts] : allocations) text += (text.empty() ? "" : ",") + rp;
+    return text;
+  };
+
+  for (auto& [consumer, allocations] : s.allocations) {
+    if (allocations.empty()) continue;
+    if (!s.instances.count(consumer) && !s.work_host.count(consumer))
+      add(AuditKind::allocation_without_instance, consumer, providers_of(allocations),
+          "resources held by a consumer that is no instance");
+  }
+
+  for (auto& [uuid, host] : s.work_host) {
+    if (!s.providers.count(host)) {
+      add(AuditKind::work_on_unknown_provider, uuid, host, "its host is no provider in Placement");
+    } else if (!s.live_hosts.count(host)) {
+      add(AuditKind::work_on_dead_host, uuid, host, "its host's agent is not alive");
+    }
+    auto record = s.instances.find(uuid);
+    const bool error = record != s.instances.end() && record->second.state == InstanceState::error;
+    const bool deleting = record != s.instances.end() && record->second.state == InstanceState::deleting;
+    auto held = s.allocations.find(uuid);
+    const bool holds = held != s.allocations.end() && !held->second.empty();
+    if (error) {
+      if (holds && !record->second.releasing)
+        add(AuditKind::error_holding_allocation, uuid, providers_of(held->second), "ERROR, yet it holds resources");
+      continue;
+    }
+    if (!holds) {
+      if (!deleting) add(AuditKind::instance_without_allocation, uuid, host, "it holds no resources in Placement");
+      continue;
+    }
+    if (!held->second.count(host))
+      add(AuditKind::allocation_elsewhere, uuid, providers_of(held->second),
+          fmt::format("its work is on {}", host));
+  }
+
+  for (auto& [uuid, record] : s.instances) {
+    if (!s.work_host.count(uuid)) add(AuditKind::record_without_work, uuid, record.host, "no host has work for it");
+  }
+
+  for (auto& [provider, uuids] : s.domains) {
+    for (const std::string& uuid : uuids) {
+      auto work = s.work_host.find(uuid);
+      if (work == s.work_host.end() || work->second != provider)
+        add(AuditKind::domain_without_work, uuid, provider, "a domain its host has no work for");
+    }
+  }
+
+  for (auto& [uuid, group] : s.group_members) {
+    if (!s.work_host.count(uuid) && !s.instances.count(uuid))
+      add(AuditKind::member_without_instance, uuid, "", fmt::format("member of server group {}", group));
+  }
+  return found;
+}
+
+}  // namespace toyvm

@@ -1,0 +1,57 @@
+#pragma once
+// `toyvm audit`: Placement's allocations, etcd's records and the domains each agent reports
+// must describe the same instances. Given one snapshot of all three, lists every way they
+// disagree. Pure.
+
+#include "model/candidates.hpp"
+#include "model/records.hpp"
+
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace toyvm {
+
+struct AuditSnapshot {
+  std::set<std::string> providers;                           // in Placement
+  std::map<std::string, Allocations> allocations;            // consumer -> provider -> amounts
+  std::set<std::string> live_hosts;                          // providers with a host record
+  std::map<std::string, std::string> work_host;              // instance -> provider its work key is under
+  std::map<std::string, InstanceRecord> instances;           // instance -> record
+  std::map<std::string, std::string> group_members;          // instance -> group it is a member of
+  std::map<std::string, std::set<std::string>> domains;      // live provider -> domain uuids it reports
+};
+
+enum class AuditKind {
+  allocation_without_instance,  // a consumer holds resources, no instance exists
+  instance_without_allocation,  // an instance that should hold resources holds none
+  allocation_elsewhere,         // held on another provider than the work's host
+  work_on_unknown_provider,     // work for a provider Placement does not know
+  work_on_dead_host,            // work for a provider whose agent is not alive
+  error_holding_allocation,     // an ERROR instance (given back, it says) still holds resources
+  domain_without_work,          // a domain its host has no work for
+  member_without_instance,      // a server group member whose instance is gone
+  record_without_work,          // an instance record with no work anywhere
+};
+
+std::string_view to_string(AuditKind kind) noexcept;
+
+struct Discrepancy {
+  AuditKind kind;
+  std::string instance;
+  std::string provider;  // where it was seen, when there is one
+  std::string detail;
+
+  bool operator==(const Discrepancy&) const = default;
+};
+
+std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& snapshot);
+
+// What `--fix` may repair without guessing, provided it was seen in two snapshots a grace
+// period apart: allocations with no instance (released), resources an ERROR instance still
+// holds (released), members of a gone instance (deleted).
+bool fixable(AuditKind kind) noexcept;
+
+}  // namespace toyvm

@@ -1,0 +1,167 @@
+// toyvm audit: compares Placement (every consumer's allocations on every provider), etcd (work,
+// instance records, server groups, live hosts) and the domains each live agent reports, and
+// lists every way they disagree (model/audit.hpp). With --fix it repairs what is unambiguous,
+// once the same discrepancy is seen again after a grace period (a schedule in flight claims
+// before it hands over, and must not be mistaken for a leak).
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "model/audit.hpp"
+#include "model/keys.hpp"
+#include "services/common.hpp"
+#include "services/services.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <algorithm>
+
+namespace toyvm {
+namespace {
+
+namespace json = boost::json;
+
+class Auditor {
+ public:
+  Auditor(asio::io_context& io, const Config& config, const AuditOptions& options)
+      : io_(io),
+        options_(options),
+        keys_(config.etcd.prefix),
+        etcd_(EtcdClient::create(config.etcd)),
+        placement_(io.get_executor(), config.placement) {}
+
+  awaitable<int> run() {
+    auto snapshot = co_await take_snapshot();
+    if (!snapshot) co_return failure_;
+    std::vector<Discrepancy> found = find_discrepancies(*snapshot);
+    std::vector<bool> fixed(found.size(), false);
+    const bool any_fixable = std::any_of(found.begin(), found.end(), [](const Discrepancy& d) { return fixable(d.kind); });
+    if (options_.fix && any_fixable) {
+      asio::steady_timer grace(io_, std::chrono::milliseconds(int64_t(options_.grace_s * 1000)));
+      co_await grace.async_wait(use_awaitable);
+      auto again = co_await take_snapshot();
+      if (!again) co_return failure_;
+      std::vector<Discrepancy> still = find_discrepancies(*again);
+      fixed.assign(still.size(), false);
+      for (size_t i = 0; i < still.size(); ++i) {
+        const bool seen_before = std::find(found.begin(), found.end(), still[i]) != found.end();
+        if (seen_before && fixable(still[i].kind)) fixed[i] = co_await fix(still[i], *again);
+      }
+      found = std::move(still);
+      snapshot = std::move(again);
+    }
+    report(found, fixed, *snapshot);
+    for (size_t i = 0; i < found.size(); ++i)
+      if (!fixed[i]) co_return 1;
+    co_return 0;
+  }
+
+ private:
+  // Placement first, then etcd in one transaction (one revision).
+  awaitable<std::optional<AuditSnapshot>> take_snapshot() {
+    AuditSnapshot s;
+    auto providers = co_await placement_.providers();
+    if (!providers) co_return placement_failed(providers.error());
+    for (const std::string& provider : *providers) {
+      s.providers.insert(provider);
+      auto held = co_await placement_.provider_allocations(provider);
+      if (!held) co_return placement_failed(held.error());
+      for (auto& [consumer, amounts] : *held) s.allocations[consumer][provider] = amounts;
+    }
+    const std::string groups_root = keys_.prefix() + "/groups/";
+    std::vector<EtcdOp> reads;
+    for (const std::string& prefix :
+         {keys_.hosts_prefix(), keys_.work_root(), keys_.instances_prefix(), groups_root, keys_.domains_prefix()})
+      reads.push_back(EtcdOp::get(prefix, prefix_range_end(prefix)));
+    auto txn = co_await etcd_->txn({}, std::move(reads));
+    if (!txn) {
+      failure_ = etcd_failure(*etcd_, txn.error());
+      co_return std::nullopt;
+    }
+    for (const KeyValue& kv : txn->ranges[0].kvs)
+      if (auto host = decode_host(kv.value)) s.live_hosts.insert(host->provider);
+    for (const KeyValue& kv : txn->ranges[1].kvs)
+      if (auto key = keys_.parse_work(kv.key)) s.work_host[key->instance] = key->host;
+    for (const KeyValue& kv : txn->ranges[2].kvs)
+      if (auto record = decode_instance(kv.value)) s.instances[record->uuid] = std::move(*record);
+    for (const KeyValue& kv : txn->ranges[3].kvs) {
+      // <groups_root><name>/<instance>
+      std::string_view rest = std::string_view(kv.key).substr(groups_root.size());
+      size_t slash = rest.find('/');
+      if (slash != std::string_view::npos)
+        s.group_members[std::string(rest.substr(slash + 1))] = std::string(rest.substr(0, slash));
+    }
+    for (const KeyValue& kv : txn->ranges[4].kvs) {
+      auto provider = keys_.leaf(kv.key, keys_.domains_prefix());
+      auto uuids = decode_domains(kv.value);
+      if (provider && uuids) s.domains[*provider] = std::set<std::string>(uuids->begin(), uuids->end());
+    }
+    co_return s;
+  }
+
+  std::optional<AuditSnapshot> placement_failed(const error_code& ec) {
+    const PlacementError& error = placement_.last_error();
+    failure_ = report_failure(ec, fmt::format("Placement at {}: {}", placement_.endpoint(),
+                                              error.detail.empty() ? ec.message() : error.detail));
+    return std::nullopt;
+  }
+
+  awaitable<bool> fix(const Discrepancy& d, const AuditSnapshot& s) {
+    if (d.kind == AuditKind::member_without_instance) {
+      auto group = s.group_members.find(d.instance);
+      if (group == s.group_members.end()) co_return false;
+      co_return bool(co_await etcd_->erase(keys_.group_member(group->second, d.instance)));
+    }
+    co_return bool(co_await placement_.release(d.instance));  // nothing of it is owed to anyone
+  }
+
+  void report(const std::vector<Discrepancy>& found, const std::vector<bool>& fixed, const AuditSnapshot& s) {
+    if (options_.json) {
+      json::array items;
+      for (size_t i = 0; i < found.size(); ++i)
+        items.push_back(json::object{{"kind", to_string(found[i].kind)}, {"instance", found[i].instance},
+                                     {"provider", found[i].provider}, {"detail", found[i].detail},
+                                     {"fixed", bool(fixed[i])}});
+      json::object out{{"discrepancies", std::move(items)},
+                       {"instances", s.work_host.size()},
+                       {"consumers", s.allocations.size()},
+                       {"live_hosts", s.live_hosts.size()}};
+      std::printf("%s\n", json::serialize(out).c_str());
+      return;
+    }
+    if (found.empty()) {
+      std::printf("clean: Placement, etcd and the hosts' domains agree (%zu instances, %zu live hosts)\n",
+                  s.work_host.size(), s.live_hosts.size());
+      return;
+    }
+    std::printf("%-28s  %-36s  %-36s  %s\n", "KIND", "INSTANCE", "PROVIDER", "DETAIL");
+    size_t repaired = 0;
+    for (size_t i = 0; i < found.size(); ++i) {
+      repaired += fixed[i];
+      std::printf("%-28s  %-36s  %-36s  %s%s\n", std::string(to_string(found[i].kind)).c_str(),
+                  found[i].instance.c_str(), found[i].provider.empty() ? "-" : found[i].provider.c_str(),
+                  found[i].detail.c_str(), fixed[i] ? " (fixed)" : "");
+    }
+    std::printf("%zu discrepancies, %zu fixed\n", found.size(), repaired);
+  }
+
+  asio::io_context& io_;
+  const AuditOptions& options_;
+  KeyLayout keys_;
+  std::shared_ptr<EtcdClient> etcd_;
+  PlacementClient placement_;
+  int failure_ = static_cast<int>(ExitCode::failed);
+};
+
+}  // namespace
+
+int run_audit(const Config& config, const AuditOptions& options) {
+  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
+    Auditor auditor(io, config, options);
+    co_return co_await auditor.run();
+  });
+}
+
+}  // namespace toyvm

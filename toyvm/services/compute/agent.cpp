@@ -1,0 +1,233 @@
+// toyvm compute: the host agent. It registers the host in Placement under a stable provider
+// uuid, announces itself in etcd under a lease, and reconciles the instances etcd says should
+// run here with the domains libvirt has: on start, on every watch event, and after every
+// reconnect. Each part lives in its own file of this folder; the agent owns them and wires
+// them together.
+
+#include "clients/http.hpp"
+#include "core/log.hpp"
+#include "model/inventory.hpp"
+#include "services/common.hpp"
+#include "services/compute/builder.hpp"
+#include "services/compute/context.hpp"
+#include "services/compute/guest_observer.hpp"
+#include "services/compute/presence.hpp"
+#include "services/compute/reconciler.hpp"
+#include "services/compute/recorder.hpp"
+#include "services/compute/registration.hpp"
+#include "services/compute/work_feed.hpp"
+#include "services/placer.hpp"
+#include "services/services.hpp"
+#include "virt/host_network.hpp"
+#include "virt/images.hpp"
+
+#include <boost/asio/signal_set.hpp>
+#include <fcntl.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace toyvm {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using namespace compute;
+
+// Starts a process in a session of its own with its output in `log`; it is not waited for.
+bool spawn_process(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<char*> argv;
+  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSID);
+  pid_t pid = 0;
+  int error = posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  errno = error;
+  return error == 0;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+class ComputeAgent {
+ public:
+  ComputeAgent(asio::io_context& io, const Config& config)
+      : config_(config),
+        placement_(io.get_executor(), config_.placement),
+        pool_(size_t(config_.compute.workers)),
+        virt_(pool_),
+        ctx_{io, config_, KeyLayout(config_.etcd.prefix), EtcdClient::create(config_.etcd), placement_, pool_, virt_, {}, false},
+        placer_(placement_, *ctx_.etcd, config_),
+        recorder_(ctx_, slots_),
+        presence_(ctx_, slots_),
+        observer_(ctx_, slots_, recorder_) {}
+
+  ~ComputeAgent() { pool_.join(); }
+
+  awaitable<int> run() {
+    asio::signal_set signals(ctx_.io, SIGINT, SIGTERM);
+    signals.async_wait([this](const error_code& ec, int) {
+      if (ec) return;
+      spdlog::info("shutting down");
+      ctx_.stopping = true;
+      if (feed_) feed_->stop();
+    });
+    const std::string name = config_.compute.name.empty() ? host_name() : config_.compute.name;
+    co_await adopt_provider_by_name(ctx_, config_.compute.state_dir, name);
+    if (ctx_.stopping) co_return 0;
+    if (int code = prepare(); code != 0) co_return code;
+    co_await ensure_metadata_service();
+    co_await registration_->register_until_done();
+    presence_.set_capacity(capacity_of(registration_->inventory()));
+    if (!ctx_.stopping) co_await presence_.announce();
+    if (!ctx_.stopping) spawn_detached(ctx_.io, presence_.keep_alive(), "keeping the lease alive");
+    if (!ctx_.stopping) spawn_detached(ctx_.io, feed_->resync_periodically(), "resyncing");
+    if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.run(), "observing guests");
+    co_await feed_->follow();  // until a signal
+    // The host record goes with the lease; the provider is marked disabled so that
+    // schedulers spend no candidate on it; the next start sets the traits afresh.
+    co_await presence_.revoke();
+    co_await registration_->mark_disabled();
+    co_return 0;
+  }
+
+ private:
+  int prepare() {
+    const ComputeConfig& c = config_.compute;
+    std::string detail;
+    auto uuid = load_or_create_provider_uuid(c.state_dir, &detail);
+    if (!uuid) return report_failure(uuid.error(), detail);
+    HostIdentity& host = ctx_.host;
+    host.provider = *uuid;
+    host.name = c.name.empty() ? host_name() : c.name;
+    std::error_code ec;
+    fs::path state_dir = fs::absolute(c.state_dir, ec);
+    host.instance_dir =
+        c.instance_dir.empty() ? (state_dir / "instances").string() : fs::absolute(c.instance_dir, ec).string();
+    fs::create_directories(host.instance_dir, ec);
+    // QEMU runs as its own user on qemu:///system and must reach instance files and images.
+    fs::permissions(host.instance_dir, fs::perms(0755), ec);
+    Inventory inventory;
+    if (!c.inventory.empty()) {
+      auto amounts = parse_resource_amounts(c.inventory, &detail);
+      if (!amounts) return report_failure(amounts.error(), "invalid --inventory: " + detail);
+      inventory = inventory_from_amounts(*amounts);
+    } else {
+      auto facts = measure_host(host.instance_dir);
+      if (!facts) return report_failure(facts.error(), "cannot measure this host's resources");
+      inventory = inventory_from_host(*facts, c.policy);
+    }
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string text((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
+    registration_ = std::make_unique<ProviderRegistration>(ctx_, std::move(inventory), cpu_traits(text));
+    ImageStoreOptions images;
+    images.image_dir = c.image_dir.empty() ? (state_dir / "images").string() : c.image_dir;
+    images.cache_dir = c.image_cache_dir.empty() ? (state_dir / "image-cache").string() : c.image_cache_dir;
+    images.cache_max_bytes = uint64_t(c.image_cache_max_gb * double(1 << 30));
+    images.max_download_bytes = uint64_t(c.image_max_gb * double(1 << 30));
+    images.schemes = c.image_schemes;
+    images.ca_file = c.image_ca_file;
+    images_ = std::make_unique<ImageStore>(ctx_.io.get_executor(), pool_, std::move(images));
+    LibvirtOptions libvirt{c.libvirt_uri, c.domain_type, host.instance_dir, c.network, c.bridge, c.nic_model,
+                           host.provider};
+    auto backend = open_libvirt(libvirt, &detail);
+    if (!backend) return report_failure(backend.error(), detail);
+    virt_.attach(std::move(*backend));
+    builder_ = std::make_unique<Builder>(ctx_, Builder::Parts{slots_, recorder_, *images_, placer_, presence_});
+    reconciler_ = std::make_unique<Reconciler>(ctx_, Reconciler::Parts{slots_, recorder_, *builder_, presence_});
+    feed_ = std::make_unique<WorkFeed>(ctx_, *reconciler_);
+    spdlog::info("provider {} ({}), libvirt {}", host.provider, host.name, c.libvirt_uri);
+    return 0;
+  }
+
+  // With [compute] metadata_interface set, guests reach the metadata service through this host:
+  // its address goes on that interface, and if nothing answers there an mdserver is started
+  // (in its own session, so it outlives a restart of the agent).
+  awaitable<void> ensure_metadata_service() {
+    // The guests' network first: its bridge is where the metadata address usually goes.
+    auto network = co_await virt_(&VirtBackend::ensure_network);
+    if (!network) spdlog::error("libvirt network {}: {}", config_.compute.network, network.failure->message);
+    const std::string& interface = config_.compute.metadata_interface;
+    if (interface.empty() || config_.mdserver.listen.empty()) co_return;
+    const std::string listen = config_.mdserver.listen.front();
+    const std::string address = listen.substr(0, listen.rfind(':'));
+    std::string detail;
+    if (!add_interface_address(interface, address, &detail)) {
+      spdlog::error("metadata service: {}", detail);
+      co_return;
+    }
+    if (co_await answers_http(address, listen.substr(listen.rfind(':') + 1))) {
+      spdlog::info("metadata service answers on {}", listen);
+      co_return;
+    }
+    std::error_code ec;
+    std::vector<std::string> args{fs::read_symlink("/proc/self/exe", ec).string()};  // named in ps
+    if (!config_.source_file.empty()) args.insert(args.end(), {"--config", config_.source_file});
+    args.insert(args.end(), {"--etcd", fmt::format("{}", fmt::join(config_.etcd.endpoints, ",")), "mdserver",
+                             "--listen", listen});
+    std::string log = config_.compute.state_dir + "/mdserver.log";
+    if (spawn_process(args, log)) {
+      spdlog::info("started toyvm mdserver on {} (log: {})", listen, log);
+    } else {
+      spdlog::error("cannot start toyvm mdserver: {}", std::strerror(errno));
+    }
+  }
+
+  awaitable<bool> answers_http(std::string host, std::string port) {
+    HttpClientOptions options;
+    options.url = "http://" + host + ":" + port;
+    options.timeout = 1000ms;
+    HttpClient http(ctx_.io.get_executor(), options);
+    HttpRequest probe{"GET", "/", {}, {}};
+    auto response = co_await http.request(std::move(probe));
+    co_return bool(response);  // any answer, even 404 for this host's own address
+  }
+
+  Config config_;
+  PlacementClient placement_;
+  asio::thread_pool pool_;
+  VirtCalls virt_;
+  AgentContext ctx_;
+  Placer placer_;
+  InstanceSlots slots_;
+  InstanceRecorder recorder_;
+  HostPresence presence_;
+  GuestObserver observer_;
+  std::unique_ptr<ProviderRegistration> registration_;
+  std::unique_ptr<ImageStore> images_;
+  std::unique_ptr<Builder> builder_;
+  std::unique_ptr<Reconciler> reconciler_;
+  std::unique_ptr<WorkFeed> feed_;
+};
+
+}  // namespace
+
+int run_compute(const Config& base) {
+  // libvirt's client writes to libvirtd's socket without MSG_NOSIGNAL: a libvirtd that
+  // restarts must cost a reconnect, not the agent.
+  std::signal(SIGPIPE, SIG_IGN);
+  Config config = base;
+  config.etcd.keepalive = true;
+  asio::io_context io(1);
+  ComputeAgent agent(io, config);  // outlives the loop: detached steps refer to it
+  return run_until_done(io, agent.run());
+}
+
+}  // namespace toyvm

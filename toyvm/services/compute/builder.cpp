@@ -1,0 +1,226 @@
+#include "services/compute/builder.hpp"
+
+#include "model/groups.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace toyvm::compute {
+
+awaitable<bool> Builder::build(WorkSpec spec) {
+  int limit = ctx_.config.compute.max_instances;
+  if (limit > 0 && parts_.presence.instance_count() > size_t(limit))
+    co_return co_await fail(spec, "full_cn", fmt::format("host {} is full ({} instances)", ctx_.host.name, limit));
+  if (!spec.group.empty()) {
+    auto allowed = co_await group_allows_here(spec);
+    if (!allowed) co_return false;
+    if (!*allowed)
+      co_return co_await fail(spec, "no_valid_host",
+                              fmt::format("server group {} ({}) does not allow this host", spec.group, spec.group_policy));
+  }
+  spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image, format_amounts(spec.resources));
+  if (!co_await parts_.recorder.record(spec, InstanceState::building)) co_return false;
+  BootImage image;
+  if (!spec.image.empty()) {
+    auto acquired = co_await acquire_image(spec);
+    // Destroyed while waiting: the next round removes what there is.
+    if (!acquired || parts_.slots[spec.uuid].cancelled()) co_return true;
+    if (!*acquired) co_return co_await fail(spec, acquired->failure->reason, acquired->failure->message);
+    image = acquired->value;
+  }
+  if (parts_.slots[spec.uuid].cancelled()) co_return true;
+  DomainSpec domain = domain_spec(spec, image);
+  auto created = co_await ctx_.virt(&VirtBackend::create, domain);
+  if (!created) {
+    if (created.failure->reason == "libvirt_unavailable") {
+      // Nothing wrong with the instance or this host's fit for it: try again, here.
+      spdlog::warn("instance {}: {}; will retry", spec.uuid, created.failure->message);
+      co_return false;
+    }
+    // The domain may be half-made; nothing of a failed build stays behind.
+    co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+    co_return co_await fail(spec, created.failure->reason, created.failure->message);
+  }
+  spdlog::info("instance {}: active", spec.uuid);
+  parts_.presence.publish();
+  co_return co_await parts_.recorder.record(spec, InstanceState::active);
+}
+
+// Waits for the image (fetched once however many builds want it); nullopt when the build
+// was cancelled meanwhile.
+awaitable<std::optional<VirtResult<BootImage>>> Builder::acquire_image(WorkSpec spec) {
+  asio::steady_timer wake(ctx_.io, std::chrono::steady_clock::time_point::max());
+  parts_.slots[spec.uuid].waiting = &wake;
+  auto acquired = co_await parts_.images.acquire(spec.image, spec.image_sha256, wake);
+  parts_.slots[spec.uuid].waiting = nullptr;
+  if (acquired && *acquired && !parts_.images.cache_path(spec.image).empty()) {
+    auto trim = [images = &parts_.images, in_use = images_in_use()] {
+      images->trim(in_use);
+      return true;
+    };
+    co_await run_blocking(ctx_.pool, std::move(trim));
+  }
+  co_return acquired;
+}
+
+std::set<std::string> Builder::images_in_use() const {
+  std::set<std::string> paths;
+  for (auto& [uuid, slot] : parts_.slots)
+    if (slot.desired) paths.insert(parts_.images.cache_path(slot.desired->image));
+  return paths;
+}
+
+DomainSpec Builder::domain_spec(const WorkSpec& spec, const BootImage& image) const {
+  DomainSpec d;
+  d.uuid = spec.uuid;
+  d.name = spec.name.empty() ? spec.uuid : spec.name;
+  auto amount = [&](const char* rc, int64_t fallback) {
+    auto it = spec.resources.find(rc);
+    return it == spec.resources.end() ? fallback : it->second;
+  };
+  d.vcpus = amount("VCPU", 1);
+  d.memory_mb = amount("MEMORY_MB", 128);
+  d.disk_gb = amount("DISK_GB", 0);
+  d.image = image;
+  d.mac = instance_mac(spec.uuid);  // the NIC itself only with a network or bridge
+  return d;
+}
+
+// ERROR with a reason code; the allocation and the group membership are given back.
+// A build that failed here may succeed elsewhere (Nova's alternates): the instance moves
+// to another live host while attempts remain; after the last it is ERROR no_valid_host.
+// A bad image is bad everywhere: image_failure is final at once (Nova's BuildAbort).
+awaitable<bool> Builder::fail(WorkSpec spec, std::string reason, std::string message) {
+  spdlog::error("instance {}: {}: {}", spec.uuid, reason, message);
+  if (reason != "image_failure") {
+    if (spec.attempt < ctx_.config.compute.max_build_attempts) {
+      auto moved = co_await move_elsewhere(spec);
+      if (moved && *moved) co_return true;
+      if (!moved) co_return false;  // a server did not answer: the whole step is retried
+    }
+    message = fmt::format("no host could build it in {} attempt(s); the last said {}: {}", spec.attempt, reason,
+                          message);
+    reason = "no_valid_host";
+  }
+  // ERROR first, as releasing: from then on every round (and every restart) releases until
+  // it is done, and only then says that the instance holds nothing.
+  InstanceRecord failed = parts_.recorder.make(spec, InstanceState::error);
+  failed.error_code = std::move(reason);
+  failed.error_message = std::move(message);
+  failed.releasing = true;
+  if (!co_await parts_.recorder.write(failed)) co_return false;
+  co_return co_await release_held(spec);
+}
+
+awaitable<bool> Builder::release_held(WorkSpec spec) {
+  auto released = co_await ctx_.placement.release(spec.uuid);
+  if (!released) {
+    spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid,
+                 ctx_.placement.last_error().detail);
+    co_return false;
+  }
+  if (!spec.group.empty() && !co_await ctx_.etcd->erase(ctx_.keys.group_member(spec.group, spec.uuid)))
+    co_return false;
+  if (const auto& failure = parts_.slots[spec.uuid].failure; failure && failure->releasing) {
+    InstanceRecord done = *failure;
+    done.releasing = false;
+    done.updated_at = unix_millis();
+    if (!co_await parts_.recorder.write(std::move(done))) co_return false;
+  }
+  parts_.slots[spec.uuid].released = true;
+  spdlog::info("instance {}: ERROR; its allocation is released", spec.uuid);
+  co_return true;
+}
+
+// Moves the instance to another live host. Placement moves its allocation in one step (a PUT
+// naming the new provider under the consumer's generation replaces this host's), then etcd
+// moves its work in one transaction guarded by the revision of the work acted on, so a
+// destroy or stop that lands meanwhile is never overwritten. Nothing is released before
+// something else holds the instance. true: moved, or destroyed meanwhile; false: no other
+// host fits; an error: Placement or etcd did not answer (the step is retried).
+awaitable<result<bool>> Builder::move_elsewhere(WorkSpec spec) {
+  auto query = parse_placement_query(spec.query, nullptr);
+  if (!query) co_return false;
+  auto view = co_await parts_.placer.look(std::move(*query), spec.group, spec.uuid);
+  if (!view) co_return result<bool>(boost::system::in_place_error, view.error());
+  view->live.erase(ctx_.host.provider);
+  std::optional<GroupPolicy> policy;
+  if (!spec.group.empty()) policy = parse_group_policy(spec.group_policy);
+  std::vector<Choice> choices = parts_.placer.rank(*view, parts_.placer.weigh_policy(), 0.0, policy);
+  for (const Choice& choice : choices) {
+    auto moved = co_await move_allocation(spec.uuid, *choice.allocations);
+    if (!moved) co_return result<bool>(boost::system::in_place_error, moved.error());
+    if (!*moved) continue;  // no room there after all
+    const InstanceSlot& slot = parts_.slots[spec.uuid];
+    // Destroyed meanwhile: removing it releases the allocation wherever it is.
+    if (slot.cancelled()) co_return true;
+    WorkSpec next = *slot.desired;
+    next.attempt = spec.attempt + 1;
+    next.resources = choice.allocations->at(choice.host);
+    InstanceRecord record = parts_.recorder.make(next, InstanceState::scheduled);
+    record.host = choice.host;
+    const std::string here = ctx_.keys.work(ctx_.host.provider, spec.uuid);
+    std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(here, slot.revision)};
+    std::vector<EtcdOp> move{EtcdOp::erase(here), EtcdOp::put(ctx_.keys.work(choice.host, spec.uuid), encode(next)),
+                             EtcdOp::put(ctx_.keys.instance(spec.uuid), encode(record))};
+    if (policy)
+      move.push_back(EtcdOp::put(ctx_.keys.group_member(spec.group, spec.uuid), encode_group_member(choice.host, *policy)));
+    auto txn = co_await ctx_.etcd->txn(std::move(unchanged), std::move(move));
+    if (txn && txn->succeeded) {
+      spdlog::info("instance {}: moved to host {} for attempt {}", spec.uuid, choice.host, next.attempt);
+      co_return true;
+    }
+    if (!txn) {
+      // It may have committed: the work key here tells.
+      auto here_now = co_await ctx_.etcd->range(here);
+      if (!here_now) co_return result<bool>(boost::system::in_place_error, here_now.error());
+      if (here_now->kvs.empty()) co_return true;
+    }
+    // The work changed since it was read (stopped, destroyed): its allocation comes back
+    // here and the next round decides again.
+    Allocations back{{ctx_.host.provider, spec.resources}};
+    auto returned = co_await move_allocation(spec.uuid, back);
+    if (!returned || !*returned) spdlog::warn("instance {}: cannot take its allocation back from {}", spec.uuid, choice.host);
+    co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
+  }
+  co_return false;
+}
+
+// The consumer's allocations replaced by `allocations` in one step; false when they do not
+// fit, retried while the consumer's generation moves under it.
+awaitable<result<bool>> Builder::move_allocation(std::string uuid, Allocations allocations) {
+  for (int attempt = 1; attempt <= ctx_.config.schedule.max_claim_attempts; ++attempt) {
+    auto held = co_await ctx_.placement.consumer_allocations(uuid);
+    if (!held) co_return result<bool>(boost::system::in_place_error, held.error());
+    result<void> put;
+    if (held->generation) {
+      put = co_await ctx_.placement.replace(uuid, allocations, *held->generation);
+    } else {
+      put = co_await ctx_.placement.claim(uuid, allocations);
+    }
+    if (put) co_return true;
+    if (put.error() == errc::placement_capacity) co_return false;
+    if (put.error() != errc::placement_concurrent_update) co_return result<bool>(boost::system::in_place_error, put.error());
+  }
+  co_return false;
+}
+
+// Nova's late check: concurrent schedules may have put members of a hard group against
+// its policy; the member created later gives way.
+awaitable<result<bool>> Builder::group_allows_here(WorkSpec spec) {
+  auto policy = parse_group_policy(spec.group_policy);
+  if (!policy) co_return true;
+  const std::string prefix = ctx_.keys.group_prefix(spec.group);
+  auto listed = co_await ctx_.etcd->range_prefix(prefix);
+  if (!listed) co_return result<bool>(boost::system::in_place_error, listed.error());
+  std::vector<GroupMember> members;
+  for (const KeyValue& kv : listed->kvs) {
+    auto member = decode_group_member(kv.value);
+    auto instance = ctx_.keys.leaf(kv.key, prefix);
+    // mod_revision: a member that moved to another host counts from its move.
+    if (member && instance) members.push_back(GroupMember{*instance, member->host, kv.mod_revision});
+  }
+  co_return group_allows(*policy, members, spec.uuid, ctx_.host.provider);
+}
+
+}  // namespace toyvm::compute

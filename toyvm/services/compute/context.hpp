@@ -1,0 +1,80 @@
+#pragma once
+// What the parts of the compute agent share: the event loop, the config, the servers'
+// clients, libvirt on the worker pool, and this host's identity. The agent owns all of it
+// and outlives every part.
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "core/async.hpp"
+#include "core/config.hpp"
+#include "model/keys.hpp"
+#include "virt/backend.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <string>
+
+namespace toyvm::compute {
+
+// Backend calls on the worker pool, since libvirt blocks.
+class VirtCalls {
+ public:
+  explicit VirtCalls(asio::thread_pool& pool) : pool_(pool) {}
+  void attach(std::unique_ptr<VirtBackend> backend) { backend_ = std::move(backend); }
+
+  // The lambda is a named local because GCC 12 mishandles capturing lambdas inside co_await
+  // expressions.
+  template <class R, class... Params, class... Args>
+  awaitable<R> operator()(R (VirtBackend::*method)(Params...), Args... args) {
+    auto call = [backend = backend_.get(), method, args...] { return (backend->*method)(args...); };
+    co_return co_await run_blocking(pool_, std::move(call));
+  }
+
+ private:
+  asio::thread_pool& pool_;
+  std::unique_ptr<VirtBackend> backend_;
+};
+
+struct HostIdentity {
+  std::string provider;      // resource provider uuid, kept in the state dir
+  std::string name;
+  std::string instance_dir;  // absolute
+};
+
+struct AgentContext {
+  asio::io_context& io;
+  const Config& config;
+  KeyLayout keys;
+  std::shared_ptr<EtcdClient> etcd;
+  PlacementClient& placement;
+  asio::thread_pool& pool;
+  VirtCalls& virt;
+  HostIdentity host;
+  bool stopping = false;  // SIGTERM: loops end, nothing new starts
+
+  bool has_nic() const { return !config.compute.network.empty() || !config.compute.bridge.empty(); }
+};
+
+// Runs `task` detached. An exception ends it with a line in the log, not in silence.
+inline void spawn_detached(asio::io_context& io, awaitable<void> task, std::string what) {
+  asio::co_spawn(io, std::move(task), [what = std::move(what)](std::exception_ptr failure) {
+    if (!failure) return;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      spdlog::critical("{} ended: {}", what, e.what());
+    }
+  });
+}
+
+// Waits with capped exponential backoff; used wherever a server may come back.
+inline awaitable<void> backoff(asio::io_context& io, std::chrono::milliseconds& delay) {
+  asio::steady_timer timer(io, delay);
+  co_await timer.async_wait(use_awaitable);
+  delay = std::min<std::chrono::milliseconds>(delay * 2, std::chrono::seconds(5));
+}
+
+}  // namespace toyvm::compute

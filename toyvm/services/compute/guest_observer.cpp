@@ -1,0 +1,97 @@
+#include "services/compute/guest_observer.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace toyvm::compute {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+awaitable<void> GuestObserver::run() {
+  asio::steady_timer timer(ctx_.io);
+  auto console_every = std::chrono::milliseconds(int64_t(ctx_.config.compute.console_interval_s * 1000));
+  auto next_console = std::chrono::steady_clock::now();
+  while (!ctx_.stopping) {
+    timer.expires_after(console_every.count() > 0 ? std::min<std::chrono::milliseconds>(500ms, console_every) : 500ms);
+    co_await timer.async_wait(asio::as_tuple(use_awaitable));
+    auto now = std::chrono::steady_clock::now();
+    std::vector<std::string> looking, given_up, consoles;
+    for (auto& [uuid, slot] : slots_) {
+      if (!slot.desired || slot.busy) continue;
+      if (ctx_.has_nic() && slot.recorded == InstanceState::active && slot.ip.empty() && !slot.address_given_up)
+        (now < slot.address_deadline ? looking : given_up).push_back(uuid);
+      if (slot.recorded == InstanceState::active || slot.recorded == InstanceState::stopped) consoles.push_back(uuid);
+    }
+    for (const std::string& uuid : looking) co_await find_address(uuid);
+    for (const std::string& uuid : given_up) co_await give_up_address(uuid);
+    if (console_every.count() > 0 && now >= next_console) {
+      next_console = now + console_every;
+      if (!consoles.empty()) co_await publish_consoles(std::move(consoles));
+    }
+  }
+}
+
+awaitable<void> GuestObserver::find_address(std::string uuid) {
+  auto found = co_await ctx_.virt(&VirtBackend::addresses, uuid);
+  if (!found || found.value.empty()) co_return;
+  InstanceSlot& slot = slots_[uuid];
+  if (!slot.desired || slot.busy || slot.recorded != InstanceState::active) co_return;
+  const std::string mac = instance_mac(uuid);
+  slot.ip = found.value.front().ip;
+  for (const GuestAddress& address : found.value)
+    if (address.mac == mac) slot.ip = address.ip;
+  spdlog::info("instance {}: address {}", uuid, slot.ip);
+  co_await recorder_.write(recorder_.make(*slot.desired, InstanceState::active));
+}
+
+// Recorded so that whoever waits for the address stops waiting.
+awaitable<void> GuestObserver::give_up_address(std::string uuid) {
+  InstanceSlot& slot = slots_[uuid];
+  if (!slot.desired || slot.busy || slot.recorded != InstanceState::active || !slot.ip.empty()) co_return;
+  slot.address_given_up = true;
+  spdlog::warn("instance {}: no address within address_timeout ({} s); no longer looking", uuid,
+               ctx_.config.compute.address_timeout_s);
+  co_await recorder_.write(recorder_.make(*slot.desired, InstanceState::active));
+}
+
+// The last 16 KiB of each serial console that has grown, put in etcd so that
+// `toyvm show --console` works from any host. One trip to the worker pool reads them all.
+awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) {
+  struct Tail {
+    std::string uuid;
+    int64_t size = 0;
+    std::string text;
+  };
+  std::vector<std::pair<std::string, int64_t>> logs;  // uuid, size last published
+  for (const std::string& uuid : uuids) logs.emplace_back(uuid, slots_[uuid].console_published);
+  auto read_tails = [dir = ctx_.host.instance_dir, logs = std::move(logs)] {
+    std::vector<Tail> grown;
+    for (const auto& [uuid, published] : logs) {
+      const std::string path = console_log_path(dir, uuid);
+      std::error_code ec;
+      auto size = int64_t(fs::file_size(path, ec));
+      if (ec || size == published) continue;
+      std::ifstream in(path, std::ios::binary);
+      constexpr int64_t tail = 16 * 1024;
+      in.seekg(std::max<int64_t>(0, size - tail));
+      std::string text(size_t(std::min(size, tail)), '\0');
+      in.read(text.data(), std::streamsize(text.size()));
+      text.resize(size_t(in.gcount()));
+      grown.push_back(Tail{uuid, size, std::move(text)});
+    }
+    return grown;
+  };
+  std::vector<Tail> grown = co_await run_blocking(ctx_.pool, std::move(read_tails));
+  for (Tail& tail : grown) {
+    std::vector<EtcdCompare> compare{EtcdCompare::present(ctx_.keys.work(ctx_.host.provider, tail.uuid))};
+    std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.console(tail.uuid), std::move(tail.text))};
+    auto put = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
+    if (put && put->succeeded) slots_[tail.uuid].console_published = tail.size;
+  }
+}
+
+}  // namespace toyvm::compute

@@ -1,0 +1,45 @@
+#pragma once
+// The host's presence in etcd: a host record under a lease that the agent keeps alive, so
+// that it vanishes when the agent dies. Schedulers only pick hosts whose record is there.
+
+#include "services/compute/context.hpp"
+#include "services/compute/slots.hpp"
+
+namespace toyvm::compute {
+
+class HostPresence {
+ public:
+  HostPresence(AgentContext& ctx, const InstanceSlots& slots) : ctx_(ctx), slots_(slots) {}
+
+  void set_capacity(ResourceAmounts capacity) { capacity_ = std::move(capacity); }
+  // Grants a lease and puts the host record under it; retried until etcd answers.
+  awaitable<void> announce();
+  // Keeps the lease alive until the agent stops; a lost lease is announced again.
+  awaitable<void> keep_alive();
+  // Re-puts the host record with a fresh domain count, and the list of domains when it
+  // changed (for `toyvm audit`). Calls coalesce: under a burst of builds one put is in
+  // flight and at most one more follows it.
+  void publish();
+  // The record vanishes at once instead of when the lease expires.
+  awaitable<void> revoke();
+
+  // CIAO's READY/FULL: FULL once the host has max_instances instances (0: no limit).
+  bool full() const;
+  size_t instance_count() const;
+
+ private:
+  HostRecord host_record() const;
+  awaitable<void> publish_loop();
+
+  AgentContext& ctx_;
+  const InstanceSlots& slots_;
+  ResourceAmounts capacity_;
+  int64_t lease_ = 0;
+  int64_t started_at_ = unix_seconds();
+  int64_t domain_count_ = 0;
+  std::optional<std::vector<std::string>> domains_published_;  // under the current lease
+  bool dirty_ = false;
+  bool publishing_ = false;
+};
+
+}  // namespace toyvm::compute

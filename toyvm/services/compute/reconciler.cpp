@@ -1,0 +1,179 @@
+#include "services/compute/reconciler.hpp"
+
+#include "model/reconcile.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <spdlog/spdlog.h>
+
+#include <set>
+
+namespace toyvm::compute {
+
+using namespace std::chrono_literals;
+
+std::optional<std::string> Reconciler::apply(const WatchEvent& event, bool listed) {
+  auto key = ctx_.keys.parse_work(event.kv.key);
+  if (!key || key->host != ctx_.host.provider) {
+    spdlog::warn("ignoring key {} under the work prefix", event.kv.key);
+    return std::nullopt;
+  }
+  auto [found, created] = parts_.slots.try_emplace(key->instance);
+  InstanceSlot& slot = found->second;
+  if (created && !listed) slot.recorded_loaded = true;  // nothing recorded before it
+  // A listing taken before a watch event must not undo it (periodic resync runs alongside).
+  if (event.kv.mod_revision < slot.revision) return key->instance;
+  slot.revision = event.kv.mod_revision;
+  if (event.type == WatchEvent::Type::erase) {
+    slot.desired.reset();
+  } else {
+    std::string detail;
+    auto spec = decode_work(event.kv.value, &detail);
+    if (!spec || spec->uuid != key->instance) {
+      spdlog::error("ignoring work {}: {}", event.kv.key, spec ? "uuid does not match the key" : detail);
+      if (!slot.busy && !slot.desired) parts_.slots.erase(key->instance);
+      return std::nullopt;
+    }
+    slot.desired = std::move(*spec);
+  }
+  if (slot.waiting && slot.cancelled()) slot.waiting->cancel();
+  kick(key->instance);
+  return key->instance;
+}
+
+awaitable<void> Reconciler::apply_listing(RangeResult listed) {
+  std::set<std::string> seen;
+  for (const KeyValue& kv : listed.kvs) {
+    WatchEvent event{WatchEvent::Type::put, kv, std::nullopt};
+    if (auto uuid = apply(event, true)) seen.insert(*uuid);
+  }
+  // Work that vanished while we were not watching (and did not appear after the listing),
+  // and domains nobody asked for.
+  for (auto& [uuid, slot] : parts_.slots) {
+    if (!seen.count(uuid) && slot.desired && slot.revision <= listed.revision) {
+      slot.desired.reset();
+      kick(uuid);
+    }
+  }
+  auto domains = co_await ctx_.virt(&VirtBackend::list);
+  for (const std::string& uuid : domains.value) {
+    if (!seen.count(uuid) && !parts_.slots.count(uuid)) kick(uuid);
+  }
+  parts_.presence.publish();
+}
+
+void Reconciler::kick(const std::string& uuid) {
+  InstanceSlot& slot = parts_.slots[uuid];
+  if (slot.busy) {
+    slot.dirty = true;
+    return;
+  }
+  slot.busy = true;
+  spawn_detached(ctx_.io, reconcile_loop(uuid), "instance " + uuid);
+}
+
+awaitable<void> Reconciler::reconcile_loop(std::string uuid) {
+  while (true) {
+    parts_.slots[uuid].dirty = false;
+    bool settled = false;
+    try {
+      settled = co_await reconcile_once(uuid);
+    } catch (const std::exception& e) {
+      // A step that threw is a failed step: retried, and the slot is never left busy.
+      spdlog::error("instance {}: {}; will retry", uuid, e.what());
+    }
+    InstanceSlot& slot = parts_.slots[uuid];
+    if (!settled && !slot.dirty && !ctx_.stopping) {
+      // A step failed on a server that may come back: try again later.
+      asio::steady_timer timer(ctx_.io, retry_delay_);
+      co_await timer.async_wait(use_awaitable);
+      slot.dirty = true;
+    }
+    InstanceSlot& after = parts_.slots[uuid];
+    if (!after.dirty || ctx_.stopping) {
+      after.busy = false;
+      if (!after.desired) parts_.slots.erase(uuid);
+      co_return;
+    }
+  }
+}
+
+// One step towards the desired state; false when it must be retried.
+awaitable<bool> Reconciler::reconcile_once(std::string uuid) {
+  if (parts_.slots[uuid].desired && !co_await parts_.recorder.load(uuid)) co_return false;
+  auto actual = co_await ctx_.virt(&VirtBackend::state, uuid);
+  if (!actual) {
+    spdlog::error("instance {}: libvirt: {}", uuid, actual.failure->message);
+    co_return false;
+  }
+  const InstanceSlot& slot = parts_.slots[uuid];
+  std::optional<WorkSpec> desired = slot.desired;
+  switch (decide(desired ? &*desired : nullptr, actual.value, slot.recorded, slot.released)) {
+    case ReconcileAction::none: co_return true;
+    case ReconcileAction::build: co_return co_await parts_.builder.build(*desired);
+    case ReconcileAction::start: co_return co_await power(*desired, true);
+    case ReconcileAction::stop: co_return co_await power(*desired, false);
+    case ReconcileAction::record_active: co_return co_await parts_.recorder.record(*desired, InstanceState::active);
+    case ReconcileAction::record_stopped: co_return co_await parts_.recorder.record(*desired, InstanceState::stopped);
+    case ReconcileAction::remove: co_return co_await remove(*desired);
+    case ReconcileAction::release: co_return co_await parts_.builder.release_held(*desired);
+    case ReconcileAction::remove_domain: co_return co_await remove_domain(uuid);
+  }
+  co_return true;
+}
+
+awaitable<bool> Reconciler::power(WorkSpec spec, bool on) {
+  if (!on) co_await shut_down_gracefully(spec.uuid);
+  auto done = co_await ctx_.virt(on ? &VirtBackend::start : &VirtBackend::stop, spec.uuid);
+  if (!done) {
+    spdlog::error("instance {}: {}", spec.uuid, done.failure->message);
+    co_return false;
+  }
+  co_return co_await parts_.recorder.record(spec, on ? InstanceState::active : InstanceState::stopped);
+}
+
+// Asks the guest to power off and waits up to stop_timeout for it; stop() then pulls the plug.
+awaitable<void> Reconciler::shut_down_gracefully(std::string uuid) {
+  const double timeout_s = ctx_.config.compute.stop_timeout_s;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
+  if (timeout_s <= 0 || !co_await ctx_.virt(&VirtBackend::shutdown, uuid)) co_return;
+  asio::steady_timer timer(ctx_.io);
+  while (std::chrono::steady_clock::now() < deadline && !ctx_.stopping) {
+    timer.expires_after(250ms);
+    co_await timer.async_wait(asio::as_tuple(use_awaitable));
+    auto state = co_await ctx_.virt(&VirtBackend::state, uuid);
+    if (!state || state.value != DomainState::running) co_return;
+  }
+  spdlog::info("instance {}: did not power off within {} s; forcing it off", uuid, timeout_s);
+}
+
+// Domain first, then the allocation, then the keys: if any step fails the keys stay, and
+// the next attempt finishes the job, so nothing leaks in Placement.
+awaitable<bool> Reconciler::remove(WorkSpec spec) {
+  auto gone = co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+  if (!gone) {
+    spdlog::error("instance {}: destroying: {}", spec.uuid, gone.failure->message);
+    co_return false;
+  }
+  auto released = co_await ctx_.placement.release(spec.uuid);
+  if (!released) {
+    spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid, ctx_.placement.last_error().detail);
+    co_return false;
+  }
+  std::vector<EtcdOp> ops{EtcdOp::erase(ctx_.keys.work(ctx_.host.provider, spec.uuid)),
+                          EtcdOp::erase(ctx_.keys.instance(spec.uuid)), EtcdOp::erase(ctx_.keys.console(spec.uuid))};
+  if (!spec.group.empty()) ops.push_back(EtcdOp::erase(ctx_.keys.group_member(spec.group, spec.uuid)));
+  auto erased = co_await ctx_.etcd->txn({}, std::move(ops));
+  if (!erased) co_return false;
+  spdlog::info("instance {}: deleted", spec.uuid);
+  parts_.presence.publish();
+  co_return true;
+}
+
+awaitable<bool> Reconciler::remove_domain(std::string uuid) {
+  auto gone = co_await ctx_.virt(&VirtBackend::destroy, uuid);
+  if (!gone) spdlog::error("instance {}: destroying: {}", uuid, gone.failure->message);
+  parts_.presence.publish();
+  co_return bool(gone);
+}
+
+}  // namespace toyvm::compute

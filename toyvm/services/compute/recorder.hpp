@@ -1,0 +1,29 @@
+#pragma once
+// The instance records this host writes: every write is guarded by the instance's work key,
+// so a late write never resurrects an instance that was removed meanwhile.
+
+#include "services/compute/context.hpp"
+#include "services/compute/slots.hpp"
+
+namespace toyvm::compute {
+
+class InstanceRecorder {
+ public:
+  InstanceRecorder(AgentContext& ctx, InstanceSlots& slots) : ctx_(ctx), slots_(slots) {}
+
+  // The record of `spec` in `state` on this host, with the guest's address when ACTIVE.
+  InstanceRecord make(const WorkSpec& spec, InstanceState state);
+  // false when etcd did not answer, or the work key is gone (the work was removed).
+  awaitable<bool> write(InstanceRecord record);
+  // Writes `state`; a guest that just became ACTIVE is looked for an address afresh.
+  awaitable<bool> record(WorkSpec spec, InstanceState state);
+  // What the instance key says this host recorded, into the slot: memory is empty after a
+  // restart, and an ERROR decided before it must stay ERROR. false when etcd did not answer.
+  awaitable<bool> load(std::string uuid);
+
+ private:
+  AgentContext& ctx_;
+  InstanceSlots& slots_;
+};
+
+}  // namespace toyvm::compute

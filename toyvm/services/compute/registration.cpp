@@ -1,0 +1,105 @@
+#include "services/compute/registration.hpp"
+
+#include "model/uuid.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <fstream>
+
+namespace toyvm::compute {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+result<std::string> load_or_create_provider_uuid(const fs::path& state_dir, std::string* detail) {
+  std::error_code ec;
+  fs::create_directories(state_dir, ec);
+  fs::path file = state_dir / "provider_uuid";
+  std::ifstream in(file);
+  std::string uuid;
+  if (in >> uuid) {
+    if (is_uuid(uuid)) return uuid;
+    *detail = fmt::format("{} does not hold a uuid; remove it to register a new provider", file.string());
+    return errc::invalid_config;
+  }
+  uuid = new_uuid();
+  fs::path tmp = file;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << uuid << '\n';
+    if (!out.flush()) {
+      *detail = fmt::format("cannot write {}", tmp.string());
+      return errc::invalid_config;
+    }
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) {
+    *detail = fmt::format("cannot write {}: {}", file.string(), ec.message());
+    return errc::invalid_config;
+  }
+  return uuid;
+}
+
+awaitable<void> adopt_provider_by_name(AgentContext& ctx, fs::path state_dir, std::string name) {
+  std::error_code ec;
+  if (fs::exists(state_dir / "provider_uuid", ec)) co_return;
+  std::chrono::milliseconds delay = 100ms;
+  while (!ctx.stopping) {
+    auto found = co_await ctx.placement.provider_named(name);
+    if (found) {
+      if (!*found) co_return;
+      fs::create_directories(state_dir, ec);
+      std::ofstream(state_dir / "provider_uuid") << **found << '\n';
+      spdlog::warn("no provider uuid in {}: this host is provider {} ({}) in Placement; taking it again",
+                   state_dir.string(), **found, name);
+      co_return;
+    }
+    spdlog::warn("looking up provider {} in Placement: {}; retrying", name, ctx.placement.last_error().detail);
+    co_await backoff(ctx.io, delay);
+  }
+}
+
+awaitable<void> ProviderRegistration::register_until_done() {
+  std::chrono::milliseconds delay = 100ms;
+  while (!ctx_.stopping && !co_await register_once()) {
+    spdlog::warn("registering provider {} in Placement: {}; retrying", ctx_.host.provider,
+                 ctx_.placement.last_error().detail);
+    co_await backoff(ctx_.io, delay);
+  }
+  spdlog::info("registered provider {} with inventory {}", ctx_.host.provider,
+               format_amounts(capacity_of(inventory_)));
+}
+
+// The provider, its inventory, traits and zone, each call idempotent.
+awaitable<result<void>> ProviderRegistration::register_once() {
+  PlacementClient& placement = ctx_.placement;
+  const std::string& provider = ctx_.host.provider;
+  auto created = co_await placement.ensure_provider(provider, ctx_.host.name);
+  if (!created) co_return created;
+  auto inventory = co_await placement.set_inventory(provider, inventory_);
+  if (!inventory) co_return inventory;
+  // Only the CPU traits this Placement knows: an unknown standard trait is refused.
+  auto known = co_await placement.known_traits("HW_CPU_X86_");
+  if (!known) co_return known.error();
+  traits_ = ctx_.config.compute.traits;
+  for (const std::string& trait : cpu_traits_)
+    if (std::find(known->begin(), known->end(), trait) != known->end()) traits_.push_back(trait);
+  auto traits_set = co_await placement.set_traits(provider, traits_);
+  if (!traits_set) co_return traits_set;
+  std::vector<std::string> aggregates;
+  if (!ctx_.config.compute.availability_zone.empty())
+    aggregates.push_back(availability_zone_aggregate(ctx_.config.compute.availability_zone));
+  co_return co_await placement.set_aggregates(provider, std::move(aggregates));
+}
+
+awaitable<void> ProviderRegistration::mark_disabled() {
+  std::vector<std::string> disabled = traits_;
+  disabled.push_back("COMPUTE_STATUS_DISABLED");
+  if (!co_await ctx_.placement.set_traits(ctx_.host.provider, std::move(disabled)))
+    spdlog::warn("could not mark provider {} disabled: {}", ctx_.host.provider, ctx_.placement.last_error().detail);
+}
+
+}  // namespace toyvm::compute

@@ -1,0 +1,45 @@
+#pragma once
+// The host as a Placement resource provider: a stable uuid kept in the state dir (a restart
+// never makes a second provider), its inventory, traits and availability zone.
+
+#include "model/inventory.hpp"
+#include "services/compute/context.hpp"
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace toyvm::compute {
+
+// The provider uuid in `state_dir`, made on first use.
+result<std::string> load_or_create_provider_uuid(const std::filesystem::path& state_dir, std::string* detail);
+
+// A host whose state dir was lost is still its provider in Placement, under its name (names
+// are unique there): with no uuid in `state_dir`, the uuid of the provider named `name` is
+// written there, so the host comes back with its instances instead of failing to register a
+// second provider of the same name. Retries while Placement does not answer.
+awaitable<void> adopt_provider_by_name(AgentContext& ctx, std::filesystem::path state_dir, std::string name);
+
+class ProviderRegistration {
+ public:
+  ProviderRegistration(AgentContext& ctx, Inventory inventory, std::vector<std::string> cpu_traits)
+      : ctx_(ctx), inventory_(std::move(inventory)), cpu_traits_(std::move(cpu_traits)) {}
+
+  const Inventory& inventory() const { return inventory_; }
+  // Registers, retrying while Placement does not answer, until it is done or the agent stops.
+  // Setting the traits afresh also clears the disabled mark of a clean stop.
+  awaitable<void> register_until_done();
+  // COMPUTE_STATUS_DISABLED, which every schedule forbids: no candidate is spent on a host
+  // that is not running.
+  awaitable<void> mark_disabled();
+
+ private:
+  awaitable<result<void>> register_once();
+
+  AgentContext& ctx_;
+  Inventory inventory_;
+  std::vector<std::string> cpu_traits_;
+  std::vector<std::string> traits_;  // as last set in Placement
+};
+
+}  // namespace toyvm::compute

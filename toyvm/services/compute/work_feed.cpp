@@ -1,0 +1,54 @@
+#include "services/compute/work_feed.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <spdlog/spdlog.h>
+
+namespace toyvm::compute {
+
+using namespace std::chrono_literals;
+
+awaitable<void> WorkFeed::follow() {
+  std::chrono::milliseconds delay = 100ms;
+  const std::string prefix = ctx_.keys.work_prefix(ctx_.host.provider);
+  while (!ctx_.stopping) {
+    auto listed = co_await ctx_.etcd->range_prefix(prefix);
+    if (!listed) {
+      spdlog::warn("listing {} in etcd: {}; retrying", prefix, listed.error().message());
+      co_await backoff(ctx_.io, delay);
+      continue;
+    }
+    const int64_t revision = listed->revision;
+    co_await reconciler_.apply_listing(std::move(*listed));
+    watch_ = ctx_.etcd->watch(WatchOptions{prefix, prefix_range_end(prefix), revision + 1, false});
+    while (!ctx_.stopping) {
+      WatchBatch batch = co_await watch_->next();
+      if (batch.error || batch.canceled || batch.compact_revision) {
+        if (!ctx_.stopping)
+          spdlog::warn("watch on {} ended ({}); listing again", prefix,
+                       batch.compact_revision ? "compacted" : batch.error.message());
+        break;
+      }
+      delay = 100ms;
+      for (WatchEvent& event : batch.events) reconciler_.apply(event);
+    }
+    watch_.reset();
+    if (!ctx_.stopping) co_await backoff(ctx_.io, delay);
+  }
+}
+
+awaitable<void> WorkFeed::resync_periodically() {
+  asio::steady_timer timer(ctx_.io);
+  while (!ctx_.stopping) {
+    timer.expires_after(std::chrono::milliseconds(int64_t(ctx_.config.compute.resync_interval_s * 1000)));
+    co_await timer.async_wait(asio::as_tuple(use_awaitable));
+    if (ctx_.stopping) break;
+    auto listed = co_await ctx_.etcd->range_prefix(ctx_.keys.work_prefix(ctx_.host.provider));
+    if (listed) co_await reconciler_.apply_listing(std::move(*listed));
+  }
+}
+
+void WorkFeed::stop() {
+  if (watch_) watch_->cancel();
+}
+
+}  // namespace toyvm::compute

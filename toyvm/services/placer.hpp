@@ -1,0 +1,66 @@
+#pragma once
+// Where an instance goes, for `toyvm schedule` (new instances) and for the compute agent (a
+// failed build moving to another host), so the two cannot drift apart: Placement's
+// candidates for the instance's query, narrowed to live toyvm hosts and to what its server
+// group allows, weighed, then claimed first-fit.
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "core/config.hpp"
+#include "model/groups.hpp"
+#include "model/keys.hpp"
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace toyvm {
+
+struct PlacementView {
+  Candidates candidates;
+  std::set<std::string> live;                // providers whose host record says READY
+  std::map<std::string, int> group_members;  // host -> members of the group on it
+  std::set<GroupPolicy> group_policies;      // the policies the group's members were made with
+};
+
+// Whether a failure of Placer::look came from etcd rather than from Placement.
+inline bool is_etcd_error(const error_code& ec) {
+  return ec == errc::etcd_unavailable || ec == errc::etcd_error || ec == errc::cancelled;
+}
+
+struct Claim {
+  std::string host;
+  Allocations allocations;
+};
+
+class Placer {
+ public:
+  Placer(PlacementClient& placement, EtcdClient& etcd, const Config& config)
+      : placement_(placement), etcd_(etcd), keys_(config.etcd.prefix), config_(config) {}
+
+  // Candidates, live hosts and the group's members, asked of Placement and etcd at once.
+  // Disabled providers are left out. `group` may be empty; `moving` (an instance uuid) does
+  // not count as a member. Errors are Placement's or etcd's codes.
+  awaitable<result<PlacementView>> look(PlacementQuery query, std::string group, std::string moving = {});
+
+  // The ways to place one instance, best first, within the group's policy.
+  std::vector<Choice> rank(const PlacementView& view, const WeighPolicy& policy, double random,
+                           std::optional<GroupPolicy> group) const;
+
+  // Tries the choices in order: a generation conflict retries the same one, a capacity
+  // conflict moves on to the next; no_allocations_left when none fits.
+  awaitable<result<Claim>> claim_first_fit(std::string uuid, std::vector<Choice> choices);
+
+  // The weighers as configured, `policy_name` ("spread"/"pack") overriding the config's.
+  WeighPolicy weigh_policy(const std::string& policy_name = {}) const;
+
+ private:
+  PlacementClient& placement_;
+  EtcdClient& etcd_;
+  KeyLayout keys_;
+  const Config& config_;
+};
+
+}  // namespace toyvm
