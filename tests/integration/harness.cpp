@@ -376,6 +376,11 @@ void Servers::stop_etcd() {
   }
 }
 
+void Servers::stop_etcd_member(size_t index) {
+  etcd_.at(index).process->signal(SIGKILL);
+  etcd_.at(index).process->wait();
+}
+
 void Servers::stop_placement() {
   placement_->signal(SIGTERM);
   placement_->wait();

@@ -110,6 +110,7 @@ class Servers {
   }
 
   void stop_etcd();
+  void stop_etcd_member(size_t index);  // the one behind config.etcd.endpoints[index]
   // Kills the member that is the cluster's leader now; returns its index.
   int kill_etcd_leader();
   void stop_placement();

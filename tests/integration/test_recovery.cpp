@@ -6,6 +6,7 @@
 
 #include "catch_result.hpp"
 
+#include <fmt/format.h>
 #include <signal.h>
 
 #include <filesystem>
@@ -321,16 +322,16 @@ TEST_CASE("a build that fails while Placement is down gives its allocation back 
 TEST_CASE("an agent whose state dir was wiped takes its provider back by name, with its instances", "[recovery]") {
   Servers servers;
   std::string rp;
-  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto compute = servers.start_compute("c1", roomy, &rp, {}, "lease_ttl = 2\n");
   auto scheduled = servers.toyvm({"schedule", small, "--wait"});
   REQUIRE(scheduled.exit_code == 0);
   std::string uuid = parse_notified(scheduled.out).second;
   compute->signal(SIGKILL);
   compute->wait();
-  fs::remove_all(servers.dir() + "/c1");
+  fs::remove_all(servers.dir() + "/c1");  // its config file stays beside it
 
   std::string again;
-  compute = servers.start_compute("c1", roomy, &again);
+  compute = servers.start_compute("c1", roomy, &again, {}, "lease_ttl = 2\n");
   CHECK(again == rp);
   CHECK(servers.provider_count() == 1);
   CHECK_THAT(compute->output(), Catch::Contains("taking it again"));
@@ -338,4 +339,22 @@ TEST_CASE("an agent whose state dir was wiped takes its provider back by name, w
   CHECK(wait_for([&] { return compute->output().find("instance " + uuid + ": active") != std::string::npos; }, 30));
   CHECK(servers.usages(rp)["VCPU"] == 1);
   CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
+
+TEST_CASE("etcd members given by name: the others answer when the first is down", "[recovery]") {
+  Servers servers(ServersOptions{.etcd_members = 3});
+  std::vector<std::string> named;
+  for (std::string endpoint : servers.config.etcd.endpoints)
+    named.push_back(endpoint.replace(endpoint.find("127.0.0.1"), 9, "LOCALHOST"));  // a name, resolved
+  servers.stop_etcd_member(0);
+  // Once the others agree on a leader (the first may have been it), they answer.
+  CommandResult shown;
+  CHECK(wait_for([&] {
+    shown = run_command({toyvm_binary(), "--etcd", fmt::format("{}", fmt::join(named, ",")), "--placement",
+                         servers.config.placement.endpoint, "show", "--hosts"},
+                        servers.dir(), 30);
+    return shown.exit_code == 0;
+  }, 30));
+  INFO(shown.err);
+  CHECK_THAT(shown.out, Catch::Contains("NAME"));
 }

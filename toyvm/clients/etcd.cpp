@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -104,22 +106,60 @@ std::string read_text_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+struct HostPort {
+  std::string host;  // without brackets
+  std::string port;
+};
+
+HostPort split_endpoint(const std::string& endpoint) {
+  std::string_view text = endpoint;
+  if (auto pos = text.find("://"); pos != std::string_view::npos) text.remove_prefix(pos + 3);
+  while (!text.empty() && text.back() == '/') text.remove_suffix(1);
+  size_t colon = text.rfind(':');
+  std::string_view host = colon == std::string_view::npos ? text : text.substr(0, colon);
+  std::string_view port = colon == std::string_view::npos ? "2379" : text.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {std::string(host), std::string(port)};
+}
+
+bool is_ip_literal(const std::string& host) {
+  in6_addr any{};
+  return inet_pton(AF_INET, host.c_str(), &any) == 1 || inet_pton(AF_INET6, host.c_str(), &any) == 1;
+}
+
+// gRPC's dns:/// target takes one name, its ipv4: and ipv6: targets a list of addresses: the
+// members' names are resolved here, once, so that pick_first fails over between all of them
+// (IPv4 addresses when there are any, as one target takes one family).
 std::string grpc_target(const std::vector<std::string>& endpoints) {
-  std::vector<std::string> addresses;
-  bool all_ipv4 = true;
+  std::vector<std::string> v4, v6;
   for (const std::string& endpoint : endpoints) {
-    std::string_view text = endpoint;
-    if (auto pos = text.find("://"); pos != std::string_view::npos) text.remove_prefix(pos + 3);
-    while (!text.empty() && text.back() == '/') text.remove_suffix(1);
-    std::string address(text);
-    if (address.starts_with("localhost:")) address = "127.0.0.1" + address.substr(9);
-    std::string_view host = std::string_view(address).substr(0, address.rfind(':'));
-    all_ipv4 = all_ipv4 && !host.empty() &&
-               host.find_first_not_of("0123456789.") == std::string_view::npos;
-    addresses.push_back(std::move(address));
+    HostPort at = split_endpoint(endpoint);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(at.host.c_str(), at.port.c_str(), &hints, &found) != 0) continue;
+    for (addrinfo* a = found; a; a = a->ai_next) {
+      char text[INET6_ADDRSTRLEN] = {};
+      if (a->ai_family == AF_INET) {
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, text, sizeof text);
+        v4.push_back(fmt::format("{}:{}", text, at.port));
+      } else if (a->ai_family == AF_INET6) {
+        inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, text, sizeof text);
+        v6.push_back(fmt::format("[{}]:{}", text, at.port));
+      }
+    }
+    freeaddrinfo(found);
   }
-  if (all_ipv4) return "ipv4:" + fmt::format("{}", fmt::join(addresses, ","));
-  return "dns:///" + addresses.front();
+  for (auto* list : {&v4, &v6}) {
+    std::sort(list->begin(), list->end());
+    list->erase(std::unique(list->begin(), list->end()), list->end());
+  }
+  if (!v4.empty()) return "ipv4:" + fmt::format("{}", fmt::join(v4, ","));
+  if (!v6.empty()) return "ipv6:" + fmt::format("{}", fmt::join(v6, ","));
+  // Nothing resolves now: gRPC resolves the first member itself, and again as it reconnects.
+  HostPort first = split_endpoint(endpoints.front());
+  return fmt::format("dns:///{}:{}", first.host, first.port);
 }
 
 // A bidirectional stream whose responses are queued for one coroutine. The reactor keeps
@@ -295,7 +335,14 @@ class GrpcEtcdClient final : public EtcdClient {
       tls.pem_cert_chain = read_text_file(config.cert_file);
       tls.pem_private_key = read_text_file(config.key_file);
       credentials = grpc::SslCredentials(tls);
-      if (!config.server_name.empty()) args.SetSslTargetNameOverride(config.server_name);
+      // The members are dialled by address: their certificates are checked against the
+      // configured name, else the first member's name.
+      std::string name = config.server_name;
+      if (name.empty()) {
+        HostPort first = split_endpoint(config.endpoints.front());
+        if (!is_ip_literal(first.host)) name = first.host;
+      }
+      if (!name.empty()) args.SetSslTargetNameOverride(name);
     }
     channel_ = grpc::CreateCustomChannel(grpc_target(config.endpoints), credentials, args);
     auth_ = pb::Auth::NewStub(channel_);

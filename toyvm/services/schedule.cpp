@@ -162,14 +162,8 @@ class Scheduler {
       record.state = InstanceState::scheduled;
       record.updated_at = unix_millis();
     }
-    auto handed = co_await hand_over(specs, records);
-    if (!handed) {
-      co_await release_all(uuids);
-      co_return report_failure(handed.error(), fmt::format("cannot hand the instance(s) over through etcd at {}: {}",
-                                                           etcd_->endpoints_text(), handed.error() == errc::already_exists
-                                                               ? "an instance key already exists"
-                                                               : handed.error().message()));
-    }
+    HandOver handed = co_await hand_over(specs, records);
+    if (handed.error) co_return co_await give_up_hand_over(handed, uuids, specs, records);
     spdlog::debug("schedule: handed over through etcd");
     for (const InstanceRecord& record : records)
       std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", record.host.c_str(), record.uuid.c_str());
@@ -177,7 +171,7 @@ class Scheduler {
     if (!options_.wait) co_return 0;
     int worst = 0;  // a failure outranks an instance that is only missing its address
     for (const std::string& uuid : uuids) {
-      int code = co_await wait_until_settled(uuid, *handed);
+      int code = co_await wait_until_settled(uuid, handed.revision);
       if (code != 0 && (worst == 0 || worst == int(ExitCode::no_address))) worst = code;
     }
     co_return worst;
@@ -262,17 +256,27 @@ class Scheduler {
     }
   }
 
-  // Create-only transactions: every instance
-  // exists exactly once or not at all; a failed batch removes what earlier ones wrote.
-  // Returns the revision of the last write.
-  awaitable<result<int64_t>> hand_over(const std::vector<WorkSpec>& specs, const std::vector<InstanceRecord>& records) {
-    constexpr size_t per_txn = 42;  // 3 keys each, under etcd's 128 operations
+  // What a hand-over did: the revision of its last write, or how far it got.
+  struct HandOver {
     int64_t revision = 0;
-    std::vector<EtcdOp> written;
-    for (size_t first = 0; first < specs.size(); first += per_txn) {
+    size_t handed = 0;     // the first `handed` instances are in etcd
+    size_t in_doubt = 0;   // the next ones may be: etcd did not say
+    error_code error;
+  };
+
+  // Create-only transactions, 42 instances each (3 keys apiece, under etcd's 128 operations).
+  // One that failed with an error may have committed anyway: its first instance key is read
+  // back, and one that did not commit is made again, until etcd answers or time runs out.
+  awaitable<HandOver> hand_over(const std::vector<WorkSpec>& specs, const std::vector<InstanceRecord>& records) {
+    constexpr size_t per_txn = 42;
+    HandOver out;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(config_.etcd.timeout_s * 3000));
+    std::chrono::milliseconds delay(100);
+    for (size_t first = 0; first < specs.size();) {
+      const size_t end = std::min(specs.size(), first + per_txn);
       std::vector<EtcdCompare> absent;
       std::vector<EtcdOp> create;
-      for (size_t i = first; i < std::min(specs.size(), first + per_txn); ++i) {
+      for (size_t i = first; i < end; ++i) {
         std::string work_key = keys_.work(records[i].host, specs[i].uuid);
         std::string instance_key = keys_.instance(specs[i].uuid);
         absent.push_back(EtcdCompare::absent(work_key));
@@ -286,20 +290,66 @@ class Scheduler {
                                                                        *parse_group_policy(specs[i].group_policy))));
         }
       }
-      std::vector<EtcdOp> undo;
-      for (const EtcdOp& op : create) undo.push_back(EtcdOp::erase(op.key));
       auto txn = co_await etcd_->txn(std::move(absent), std::move(create));
-      if (!txn || !txn->succeeded) {
-        if (!written.empty()) {
-          std::vector<EtcdCompare> always;
-          co_await etcd_->txn(std::move(always), std::move(written));
-        }
-        co_return txn ? make_error_code(errc::already_exists) : txn.error();
+      if (txn && txn->succeeded) {
+        out.revision = txn->revision;
+        out.handed = first = end;
+        continue;
       }
-      revision = txn->revision;
-      written.insert(written.end(), undo.begin(), undo.end());
+      // Failed, or perhaps not: our own keys (fresh uuids) tell whether it committed.
+      auto committed = co_await etcd_->range(keys_.instance(specs[first].uuid));
+      if (committed && !committed->kvs.empty() && committed->kvs.front().value == encode(records[first])) {
+        out.revision = committed->kvs.front().mod_revision;
+        out.handed = first = end;
+        continue;
+      }
+      if (txn && committed) {  // keys exist that are not ours
+        out.error = make_error_code(errc::already_exists);
+        co_return out;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        if (!committed) out.in_doubt = end - first;  // nobody said whether it committed
+        out.error = txn ? committed.error() : txn.error();
+        co_return out;
+      }
+      asio::steady_timer timer(io_, delay);
+      co_await timer.async_wait(use_awaitable);
+      delay = std::min(delay * 2, std::chrono::milliseconds(1000));
     }
-    co_return revision;
+    co_return out;
+  }
+
+  // A batch is all or nothing: what was handed over is taken back while no agent has touched
+  // it, and claims are released only for instances known not to be in etcd. An instance whose
+  // fate etcd did not tell keeps its claim (`toyvm audit --fix` resolves it either way).
+  awaitable<int> give_up_hand_over(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
+                                   std::vector<InstanceRecord> records) {
+    size_t kept = handed.handed;
+    if (kept > 0) {
+      std::vector<EtcdCompare> untouched;
+      std::vector<EtcdOp> remove;
+      for (size_t i = 0; i < kept; ++i) {
+        for (std::string key : {keys_.work(records[i].host, specs[i].uuid), keys_.instance(specs[i].uuid)}) {
+          untouched.push_back(EtcdCompare{key, EtcdCompare::Target::version, EtcdCompare::Result::equal, 1, {}});
+          remove.push_back(EtcdOp::erase(key));
+        }
+        if (!specs[i].group.empty()) remove.push_back(EtcdOp::erase(keys_.group_member(specs[i].group, specs[i].uuid)));
+      }
+      auto undone = co_await etcd_->txn(std::move(untouched), std::move(remove));
+      if (undone && undone->succeeded) kept = 0;
+    }
+    std::vector<std::string> release(uuids.begin() + long(kept + handed.in_doubt), uuids.end());
+    if (kept == 0) release.insert(release.end(), uuids.begin(), uuids.begin() + long(handed.handed));
+    co_await release_all(release);
+    for (size_t i = 0; i < kept; ++i)
+      std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", records[i].host.c_str(), records[i].uuid.c_str());
+    std::string what = handed.error == errc::already_exists ? "an instance key already exists" : handed.error.message();
+    std::string detail = fmt::format("cannot hand the instance(s) over through etcd at {}: {}", etcd_->endpoints_text(), what);
+    if (kept > 0) detail += fmt::format("; {} were handed over already and are kept", kept);
+    if (handed.in_doubt > 0)
+      detail += fmt::format("; {} may have been handed over, and keep their claims until `toyvm audit --fix`",
+                            handed.in_doubt);
+    co_return report_failure(handed.error, detail);
   }
 
   awaitable<int> wait_until_settled(const std::string& uuid, int64_t since_revision) {

@@ -20,6 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const LibvirtApi* api = nullptr;  // set by open_libvirt before any backend exists
+thread_local virConnectPtr call_connection = nullptr;  // the connection this thread's call started on
 
 // libvirt keeps one error per thread and clears it at the start of every public call, even a
 // successful one: read it right after the call that failed, before any other.
@@ -81,15 +82,20 @@ class LibvirtBackend final : public VirtBackend {
 
   // libvirtd may restart under the agent: a connection found dead is replaced by a new one.
   // The dead one is closed with the backend, as calls on other threads may still hold it.
+  // Each call notes which connection it started on: a failure on a connection that has been
+  // replaced meanwhile is the connection's, not the instance's.
   bool revive() {
     virConnectPtr current = conn_.load();
+    call_connection = current;
     if (api->virConnectIsAlive(current) == 1) return true;
     std::lock_guard lock(revive_mutex_);
-    if (conn_.load() != current) return true;  // another thread did it
+    call_connection = conn_.load();
+    if (call_connection != current) return true;  // another thread did it
     virConnectPtr fresh = api->virConnectOpen(options_.uri.c_str());
     if (!fresh) return false;
     retired_.push_back(current);
     conn_.store(fresh);
+    call_connection = fresh;
     spdlog::warn("libvirt {}: the connection was lost; connected again", options_.uri);
     return true;
   }
@@ -147,6 +153,7 @@ class LibvirtBackend final : public VirtBackend {
       if (api->virDomainUndefine(dom.ptr) < 0 && !last_error_is(VIR_ERR_NO_DOMAIN))
         return fail<bool>("launch_failure");
     }
+    forget_owned(uuid);
     if (auto deleted = delete_overlay(uuid); !deleted) return deleted;
     std::error_code ec;
     fs::remove_all(instance_path(options_.instance_dir, uuid), ec);
@@ -226,7 +233,11 @@ class LibvirtBackend final : public VirtBackend {
     std::string xml = fmt::format("<pool type='dir'><name>{}</name><target><path>{}</path></target></pool>",
                                   xml_escape(pool_), xml_escape(options_.instance_dir));
     pool.ptr = api->virStoragePoolCreateXML(conn_, xml.c_str(), 0);
-    if (!pool) return fail<bool>("launch_failure");
+    if (!pool) {
+      auto failed = fail<bool>("launch_failure", "cannot make the storage pool");
+      PoolHandle made(api->virStoragePoolLookupByName(conn_, pool_.c_str()));  // by another thread meanwhile
+      return made ? VirtResult<bool>{true, {}} : failed;
+    }
     return {true, {}};
   }
 
@@ -236,7 +247,7 @@ class LibvirtBackend final : public VirtBackend {
   template <class T>
   VirtResult<T> fail(const char* reason, std::string_view doing = {}) {
     std::string message = doing.empty() ? last_virt_error() : fmt::format("{}: {}", doing, last_virt_error());
-    if (api->virConnectIsAlive(conn_.load()) != 1) reason = "libvirt_unavailable";
+    if (call_connection != conn_.load() || api->virConnectIsAlive(conn_.load()) != 1) reason = "libvirt_unavailable";
     return {T{}, VirtFailure{reason, std::move(message)}};
   }
 
@@ -246,21 +257,28 @@ class LibvirtBackend final : public VirtBackend {
                                                                 last_virt_error())}};
   }
 
-  // Whether this agent made the domain, as its metadata says; remembered, as it never changes.
+  // Whether this agent made the domain, as its metadata says. Its own are remembered until
+  // it destroys them; others are asked again, as the uuid may come to this agent later (a
+  // build moved here from another agent on the same libvirt).
   bool owned(virDomainPtr domain, const std::string& uuid) {
     if (options_.owner.empty()) return true;
     {
       std::lock_guard lock(owners_mutex_);
       if (mine_.count(uuid)) return true;
-      if (foreign_.count(uuid)) return false;
     }
     char* element = api->virDomainGetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, owner_namespace, 0);
-    if (!element && !last_error_is(VIR_ERR_NO_DOMAIN_METADATA)) return false;  // unknown: leave it alone
     bool mine = element && std::string_view(element) == "<owner>" + options_.owner + "</owner>";
     free(element);
-    std::lock_guard lock(owners_mutex_);
-    (mine ? mine_ : foreign_).insert(uuid);
+    if (mine) {
+      std::lock_guard lock(owners_mutex_);
+      mine_.insert(uuid);
+    }
     return mine;
+  }
+
+  void forget_owned(const std::string& uuid) {
+    std::lock_guard lock(owners_mutex_);
+    mine_.erase(uuid);
   }
 
   VirtResult<bool> power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing) {
@@ -330,7 +348,7 @@ class LibvirtBackend final : public VirtBackend {
   LibvirtOptions options_;
   std::string pool_;
   std::mutex owners_mutex_;  // list() may run on several worker threads
-  std::set<std::string> mine_, foreign_;
+  std::set<std::string> mine_;
 };
 
 }  // namespace

@@ -8,6 +8,10 @@
 namespace toyvm::compute {
 
 awaitable<bool> Builder::build(WorkSpec spec) {
+  if (parts_.slots[spec.uuid].allocation_elsewhere) {
+    if (!co_await take_allocation_back(spec)) co_return false;
+    parts_.slots[spec.uuid].allocation_elsewhere = false;
+  }
   int limit = ctx_.config.compute.max_instances;
   if (limit > 0 && parts_.presence.instance_count() > size_t(limit))
     co_return co_await fail(spec, "full_cn", fmt::format("host {} is full ({} instances)", ctx_.host.name, limit));
@@ -39,6 +43,7 @@ awaitable<bool> Builder::build(WorkSpec spec) {
     }
     // The domain may be half-made; nothing of a failed build stays behind.
     co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+    parts_.presence.publish();
     co_return co_await fail(spec, created.failure->reason, created.failure->message);
   }
   spdlog::info("instance {}: active", spec.uuid);
@@ -178,11 +183,18 @@ awaitable<result<bool>> Builder::move_elsewhere(WorkSpec spec) {
     }
     // The work changed since it was read (stopped, destroyed): its allocation comes back
     // here and the next round decides again.
-    Allocations back{{ctx_.host.provider, spec.resources}};
-    auto returned = co_await move_allocation(spec.uuid, back);
-    if (!returned || !*returned) spdlog::warn("instance {}: cannot take its allocation back from {}", spec.uuid, choice.host);
+    if (!co_await take_allocation_back(spec)) parts_.slots[spec.uuid].allocation_elsewhere = true;
     co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
   }
+  co_return false;
+}
+
+// After a move that did not happen, the instance's allocation comes back to this host.
+awaitable<bool> Builder::take_allocation_back(WorkSpec spec) {
+  Allocations here{{ctx_.host.provider, spec.resources}};
+  auto returned = co_await move_allocation(spec.uuid, here);
+  if (returned) co_return true;  // back, or nothing left to take back
+  spdlog::warn("instance {}: cannot take its allocation back yet: {}", spec.uuid, ctx_.placement.last_error().detail);
   co_return false;
 }
 
@@ -192,12 +204,9 @@ awaitable<result<bool>> Builder::move_allocation(std::string uuid, Allocations a
   for (int attempt = 1; attempt <= ctx_.config.schedule.max_claim_attempts; ++attempt) {
     auto held = co_await ctx_.placement.consumer_allocations(uuid);
     if (!held) co_return result<bool>(boost::system::in_place_error, held.error());
-    result<void> put;
-    if (held->generation) {
-      put = co_await ctx_.placement.replace(uuid, allocations, *held->generation);
-    } else {
-      put = co_await ctx_.placement.claim(uuid, allocations);
-    }
+    // It holds nothing: released meanwhile (destroy --force), and nothing is to be made anew.
+    if (!held->generation || held->allocations.empty()) co_return false;
+    auto put = co_await ctx_.placement.replace(uuid, allocations, *held->generation);
     if (put) co_return true;
     if (put.error() == errc::placement_capacity) co_return false;
     if (put.error() != errc::placement_concurrent_update) co_return result<bool>(boost::system::in_place_error, put.error());

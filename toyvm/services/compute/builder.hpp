@@ -39,6 +39,7 @@ class Builder {
   awaitable<bool> fail(WorkSpec spec, std::string reason, std::string message);
   awaitable<result<bool>> move_elsewhere(WorkSpec spec);
   awaitable<result<bool>> move_allocation(std::string uuid, Allocations allocations);
+  awaitable<bool> take_allocation_back(WorkSpec spec);
   awaitable<result<bool>> group_allows_here(WorkSpec spec);
 
   AgentContext& ctx_;

@@ -38,7 +38,9 @@ awaitable<void> GuestObserver::run() {
 awaitable<void> GuestObserver::find_address(std::string uuid) {
   auto found = co_await ctx_.virt(&VirtBackend::addresses, uuid);
   if (!found || found.value.empty()) co_return;
-  InstanceSlot& slot = slots_[uuid];
+  auto it = slots_.find(uuid);  // it may have gone meanwhile
+  if (it == slots_.end()) co_return;
+  InstanceSlot& slot = it->second;
   if (!slot.desired || slot.busy || slot.recorded != InstanceState::active) co_return;
   const std::string mac = instance_mac(uuid);
   slot.ip = found.value.front().ip;
@@ -90,7 +92,8 @@ awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) 
     std::vector<EtcdCompare> compare{EtcdCompare::present(ctx_.keys.work(ctx_.host.provider, tail.uuid))};
     std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.console(tail.uuid), std::move(tail.text))};
     auto put = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
-    if (put && put->succeeded) slots_[tail.uuid].console_published = tail.size;
+    auto it = slots_.find(tail.uuid);
+    if (put && put->succeeded && it != slots_.end()) it->second.console_published = tail.size;
   }
 }
 

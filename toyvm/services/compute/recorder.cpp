@@ -67,6 +67,9 @@ awaitable<bool> InstanceRecorder::load(std::string uuid) {
   if (record->state == InstanceState::active) {
     slot.ip = record->ip;
     slot.address_given_up = record->no_address;
+    // Still looking when the last agent stopped: look for a full address_timeout again.
+    slot.address_deadline = std::chrono::steady_clock::now() +
+                            std::chrono::milliseconds(int64_t(ctx_.config.compute.address_timeout_s * 1000));
   }
   co_return true;
 }

@@ -47,18 +47,32 @@ awaitable<void> adopt_provider_by_name(AgentContext& ctx, fs::path state_dir, st
   std::error_code ec;
   if (fs::exists(state_dir / "provider_uuid", ec)) co_return;
   std::chrono::milliseconds delay = 100ms;
-  while (!ctx.stopping) {
+  for (; !ctx.stopping; co_await backoff(ctx.io, delay)) {
     auto found = co_await ctx.placement.provider_named(name);
-    if (found) {
-      if (!*found) co_return;
-      fs::create_directories(state_dir, ec);
-      std::ofstream(state_dir / "provider_uuid") << **found << '\n';
-      spdlog::warn("no provider uuid in {}: this host is provider {} ({}) in Placement; taking it again",
-                   state_dir.string(), **found, name);
-      co_return;
+    if (found && !*found) co_return;  // a new host: a new provider
+    if (!found) {
+      spdlog::warn("looking up provider {} in Placement: {}; retrying", name, ctx.placement.last_error().detail);
+      continue;
     }
-    spdlog::warn("looking up provider {} in Placement: {}; retrying", name, ctx.placement.last_error().detail);
-    co_await backoff(ctx.io, delay);
+    auto alive = co_await ctx.etcd->range(ctx.keys.host(**found));
+    if (!alive) {
+      spdlog::warn("looking up provider {} in etcd: unavailable; retrying", **found);
+      continue;
+    }
+    if (!alive->kvs.empty()) {
+      // This host's own record until its lease runs out, or another agent of this name:
+      // two agents must never share a provider.
+      spdlog::warn("provider {} ({}) has a live agent; waiting for its lease to end (another agent with this "
+                   "name? give this one another --name)", **found, name);
+      continue;
+    }
+    fs::create_directories(state_dir, ec);
+    fs::path tmp = state_dir / "provider_uuid.tmp";
+    std::ofstream(tmp) << **found << '\n';
+    fs::rename(tmp, state_dir / "provider_uuid", ec);
+    spdlog::warn("no provider uuid in {}: this host is provider {} ({}) in Placement; taking it again",
+                 state_dir.string(), **found, name);
+    co_return;
   }
 }
 

@@ -17,7 +17,8 @@ result<std::string> load_or_create_provider_uuid(const std::filesystem::path& st
 // A host whose state dir was lost is still its provider in Placement, under its name (names
 // are unique there): with no uuid in `state_dir`, the uuid of the provider named `name` is
 // written there, so the host comes back with its instances instead of failing to register a
-// second provider of the same name. Retries while Placement does not answer.
+// second provider of the same name. While that provider's agent is alive (its lease runs, or
+// another agent has the same name) it waits. Retries while Placement or etcd does not answer.
 awaitable<void> adopt_provider_by_name(AgentContext& ctx, std::filesystem::path state_dir, std::string name);
 
 class ProviderRegistration {

@@ -23,6 +23,7 @@ struct InstanceSlot {
   bool recorded_loaded = false;     // `recorded` was read back from etcd (after a restart)
   bool released = false;            // an ERROR instance's allocation was given back
   std::optional<InstanceRecord> failure;  // the ERROR record as last written or read
+  bool allocation_elsewhere = false;  // a move that did not happen left it on another host
   bool busy = false;                // a reconcile step runs for it
   bool dirty = false;               // news arrived during that step: run another
   std::string ip;                   // the guest's address once libvirt knows it
