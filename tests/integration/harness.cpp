@@ -553,7 +553,6 @@ std::optional<InstanceRecord> wait_for_record(const Servers& servers, const std:
   return found;
 }
 
-namespace {
 bool accepts_connections(uint16_t port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in address{};
@@ -564,7 +563,6 @@ bool accepts_connections(uint16_t port) {
   ::close(fd);
   return ok;
 }
-}  // namespace
 
 FileServer::FileServer(const std::string& dir, const std::string& log_file, const std::string& pki)
     : port(free_port()), https(!pki.empty()) {

@@ -193,6 +193,7 @@ void ensure_libvirtd();
 std::string tiny_guest_dir();
 
 std::string toyvm_binary();  // the build's toyvm
+bool accepts_connections(uint16_t port);  // on 127.0.0.1
 
 // Runs a command to its end, its stdout and stderr kept apart in files under `dir`.
 CommandResult run_command(const std::vector<std::string>& argv, const std::string& dir, double timeout_s = 60);

@@ -358,3 +358,88 @@ TEST_CASE("etcd members given by name: the others answer when the first is down"
   INFO(shown.err);
   CHECK_THAT(shown.out, Catch::Contains("NAME"));
 }
+
+namespace {
+
+// Placement behind a proxy that holds every PUT /allocations while `hold` exists (a slow
+// Placement, staged), and logs "holding" when it starts holding one.
+struct HoldingProxy {
+  uint16_t port = free_port();
+  std::string hold;
+  std::unique_ptr<Process> process;
+
+  HoldingProxy(const std::string& target, const std::string& dir) : hold(dir + "/hold") {
+    std::string script = fmt::format(
+        "import http.server, os, sys, time, urllib.request, urllib.error\n"
+        "class Proxy(http.server.BaseHTTPRequestHandler):\n"
+        "    protocol_version = 'HTTP/1.1'\n"
+        "    def forward(self):\n"
+        "        body = self.rfile.read(int(self.headers.get('Content-Length') or 0))\n"
+        "        if self.command == 'PUT' and self.path.startswith('/allocations/') and os.path.exists('{hold}'):\n"
+        "            print('holding', self.path, flush=True)\n"
+        "            while os.path.exists('{hold}'): time.sleep(0.02)\n"
+        "        headers = {{k: v for k, v in self.headers.items() if k.lower() not in ('host', 'content-length', 'connection')}}\n"
+        "        request = urllib.request.Request('{target}' + self.path, data=body or None, method=self.command, headers=headers)\n"
+        "        try:\n"
+        "            answer = urllib.request.urlopen(request, timeout=30)\n"
+        "            status, data, answer_headers = answer.status, answer.read(), answer.headers\n"
+        "        except urllib.error.HTTPError as e:\n"
+        "            status, data, answer_headers = e.code, e.read(), e.headers\n"
+        "        self.send_response(status)\n"
+        "        for k, v in answer_headers.items():\n"
+        "            if k.lower() not in ('transfer-encoding', 'connection', 'content-length'): self.send_header(k, v)\n"
+        "        self.send_header('Content-Length', str(len(data)))\n"
+        "        self.end_headers()\n"
+        "        self.wfile.write(data)\n"
+        "    do_GET = do_PUT = do_POST = do_DELETE = forward\n"
+        "    def log_message(self, *args): pass\n"
+        "http.server.ThreadingHTTPServer(('127.0.0.1', {port}), Proxy).serve_forever()\n",
+        fmt::arg("hold", hold), fmt::arg("target", target), fmt::arg("port", port));
+    process = std::make_unique<Process>(std::vector<std::string>{"/usr/bin/python3", "-c", script}, dir + "/proxy.log");
+    if (!wait_for([&] { return accepts_connections(port); }, 20))
+      throw std::runtime_error("proxy did not start: " + process->output());
+  }
+  std::string url() const { return fmt::format("http://127.0.0.1:{}", port); }
+};
+
+}  // namespace
+
+TEST_CASE("a destroy that lands while a failed build moves is never undone", "[recovery]") {
+  Servers servers;
+  HoldingProxy proxy(servers.config.placement.endpoint, servers.dir());
+  // Host A fails every build (libvirt refuses the domain type); B is healthy, and a little
+  // fuller, so that spreading puts the instance on A first.
+  std::string healthy;
+  auto b = servers.start_compute("b", "VCPU:10,DISK_GB:100,MEMORY_MB:10000", &healthy, {"--trait", "CUSTOM_B"});
+  REQUIRE(servers.toyvm({"schedule", small + "&required=CUSTOM_B", "--wait"}).exit_code == 0);
+  std::string broken_config = servers.dir() + "/broken.toml";
+  std::ofstream(broken_config) << "[compute]\ndomain_type = \"bogus\"\n";
+  auto a = std::make_unique<Process>(
+      std::vector<std::string>{toyvm_binary(), "--etcd", servers.config.etcd.endpoints.front(), "--placement",
+                               proxy.url(), "--config", broken_config, "compute", "--state-dir", servers.dir() + "/a",
+                               "--libvirt-uri", "test:///default", "--inventory", "VCPU:10,DISK_GB:100,MEMORY_MB:10000",
+                               "--name", "a"},
+      servers.dir() + "/a.log");
+  REQUIRE(wait_for([&] { return read_file(servers.dir() + "/a/provider_uuid").size() >= 36; }, 20));
+  const std::string broken = read_file(servers.dir() + "/a/provider_uuid").substr(0, 36);
+  REQUIRE(wait_for([&] { return !servers.etcd_prefix(KeyLayout().host(broken)).empty(); }, 20));
+
+  std::ofstream(proxy.hold) << "";
+  auto scheduled = servers.toyvm({"schedule", small});
+  REQUIRE(scheduled.exit_code == 0);
+  auto [target, uuid] = parse_notified(scheduled.out);
+  REQUIRE(target == broken);
+  // A's build failed and its move to B waits on Placement: now the user destroys it.
+  REQUIRE(wait_for([&] { return proxy.process->output().find("holding /allocations/" + uuid) != std::string::npos; },
+                   30));
+  REQUIRE(servers.toyvm({"destroy", uuid, "--no-wait"}).exit_code == 0);
+  std::remove(proxy.hold.c_str());
+
+  INFO(a->output() << b->output());
+  CHECK(wait_for([&] { return servers.etcd_prefix(KeyLayout().instance(uuid)).empty(); }, 30));
+  CHECK(servers.etcd_prefix(KeyLayout().work(healthy, uuid)).empty());
+  CHECK(servers.etcd_prefix(KeyLayout().work(broken, uuid)).empty());
+  CHECK(servers.allocations(uuid).empty());
+  CHECK(b->output().find("instance " + uuid + ": building") == std::string::npos);
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}

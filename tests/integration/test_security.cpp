@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -207,4 +208,18 @@ TEST_CASE("the compute agent runs as an unprivileged user", "[security]") {
   struct stat info {};
   REQUIRE(::stat((state + "/provider_uuid").c_str(), &info) == 0);
   CHECK(info.st_uid != 0);
+}
+
+TEST_CASE("a clean stop ends within a bound whatever etcd does, with TLS, certificates and auth", "[security]") {
+  Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
+  ScopedConfig config(servers.secure_config);
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
+  servers.stop_etcd();
+  // Stopped while it is trying to get back to etcd (a new lease, a new token).
+  CHECK(wait_for([&] { return compute->output().find("announcing host in etcd") != std::string::npos; }, 60));
+  compute->signal(SIGTERM);
+  int status = compute->wait(60);
+  INFO(compute->output());
+  CHECK(status == 0);
 }
