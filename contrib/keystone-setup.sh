@@ -31,7 +31,9 @@ http = 127.0.0.1:$port
 wsgi-file = /usr/bin/keystone-wsgi-public
 env = OS_KEYSTONE_CONFIG_FILES=$dir/keystone.conf
 master = true
-processes = 1
+# Two workers: every Placement request of the tests checks its token here, and one busy
+# worker on a loaded machine made Placement answer 503 "Keystone temporarily unavailable".
+processes = 2
 threads = 1
 need-app = true
 die-on-term = true
