@@ -402,7 +402,77 @@ struct HoldingProxy {
   std::string url() const { return fmt::format("http://127.0.0.1:{}", port); }
 };
 
+// etcd behind a TCP proxy that, while `mute` exists, passes what clients send and keeps what
+// etcd answers until it is gone: a request that etcd carried out but whose answer was lost.
+struct MutingProxy {
+  uint16_t port = free_port();
+  std::string mute;
+  std::unique_ptr<Process> process;
+
+  MutingProxy(uint16_t target, const std::string& dir) : mute(dir + "/mute") {
+    std::string script = fmt::format(
+        "import asyncio, os\n"
+        "async def answers(reader, writer):\n"
+        "    while data := await reader.read(65536):\n"
+        "        while os.path.exists('{mute}'): await asyncio.sleep(0.02)\n"
+        "        writer.write(data)\n"
+        "        await writer.drain()\n"
+        "    writer.close()\n"
+        "async def requests(reader, writer):\n"
+        "    while data := await reader.read(65536):\n"
+        "        writer.write(data)\n"
+        "        await writer.drain()\n"
+        "    writer.close()\n"
+        "async def serve(client_reader, client_writer):\n"
+        "    etcd_reader, etcd_writer = await asyncio.open_connection('127.0.0.1', {target})\n"
+        "    await asyncio.gather(requests(client_reader, etcd_writer), answers(etcd_reader, client_writer),\n"
+        "                         return_exceptions=True)\n"
+        "async def main():\n"
+        "    server = await asyncio.start_server(serve, '127.0.0.1', {port})\n"
+        "    await server.serve_forever()\n"
+        "asyncio.run(main())\n",
+        fmt::arg("mute", mute), fmt::arg("target", target), fmt::arg("port", port));
+    process = std::make_unique<Process>(std::vector<std::string>{"/usr/bin/python3", "-c", script}, dir + "/etcd-proxy.log");
+    if (!wait_for([&] { return accepts_connections(port); }, 20))
+      throw std::runtime_error("etcd proxy did not start: " + process->output());
+  }
+  std::string endpoint() const { return fmt::format("http://127.0.0.1:{}", port); }
+};
+
 }  // namespace
+
+TEST_CASE("a hand-over whose answer etcd lost is read back: the schedule keeps its claim and succeeds", "[recovery]") {
+  Servers servers;
+  HoldingProxy placement(servers.config.placement.endpoint, servers.dir());
+  const std::string etcd = servers.config.etcd.endpoints.front();
+  MutingProxy proxy(uint16_t(std::stoi(etcd.substr(etcd.rfind(':') + 1))), servers.dir());
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  std::string config = servers.dir() + "/short-etcd-timeout.toml";
+  std::ofstream(config) << "[etcd]\ntimeout = 2\n";
+
+  // The claim waits in the proxy; etcd's answers are cut before it goes on to hand over.
+  std::ofstream(placement.hold) << "";
+  auto schedule = std::make_unique<Process>(
+      std::vector<std::string>{toyvm_binary(), "-v", "--config", config, "--etcd", proxy.endpoint(), "--placement",
+                               placement.url(), "schedule", small},
+      servers.dir() + "/schedule.log");
+  REQUIRE(wait_for([&] { return placement.process->output().find("holding /allocations/") != std::string::npos; }, 30));
+  std::ofstream(proxy.mute) << "";
+  std::remove(placement.hold.c_str());
+  // The transaction reached etcd and committed; its answer did not come back in time.
+  REQUIRE(wait_for([&] { return schedule->output().find("Deadline Exceeded") != std::string::npos; }, 30));
+  std::remove(proxy.mute.c_str());
+
+  int status = schedule->wait(60);
+  INFO(schedule->output() << compute->output());
+  CHECK(status == 0);
+  auto [target, uuid] = parse_notified(schedule->output());
+  REQUIRE(target == rp);
+  wait_for_state(servers, uuid, "ACTIVE");
+  CHECK(servers.allocations(uuid).count(rp) == 1);
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
 
 TEST_CASE("a destroy that lands while a failed build moves is never undone", "[recovery]") {
   Servers servers;

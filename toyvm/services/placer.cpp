@@ -3,6 +3,7 @@
 #include "model/records.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 namespace toyvm {
 
@@ -53,6 +54,36 @@ awaitable<result<Claim>> Placer::claim_first_fit(std::string uuid, std::vector<C
     }
   }
   co_return make_error_code(errc::no_allocations_left);
+}
+
+awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vector<EtcdCompare> guard,
+                                            std::vector<EtcdOp> also, Probe committed_if,
+                                            std::chrono::steady_clock::time_point deadline) {
+  std::vector<EtcdOp> writes = std::move(also);
+  for (const Placed& one : placed) {
+    const std::string& uuid = one.work.uuid;
+    writes.push_back(EtcdOp::put(keys_.work(one.record.host, uuid), encode(one.work)));
+    writes.push_back(EtcdOp::put(keys_.instance(uuid), encode(one.record)));
+    if (auto policy = parse_group_policy(one.work.group_policy); policy && !one.work.group.empty())
+      writes.push_back(EtcdOp::put(keys_.group_member(one.work.group, uuid), encode_group_member(one.record.host, *policy)));
+  }
+  std::chrono::milliseconds delay(100);
+  while (true) {
+    auto txn = co_await etcd_.txn(guard, writes);
+    if (txn && txn->succeeded) co_return HandOverResult{HandOverResult::Outcome::committed, txn->revision, {}};
+    // Failed, or perhaps not: the probe tells (an agent may have acted on it already).
+    auto now = co_await etcd_.range(committed_if.key);
+    if (now && now->kvs.empty() != committed_if.present) {
+      int64_t revision = now->kvs.empty() ? 0 : now->kvs.front().mod_revision;
+      co_return HandOverResult{HandOverResult::Outcome::committed, revision, {}};
+    }
+    if (txn && now) co_return HandOverResult{HandOverResult::Outcome::refused, 0, {}};
+    if (std::chrono::steady_clock::now() >= deadline)
+      co_return HandOverResult{HandOverResult::Outcome::unknown, 0, txn ? now.error() : txn.error()};
+    asio::steady_timer timer(co_await asio::this_coro::executor, delay);
+    co_await timer.async_wait(use_awaitable);
+    delay = std::min(delay * 2, std::chrono::milliseconds(1000));
+  }
 }
 
 WeighPolicy Placer::weigh_policy(const std::string& policy_name) const {

@@ -2,13 +2,16 @@
 // Where an instance goes, for `toyvm schedule` (new instances) and for the compute agent (a
 // failed build moving to another host), so the two cannot drift apart: Placement's
 // candidates for the instance's query, narrowed to live toyvm hosts and to what its server
-// group allows, weighed, then claimed first-fit.
+// group allows, weighed, claimed first-fit, then handed over to the chosen host in etcd.
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
 #include "core/config.hpp"
 #include "model/groups.hpp"
 #include "model/keys.hpp"
+#include "model/records.hpp"
+
+#include <chrono>
 
 #include <map>
 #include <optional>
@@ -35,6 +38,19 @@ struct Claim {
   Allocations allocations;
 };
 
+// An instance as it is handed to a host: its work and its record (whose `host` names it).
+struct Placed {
+  WorkSpec work;
+  InstanceRecord record;
+};
+
+struct HandOverResult {
+  enum class Outcome { committed, refused, unknown };
+  Outcome outcome = Outcome::unknown;
+  int64_t revision = 0;  // committed: the revision of the write
+  error_code error;      // unknown: why etcd did not tell
+};
+
 class Placer {
  public:
   Placer(PlacementClient& placement, EtcdClient& etcd, const Config& config)
@@ -52,6 +68,19 @@ class Placer {
   // Tries the choices in order: a generation conflict retries the same one, a capacity
   // conflict moves on to the next; no_allocations_left when none fits.
   awaitable<result<Claim>> claim_first_fit(std::string uuid, std::vector<Choice> choices);
+
+  // Hands instances over in one transaction under `guard`: their work keys, records and
+  // group memberships are written along with `also`. A transaction that failed with an error
+  // may have committed anyway: `committed_if` is read back, and a transaction that did not
+  // commit is made again until etcd answers or `deadline` passes (then the outcome is
+  // unknown). refused: the guard did not hold.
+  struct Probe {
+    std::string key;
+    bool present = true;  // whether the key's presence (or its absence) means committed
+  };
+  awaitable<HandOverResult> hand_over(std::vector<Placed> placed, std::vector<EtcdCompare> guard,
+                                      std::vector<EtcdOp> also, Probe committed_if,
+                                      std::chrono::steady_clock::time_point deadline);
 
   // The weighers as configured, `policy_name` ("spread"/"pack") overriding the config's.
   WeighPolicy weigh_policy(const std::string& policy_name = {}) const;

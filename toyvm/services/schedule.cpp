@@ -264,57 +264,38 @@ class Scheduler {
     error_code error;
   };
 
-  // Create-only transactions, 42 instances each (3 keys apiece, under etcd's 128 operations).
-  // One that failed with an error may have committed anyway: its first instance key is read
-  // back, and one that did not commit is made again, until etcd answers or time runs out.
+  // Create-only transactions, 42 instances each (3 keys apiece, under etcd's 128 operations),
+  // each read back when etcd did not say whether it committed.
   awaitable<HandOver> hand_over(const std::vector<WorkSpec>& specs, const std::vector<InstanceRecord>& records) {
     constexpr size_t per_txn = 42;
     HandOver out;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(config_.etcd.timeout_s * 3000));
-    std::chrono::milliseconds delay(100);
-    for (size_t first = 0; first < specs.size();) {
+    for (size_t first = 0; first < specs.size(); first = out.handed) {
       const size_t end = std::min(specs.size(), first + per_txn);
+      std::vector<Placed> placed;
       std::vector<EtcdCompare> absent;
-      std::vector<EtcdOp> create;
       for (size_t i = first; i < end; ++i) {
-        std::string work_key = keys_.work(records[i].host, specs[i].uuid);
-        std::string instance_key = keys_.instance(specs[i].uuid);
-        absent.push_back(EtcdCompare::absent(work_key));
-        absent.push_back(EtcdCompare::absent(instance_key));
-        create.push_back(EtcdOp::put(work_key, encode(specs[i])));
-        create.push_back(EtcdOp::put(instance_key, encode(records[i])));
-        if (!specs[i].group.empty()) {
-          std::string member_key = keys_.group_member(specs[i].group, specs[i].uuid);
-          absent.push_back(EtcdCompare::absent(member_key));
-          create.push_back(EtcdOp::put(member_key, encode_group_member(records[i].host,
-                                                                       *parse_group_policy(specs[i].group_policy))));
-        }
+        placed.push_back(Placed{specs[i], records[i]});
+        absent.push_back(EtcdCompare::absent(keys_.work(records[i].host, specs[i].uuid)));
+        absent.push_back(EtcdCompare::absent(keys_.instance(specs[i].uuid)));
+        if (!specs[i].group.empty()) absent.push_back(EtcdCompare::absent(keys_.group_member(specs[i].group, specs[i].uuid)));
       }
-      auto txn = co_await etcd_->txn(std::move(absent), std::move(create));
-      if (txn && txn->succeeded) {
-        out.revision = txn->revision;
-        out.handed = first = end;
-        continue;
+      // The uuids are fresh: the first one's record, if there, is ours.
+      Placer::Probe ours{keys_.instance(specs[first].uuid), true};
+      HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), {}, std::move(ours), deadline);
+      switch (txn.outcome) {
+        case HandOverResult::Outcome::committed:
+          out.revision = txn.revision;
+          out.handed = end;
+          break;
+        case HandOverResult::Outcome::refused:  // keys exist that are not ours
+          out.error = make_error_code(errc::already_exists);
+          co_return out;
+        case HandOverResult::Outcome::unknown:
+          out.in_doubt = end - first;
+          out.error = txn.error;
+          co_return out;
       }
-      // Failed, or perhaps not: our own keys (fresh uuids) tell whether it committed.
-      auto committed = co_await etcd_->range(keys_.instance(specs[first].uuid));
-      if (committed && !committed->kvs.empty() && committed->kvs.front().value == encode(records[first])) {
-        out.revision = committed->kvs.front().mod_revision;
-        out.handed = first = end;
-        continue;
-      }
-      if (txn && committed) {  // keys exist that are not ours
-        out.error = make_error_code(errc::already_exists);
-        co_return out;
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        if (!committed) out.in_doubt = end - first;  // nobody said whether it committed
-        out.error = txn ? committed.error() : txn.error();
-        co_return out;
-      }
-      asio::steady_timer timer(io_, delay);
-      co_await timer.async_wait(use_awaitable);
-      delay = std::min(delay * 2, std::chrono::milliseconds(1000));
     }
     co_return out;
   }

@@ -165,32 +165,33 @@ awaitable<result<bool>> Builder::move_elsewhere(WorkSpec spec) {
     InstanceRecord record = parts_.recorder.make(next, InstanceState::scheduled);
     record.host = choice.host;
     const std::string here = ctx_.keys.work(ctx_.host.provider, spec.uuid);
+    // One try, read back if etcd does not answer: a failed step is retried as a whole.
+    std::vector<Placed> placed{Placed{next, record}};
     std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(here, slot.revision)};
-    std::vector<EtcdOp> move{EtcdOp::erase(here), EtcdOp::put(ctx_.keys.work(choice.host, spec.uuid), encode(next)),
-                             EtcdOp::put(ctx_.keys.instance(spec.uuid), encode(record))};
-    if (policy)
-      move.push_back(EtcdOp::put(ctx_.keys.group_member(spec.group, spec.uuid), encode_group_member(choice.host, *policy)));
-    auto txn = co_await ctx_.etcd->txn(std::move(unchanged), std::move(move));
-    if (txn && txn->succeeded) {
+    std::vector<EtcdOp> leave{EtcdOp::erase(here)};
+    // Gone from here: moved (or destroyed meanwhile, which releases it wherever it is).
+    Placer::Probe gone{here, false};
+    auto txn = co_await parts_.placer.hand_over(std::move(placed), std::move(unchanged), std::move(leave),
+                                                std::move(gone), std::chrono::steady_clock::now());
+    if (txn.outcome == HandOverResult::Outcome::committed) {
       spdlog::info("instance {}: moved to host {} for attempt {}", spec.uuid, choice.host, next.attempt);
       co_return true;
     }
-    if (!txn) {
-      // It may have committed: the work key here tells.
-      auto here_now = co_await ctx_.etcd->range(here);
-      if (!here_now) co_return result<bool>(boost::system::in_place_error, here_now.error());
-      if (here_now->kvs.empty()) co_return true;
-    }
-    // The work changed since it was read (stopped, destroyed): its allocation comes back
-    // here and the next round decides again.
+    // Not moved (the work changed since it was read: stopped, destroyed), or etcd did not
+    // tell: the allocation comes back here if the work is still here, now or on the retry.
     if (!co_await take_allocation_back(spec)) parts_.slots[spec.uuid].allocation_elsewhere = true;
+    if (txn.outcome == HandOverResult::Outcome::unknown) co_return result<bool>(boost::system::in_place_error, txn.error);
     co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
   }
   co_return false;
 }
 
-// After a move that did not happen, the instance's allocation comes back to this host.
+// After a move that did not happen, the instance's allocation comes back to this host, if
+// its work is still here: a move that committed unseen, or a destroy, took the work away.
 awaitable<bool> Builder::take_allocation_back(WorkSpec spec) {
+  auto work = co_await ctx_.etcd->range(ctx_.keys.work(ctx_.host.provider, spec.uuid));
+  if (!work) co_return false;
+  if (work->kvs.empty()) co_return true;
   Allocations here{{ctx_.host.provider, spec.resources}};
   auto returned = co_await move_allocation(spec.uuid, here);
   if (returned) co_return true;  // back, or nothing left to take back
