@@ -30,10 +30,11 @@ plugins = python3,http
 http = 127.0.0.1:$port
 wsgi-file = /usr/bin/keystone-wsgi-public
 env = OS_KEYSTONE_CONFIG_FILES=$dir/keystone.conf
+# Without keep-alive the router closes each connection after its answer, and a client
+# that reused one at that moment (keystonemiddleware in Placement) got a reset: a 503.
+http-keepalive = 1
 master = true
-# Two workers: every Placement request of the tests checks its token here, and one busy
-# worker on a loaded machine made Placement answer 503 "Keystone temporarily unavailable".
-processes = 2
+processes = 1
 threads = 1
 need-app = true
 die-on-term = true
