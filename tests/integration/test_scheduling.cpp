@@ -6,6 +6,7 @@
 
 #include "catch_result.hpp"
 
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -171,4 +172,57 @@ TEST_CASE("server groups: anti-affinity under concurrency, affinity, and policy 
     auto sixth = servers.toyvm({"schedule", small, "--group", "batch", "--group-policy", "anti-affinity"});
     CHECK(sixth.exit_code == 1);
   }
+}
+
+TEST_CASE("batches place beyond candidate_limit, concurrent batches that fit all place, the last room goes to one",
+          "[scheduling]") {
+  Servers servers;
+  std::vector<std::unique_ptr<Process>> agents;
+  std::vector<std::string> hosts(8);
+  for (size_t i = 0; i < hosts.size(); ++i)
+    agents.push_back(servers.start_compute("h" + std::to_string(i), "VCPU:4,DISK_GB:100,MEMORY_MB:8192", &hosts[i]));
+  // Placement shows each schedule 3 of the 8 hosts unless it asks for more.
+  std::string config = servers.dir() + "/few-candidates.toml";
+  std::ofstream(config) << "[placement]\ncandidate_limit = 3\n";
+  auto schedule = [&](int count, const std::string& log) {
+    return servers.spawn_toyvm({"--config", config, "schedule", small, "--count", std::to_string(count)}, log);
+  };
+  auto placed = [&](Process& process) { return targets(process.output()).size(); };
+  auto within_capacity = [&] {
+    for (const std::string& host : hosts)
+      if (servers.usages(host)["VCPU"] > 4) return false;
+    return true;
+  };
+
+  auto alone = schedule(14, "alone.log");
+  CHECK(alone->wait(60) == 0);
+  CHECK(placed(*alone) == 14);
+
+  // 18 free: three batches of 6 at once all fit, and all are placed.
+  std::vector<std::unique_ptr<Process>> together;
+  for (int i = 0; i < 3; ++i) together.push_back(schedule(6, "together-" + std::to_string(i) + ".log"));
+  for (auto& batch : together) {
+    INFO(batch->output());
+    CHECK(batch->wait(60) == 0);
+    CHECK(placed(*batch) == 6);
+  }
+  CHECK(within_capacity());
+
+  // 2 free, released by a destroy; two batches of 2 want them: one wins, and the other
+  // says NO ALLOCATIONS LEFT, which is true by then.
+  std::vector<std::string> uuids;
+  for (const KeyValue& kv : servers.etcd_prefix(KeyLayout().instances_prefix()))
+    uuids.push_back(kv.key.substr(kv.key.rfind('/') + 1));
+  REQUIRE(uuids.size() == 32);
+  REQUIRE(servers.toyvm({"destroy", uuids[0]}).exit_code == 0);
+  REQUIRE(servers.toyvm({"destroy", uuids[1]}).exit_code == 0);
+  auto first = schedule(2, "last-1.log");
+  auto second = schedule(2, "last-2.log");
+  int a = first->wait(60), b = second->wait(60);
+  INFO(first->output() << second->output());
+  CHECK(((a == 0 && b == 1) || (a == 1 && b == 0)));
+  CHECK(placed(*first) + placed(*second) == 2);
+  CHECK((first->output().find("NO ALLOCATIONS LEFT") != std::string::npos) == (a == 1));
+  CHECK(within_capacity());
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
 }

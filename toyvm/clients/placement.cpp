@@ -152,8 +152,8 @@ awaitable<result<ConsumerAllocations>> PlacementClient::consumer_allocations(std
   co_return parse_consumer_allocations(response->body);
 }
 
-awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, Allocations allocations,
-                                                         std::optional<int64_t> generation) {
+namespace {
+json::object allocations_json(const Allocations& allocations, std::optional<int64_t> generation) {
   json::object body;
   json::object by_provider;
   for (auto& [rp, resources] : allocations)
@@ -168,6 +168,22 @@ awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, A
     body["consumer_generation"] = nullptr;
   }
   body["consumer_type"] = "INSTANCE";
+  return body;
+}
+}  // namespace
+
+awaitable<result<void>> PlacementClient::claim_all(std::vector<std::pair<std::string, Allocations>> consumers) {
+  json::object body;
+  for (auto& [consumer, allocations] : consumers) body[consumer] = allocations_json(allocations, std::nullopt);
+  auto response = co_await call("POST", "/allocations", mv_allocations, json::serialize(body));
+  if (!response) co_return response.error();
+  if (response->status != 204) co_return last_error_.code;
+  co_return result<void>{};
+}
+
+awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, Allocations allocations,
+                                                         std::optional<int64_t> generation) {
+  json::object body = allocations_json(allocations, generation);
   auto response = co_await call("PUT", "/allocations/" + consumer, mv_allocations,
                                 json::serialize(body));
   if (!response) co_return response.error();

@@ -22,6 +22,9 @@ class PlacementClient {
   awaitable<result<Candidates>> allocation_candidates(std::string query);
   // PUT /allocations/{consumer} for a new consumer (consumer_generation null).
   awaitable<result<void>> claim(std::string consumer, Allocations allocations);
+  // POST /allocations for new consumers: all of them or none, in one request under each
+  // provider's generation (Placement retries its own generation conflicts).
+  awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> consumers);
   // PUT /allocations/{consumer} for one that holds allocations: replaces them all in one
   // step (a move to another provider) unless the consumer changed since `generation`
   // (placement_concurrent_update).

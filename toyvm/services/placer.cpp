@@ -9,11 +9,12 @@ namespace toyvm {
 
 using namespace asio::experimental::awaitable_operators;
 
-awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string group, std::string moving) {
+awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string group, std::string moving,
+                                              int limit) {
   // Stopped agents mark their providers so (microversion 1.39 lets `required` repeat).
   query.params.emplace_back("required", "!COMPUTE_STATUS_DISABLED");
   auto [candidates, hosts] = co_await (
-      placement_.allocation_candidates(query.to_query_string(config_.placement.candidate_limit)) &&
+      placement_.allocation_candidates(query.to_query_string(limit > 0 ? limit : config_.placement.candidate_limit)) &&
       etcd_.range_prefix(keys_.hosts_prefix()));
   if (!hosts) co_return hosts.error();
   if (!candidates) co_return candidates.error();

@@ -59,7 +59,9 @@ class Placer {
   // Candidates, live hosts and the group's members, asked of Placement and etcd at once.
   // Disabled providers are left out. `group` may be empty; `moving` (an instance uuid) does
   // not count as a member. Errors are Placement's or etcd's codes.
-  awaitable<result<PlacementView>> look(PlacementQuery query, std::string group, std::string moving = {});
+  // `limit` (when > 0) replaces candidate_limit unless the query has its own.
+  awaitable<result<PlacementView>> look(PlacementQuery query, std::string group, std::string moving = {},
+                                        int limit = 0);
 
   // The ways to place one instance, best first, within the group's policy.
   std::vector<Choice> rank(const PlacementView& view, const WeighPolicy& policy, double random,

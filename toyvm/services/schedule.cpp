@@ -114,29 +114,23 @@ class Scheduler {
     if (auto read = read_guest_data(options_, spec, &detail); !read)
       co_return report_failure(read.error(), detail);
 
-    spdlog::debug("schedule: asking Placement and etcd");
-    auto view = co_await placer_.look(std::move(*query), options_.group);
-    if (!view) co_return is_etcd_error(view.error()) ? etcd_failure(view.error()) : placement_failure(view.error());
-    for (GroupPolicy policy : view->group_policies) {
-      if (to_string(policy) != options_.group_policy)
-        co_return report_failure(errc::invalid_argument, fmt::format("server group {} has policy {}, not {}",
-                                                                     options_.group, to_string(policy),
-                                                                     options_.group_policy));
-    }
-
-    spdlog::debug("schedule: {} candidates, {} live hosts", view->candidates.allocation_requests.size(),
-                  view->live.size());
     const int count = std::max(1, options_.count);
     std::vector<std::string> uuids(static_cast<size_t>(count));
     for (std::string& uuid : uuids) uuid = new_uuid();
-    auto plan = plan_choices(std::move(*view), count);
-    auto claims = co_await claim_all(uuids, plan);
+    result<std::vector<Claim>> claims = make_error_code(errc::no_allocations_left);
+    if (count == 1) {
+      claims = co_await claim_one(std::move(*query), uuids.front());
+    } else {
+      claims = co_await claim_batch(std::move(*query), uuids);
+    }
     if (!claims) {
-      co_await release_all(uuids);
       if (claims.error() == errc::no_allocations_left) {
         std::printf("NO ALLOCATIONS LEFT\n");
         co_return static_cast<int>(ExitCode::no_allocations);
       }
+      if (!group_clash_.empty()) co_return report_failure(claims.error(), group_clash_);
+      if (is_etcd_error(claims.error())) co_return etcd_failure(claims.error());
+      if (claiming_) co_await release_all(uuids);  // a claim whose answer was lost may have been made
       co_return placement_failure(claims.error());
     }
     spdlog::debug("schedule: claimed {} instance(s)", count);
@@ -178,23 +172,88 @@ class Scheduler {
   }
 
  private:
-  // For each instance, the hosts to try, best first. A batch is planned against a local
-  // copy of the free capacity, so its instances spread (or pack) before they reach Placement
-  // instead of all colliding on the best host.
-  std::vector<std::vector<Choice>> plan_choices(PlacementView view, int count) {
-    std::optional<GroupPolicy> group_policy;
-    if (!options_.group.empty()) group_policy = parse_group_policy(options_.group_policy);
-    view_ = std::move(view);
+  // Candidates, live hosts and the group's members, with the group's policy checked.
+  awaitable<result<PlacementView>> look(PlacementQuery query, int limit) {
+    spdlog::debug("schedule: asking Placement and etcd");
+    auto view = co_await placer_.look(std::move(query), options_.group, {}, limit);
+    if (!view) co_return view.error();
+    for (GroupPolicy policy : view->group_policies) {
+      if (to_string(policy) != options_.group_policy) {
+        group_clash_ = fmt::format("server group {} has policy {}, not {}", options_.group, to_string(policy),
+                                   options_.group_policy);
+        co_return make_error_code(errc::invalid_argument);
+      }
+    }
+    spdlog::debug("schedule: {} candidates, {} live hosts", view->candidates.allocation_requests.size(),
+                  view->live.size());
+    co_return view;
+  }
+
+  std::optional<GroupPolicy> group_policy() const {
+    if (options_.group.empty()) return std::nullopt;
+    return parse_group_policy(options_.group_policy);
+  }
+
+  // One instance: the weighed candidates tried in turn.
+  awaitable<result<std::vector<Claim>>> claim_one(PlacementQuery query, std::string uuid) {
+    auto view = co_await look(std::move(query), 0);
+    if (!view) co_return view.error();
     std::uniform_real_distribution<double> uniform(0.0, 1.0);
     std::mt19937_64 rng{std::random_device{}()};
+    auto ranked = placer_.rank(*view, placer_.weigh_policy(options_.policy), uniform(rng), group_policy());
+    claiming_ = true;
+    auto claim = co_await placer_.claim_first_fit(uuid, std::move(ranked));
+    if (!claim) co_return claim.error();
+    co_return std::vector<Claim>{std::move(*claim)};
+  }
+
+  // A batch: planned against the free capacity Placement shows, then claimed in one request
+  // (all or nothing). When the plan does not fit in the candidates shown, more are asked
+  // for; when another claim got in first, Placement is asked again and the batch re-planned.
+  // Of batches that compete, the first to reach Placement wins: none undoes another's work.
+  awaitable<result<std::vector<Claim>>> claim_batch(PlacementQuery query, const std::vector<std::string>& uuids) {
+    const bool own_limit = query.limit > 0;
+    int limit = std::max<int>(config_.placement.candidate_limit, int(uuids.size()));
+    std::mt19937_64 rng{std::random_device{}()};
+    for (int round = 1;; ++round) {
+      auto view = co_await look(query, limit);
+      if (!view) co_return view.error();
+      const bool truncated = !own_limit && view->candidates.allocation_requests.size() >= size_t(limit);
+      auto plan = plan_batch(std::move(*view), uuids.size(), rng);
+      if (!plan) {
+        if (!truncated) co_return make_error_code(errc::no_allocations_left);
+        limit *= 4;  // the rest of the cloud may have room
+        continue;
+      }
+      std::vector<std::pair<std::string, Allocations>> consumers;
+      for (size_t i = 0; i < uuids.size(); ++i) consumers.emplace_back(uuids[i], (*plan)[i].allocations);
+      claiming_ = true;
+      auto claimed = co_await placement_.claim_all(std::move(consumers));
+      if (claimed) co_return std::move(*plan);
+      const bool raced = claimed.error() == errc::placement_capacity ||
+                         claimed.error() == errc::placement_concurrent_update;
+      if (!raced || round >= config_.schedule.max_claim_attempts * 4) co_return claimed.error();
+      spdlog::debug("schedule: another claim came first ({}); planning again", placement_.last_error().detail);
+      // Apart, so that batches racing for the same room do not meet again at once.
+      std::uniform_int_distribution<int> jitter(0, 20 * std::min(round, 10));
+      asio::steady_timer timer(io_, std::chrono::milliseconds(jitter(rng)));
+      co_await timer.async_wait(use_awaitable);
+    }
+  }
+
+  // Where each instance of a batch goes, planned against a local copy of the free capacity,
+  // so that they spread (or pack) before they reach Placement instead of all colliding on
+  // the best host. Nothing when one of them fits nowhere.
+  std::optional<std::vector<Claim>> plan_batch(PlacementView view, size_t count, std::mt19937_64& rng) {
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
     WeighPolicy policy = placer_.weigh_policy(options_.policy);
-    std::vector<std::vector<Choice>> plan;
-    for (int i = 0; i < count; ++i) {
-      std::vector<Choice> ranked = placer_.rank(view_, policy, uniform(rng), group_policy);
+    std::vector<Claim> plan;
+    for (size_t i = 0; i < count; ++i) {
+      std::vector<Choice> ranked = placer_.rank(view, policy, uniform(rng), group_policy());
       auto fits = [&](const Choice& choice) {
         for (auto& [rp, resources] : *choice.allocations) {
-          auto summary = view_.candidates.provider_summaries.find(rp);
-          if (summary == view_.candidates.provider_summaries.end()) continue;
+          auto summary = view.candidates.provider_summaries.find(rp);
+          if (summary == view.candidates.provider_summaries.end()) continue;
           for (auto& [rc, amount] : resources) {
             auto capacity = summary->second.capacity.find(rc);
             if (capacity != summary->second.capacity.end() && summary->second.used[rc] + amount > capacity->second)
@@ -204,49 +263,13 @@ class Scheduler {
         return true;
       };
       auto first = std::find_if(ranked.begin(), ranked.end(), fits);
-      if (first != ranked.end()) {
-        std::rotate(ranked.begin(), first, first + 1);
-        for (auto& [rp, resources] : *first->allocations)
-          for (auto& [rc, amount] : resources) view_.candidates.provider_summaries[rp].used[rc] += amount;
-        view_.group_members[ranked.front().host] += 1;  // later instances of the batch see it
-      }
-      plan.push_back(std::move(ranked));
+      if (first == ranked.end()) return std::nullopt;
+      for (auto& [rp, resources] : *first->allocations)
+        for (auto& [rc, amount] : resources) view.candidates.provider_summaries[rp].used[rc] += amount;
+      view.group_members[first->host] += 1;  // later instances of the batch see it
+      plan.push_back(Claim{first->host, *first->allocations});
     }
     return plan;
-  }
-
-  // Claims every instance, up to 16 at once over kept-alive connections; all or nothing
-  // (on failure the caller releases what was claimed).
-  awaitable<result<std::vector<Claim>>> claim_all(const std::vector<std::string>& uuids,
-                                                  const std::vector<std::vector<Choice>>& plan) {
-    std::vector<std::optional<Claim>> claims(uuids.size());
-    error_code failure;
-    size_t next = 0;
-    const size_t workers = std::min<size_t>(16, uuids.size());
-    auto done = std::make_shared<AsyncQueue<int>>();
-    for (size_t w = 0; w < workers; ++w) {
-      asio::co_spawn(io_, claim_worker(uuids, plan, claims, failure, next, done), asio::detached);
-    }
-    for (size_t w = 0; w < workers; ++w) co_await done->async_pop();
-    if (failure) co_return failure;
-    std::vector<Claim> out;
-    for (auto& claim : claims) out.push_back(std::move(*claim));
-    co_return out;
-  }
-
-  awaitable<void> claim_worker(const std::vector<std::string>& uuids, const std::vector<std::vector<Choice>>& plan,
-                               std::vector<std::optional<Claim>>& claims, error_code& failure, size_t& next,
-                               std::shared_ptr<AsyncQueue<int>> done) {
-    while (!failure && next < uuids.size()) {
-      size_t i = next++;
-      auto claim = co_await placer_.claim_first_fit(uuids[i], plan[i]);
-      if (claim) {
-        claims[i] = std::move(*claim);
-      } else if (!failure) {
-        failure = claim.error();
-      }
-    }
-    done->push(1);
   }
 
   awaitable<void> release_all(const std::vector<std::string>& uuids) {
@@ -397,7 +420,8 @@ class Scheduler {
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;
   Placer placer_;
-  PlacementView view_;  // with the batch's planned usage and group members added
+  std::string group_clash_;  // why the group refused, when it did
+  bool claiming_ = false;    // a claim went to Placement
 };
 
 }  // namespace
