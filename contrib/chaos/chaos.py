@@ -12,61 +12,32 @@ timing); it is printed first, and `--seed` replays it.
 
 import argparse
 import json
-import os
 import pathlib
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from xml.sax.saxutils import escape
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "testbed"))
+from cloud import ROOT, Cloud, wait_until  # noqa: E402
+
 INVENTORY = "VCPU:16,MEMORY_MB:8192,DISK_GB:64"
 FLAVORS = ["resources=VCPU:1,MEMORY_MB:256,DISK_GB:1", "resources=VCPU:2,MEMORY_MB:512,DISK_GB:2"]
 FINAL = {"ACTIVE", "STOPPED", "ERROR"}
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(what, check, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return True
-        except Exception:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
-
-
-class Cloud:
-    """etcd, Placement and the agents, each a process of its own in `dir`."""
+class ChaosCloud(Cloud):
+    """One etcd, Placement on sqlite, and `agents` agents with short leases and resyncs."""
 
     def __init__(self, build, dir, agents):
-        self.toyvm = str(build / "toyvm" / "toyvm")
-        self.dir = dir
-        self.procs = {}
-        self.etcd_port, self.peer_port = free_port(), free_port()
-        self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
-        self.start_etcd()
-        port = self.placement_port = free_port()
-        self.placement_url = f"http://127.0.0.1:{port}"
-        subprocess.run([str(ROOT / "contrib" / "placement-setup.sh"), str(dir / "placement"), str(port), "", "2"],
-                       check=True, stdout=subprocess.DEVNULL)
-        self.start_placement()
-        self.env = dict(os.environ, TOYVM_ETCD=self.etcd_url, TOYVM_PLACEMENT=self.placement_url)
-        (dir / "agent.toml").write_text("[compute]\nlease_ttl = 3\nresync_interval = 5\nstop_timeout = 0\n"
-                                        f"image_dir = '{dir / 'images'}'\n")
+        super().__init__(build, dir)
+        self.config = dir / "agent.toml"
+        self.config.write_text("[compute]\nlease_ttl = 3\nresync_interval = 5\nstop_timeout = 0\n"
+                               f"image_dir = '{dir / 'images'}'\n")
         (dir / "images").mkdir()
         (dir / "images" / "good.raw").write_bytes(b"\0" * 4096)
         self.agents = [f"host{i}" for i in range(agents)]
@@ -75,80 +46,8 @@ class Cloud:
         for name in self.agents:
             wait_until(f"agent {name}", lambda: self.agent_alive(name), 30)
 
-    def spawn(self, key, args, env=None):
-        log = open(self.dir / f"{key}.log", "a")
-        self.procs[key] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env=env, start_new_session=True)
-
-    def start_etcd(self):
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        self.spawn("etcd", ["etcd", "--name", "chaos", "--data-dir", str(self.dir / "etcd"), "--logger=zap",
-                            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
-                            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                            "--initial-cluster", f"chaos={peer}"])
-        wait_until("etcd", lambda: self.run("--etcd", self.etcd_url, "show").returncode == 0, 30)
-
-    def start_placement(self):
-        self.spawn("placement", ["uwsgi", "--ini", str(self.dir / "placement" / "uwsgi.ini")])
-        wait_until("Placement", lambda: urllib.request.urlopen(self.placement_url + "/").status == 200, 30)
-
-    @staticmethod
-    def port_open(port):
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    def start_agent(self, name):
-        self.spawn(name, [self.toyvm, "--config", str(self.dir / "agent.toml"), "compute", "--state-dir",
-                          str(self.dir / name), "--libvirt-uri", "test:///default", "--inventory", INVENTORY,
-                          "--name", name], self.env)
-
-    def provider(self, name):
-        path = self.dir / name / "provider_uuid"
-        return path.read_text().strip() if path.exists() else ""
-
-    def agent_alive(self, name):
-        provider = self.provider(name)
-        return provider and any(h["provider"] == provider and h["alive"] for h in self.hosts())
-
-    def stop(self, key, sig):
-        proc = self.procs.get(key)
-        if proc and proc.poll() is None:
-            os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-    def run(self, *args, timeout=120):
-        return subprocess.run([self.toyvm, *args], capture_output=True, text=True, env=getattr(self, "env", None),
-                              timeout=timeout)
-
-    def hosts(self):
-        return json.loads(self.run("show", "--hosts", "--json").stdout or "[]")
-
-    def instances(self):
-        return json.loads(self.run("show", "--json").stdout or "[]")
-
-    def placement_get(self, path):
-        request = urllib.request.Request(self.placement_url + path, headers={
-            "X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.39"})
-        return json.load(urllib.request.urlopen(request, timeout=30))
-
-    def overbooked(self):
-        bad = []
-        for rp in self.placement_get("/resource_providers")["resource_providers"]:
-            inventories = self.placement_get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"]
-            usages = self.placement_get(f"/resource_providers/{rp['uuid']}/usages")["usages"]
-            for rc, used in usages.items():
-                inv = inventories.get(rc)
-                if inv and used > (inv["total"] - inv["reserved"]) * inv["allocation_ratio"]:
-                    bad.append(f"{rp['uuid']} {rc} {used}")
-        return bad
-
-    def shutdown(self):
-        for key in list(self.procs):
-            self.stop(key, signal.SIGTERM)
+    def start_agent(self, name, inventory=INVENTORY, config=None):
+        return super().start_agent(name, inventory, config or self.config)
 
 
 class Campaign:
@@ -208,13 +107,9 @@ class Campaign:
                 shutil.rmtree(cloud.dir / name, ignore_errors=True)
             cloud.start_agent(name)
         elif kind == "restart_etcd":
-            cloud.stop("etcd", signal.SIGKILL)
-            cloud.start_etcd()
+            cloud.restart_etcd()
         else:
-            cloud.stop("placement", signal.SIGKILL)
-            # Its workers are killed with it, but may hold the port a moment longer.
-            wait_until("Placement's port", lambda: not cloud.port_open(cloud.placement_port), 30)
-            cloud.start_placement()
+            cloud.restart_placement()
         self.note(kind)
 
     def run(self, seconds):
@@ -284,7 +179,7 @@ def main():
     cloud = None
     problems, found, counts = [], [], {}
     try:
-        cloud = Cloud(args.build, workdir, args.agents)
+        cloud = ChaosCloud(args.build, workdir, args.agents)
         campaign = Campaign(cloud, seed)
         campaign.run(args.seconds)
         problems, found = campaign.settle()

@@ -75,15 +75,15 @@ struct HttpClient::Impl {
 
   // One request and its response on one connection.
   awaitable<result<HttpResponse>> exchange(Connection& c, const http::request<http::string_body>& req,
-                                           bool& keep_alive) {
-    if (c.secure) co_return co_await exchange_on(*c.secure, c, req, keep_alive);
-    co_return co_await exchange_on(*c.plain, c, req, keep_alive);
+                                           std::chrono::milliseconds timeout, bool& keep_alive) {
+    if (c.secure) co_return co_await exchange_on(*c.secure, c, req, timeout, keep_alive);
+    co_return co_await exchange_on(*c.plain, c, req, timeout, keep_alive);
   }
 
   template <class Stream>
-  awaitable<result<HttpResponse>> exchange_on(Stream& stream, Connection& c,
-                                              const http::request<http::string_body>& req, bool& keep_alive) {
-    c.transport().expires_after(options.timeout);
+  awaitable<result<HttpResponse>> exchange_on(Stream& stream, Connection& c, const http::request<http::string_body>& req,
+                                              std::chrono::milliseconds timeout, bool& keep_alive) {
+    c.transport().expires_after(timeout.count() > 0 ? timeout : options.timeout);
     auto [write_ec, written] = co_await http::async_write(stream, req, no_throw);
     if (write_ec) co_return write_ec;
     quick_ack(c);
@@ -151,9 +151,11 @@ awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
     impl->idle.pop_back();
     if (now - connection->last_used > impl->options.max_idle) continue;
     bool keep_alive = false;
-    auto response = co_await impl->exchange(*connection, req, keep_alive);
+    auto response = co_await impl->exchange(*connection, req, request.timeout, keep_alive);
     if (!response) {
       spdlog::debug("http {}: reused connection failed: {}", impl->options.url, response.error().message());
+      // A server that took too long may still carry the request out: not sent twice.
+      if (response.error() == beast::error::timeout) co_return response.error();
       continue;
     }
     if (keep_alive) {
@@ -166,7 +168,7 @@ awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
   auto connection = co_await impl->connect();
   if (!connection) co_return connection.error();
   bool keep_alive = false;
-  auto response = co_await impl->exchange(**connection, req, keep_alive);
+  auto response = co_await impl->exchange(**connection, req, request.timeout, keep_alive);
   if (response && keep_alive) {
     (*connection)->last_used = std::chrono::steady_clock::now();
     impl->idle.push_back(std::move(*connection));

@@ -18,6 +18,7 @@ struct HttpRequest {
   std::string target;  // path and query, joined to the endpoint's base path
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;    // sent as application/json when not empty
+  std::chrono::milliseconds timeout{0};  // 0: the client's
 };
 
 struct HttpResponse {

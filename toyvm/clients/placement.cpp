@@ -79,11 +79,12 @@ awaitable<bool> PlacementClient::authenticate() {
   co_return true;
 }
 
-awaitable<result<HttpResponse>> PlacementClient::call(std::string method, std::string target,
-                                                      std::string microversion, std::string body) {
+awaitable<result<HttpResponse>> PlacementClient::call(std::string method, std::string target, std::string microversion,
+                                                      std::string body, std::chrono::milliseconds timeout) {
   HttpRequest request;
   request.method = std::move(method);
   request.target = std::move(target);
+  request.timeout = timeout;
   request.headers.emplace_back("OpenStack-API-Version", "placement " + microversion);
   request.body = std::move(body);
   // With Keystone, a token that expired (401) is replaced once and the request sent again.
@@ -175,10 +176,22 @@ json::object allocations_json(const Allocations& allocations, std::optional<int6
 awaitable<result<void>> PlacementClient::claim_all(std::vector<std::pair<std::string, Allocations>> consumers) {
   json::object body;
   for (auto& [consumer, allocations] : consumers) body[consumer] = allocations_json(allocations, std::nullopt);
-  auto response = co_await call("POST", "/allocations", mv_allocations, json::serialize(body));
+  // Placement takes its time over a large batch: give it 50 ms per instance.
+  const auto timeout = std::max(std::chrono::milliseconds(int64_t(config_.timeout_s * 1000)),
+                                std::chrono::milliseconds(50 * int64_t(consumers.size())));
+  auto response = co_await call("POST", "/allocations", mv_allocations, json::serialize(body), timeout);
   if (!response) co_return response.error();
-  if (response->status != 204) co_return last_error_.code;
-  co_return result<void>{};
+  if (response->status == 204) co_return result<void>{};
+  if (response->status == 409 && co_await claimed_before(consumers.front().first, last_error_)) co_return result<void>{};
+  co_return last_error_.code;
+}
+
+awaitable<bool> PlacementClient::claimed_before(const std::string& consumer, const PlacementError& conflict) {
+  if (conflict.detail.find("consumer generation conflict") == std::string::npos) co_return false;
+  PlacementError kept = conflict;
+  auto held = co_await consumer_allocations(consumer);
+  last_error_ = std::move(kept);
+  co_return held && !held->allocations.empty();
 }
 
 awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, Allocations allocations,
@@ -187,8 +200,9 @@ awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, A
   auto response = co_await call("PUT", "/allocations/" + consumer, mv_allocations,
                                 json::serialize(body));
   if (!response) co_return response.error();
-  if (response->status != 204) co_return last_error_.code;
-  co_return result<void>{};
+  if (response->status == 204) co_return result<void>{};
+  if (response->status == 409 && !generation && co_await claimed_before(consumer, last_error_)) co_return result<void>{};
+  co_return last_error_.code;
 }
 
 awaitable<result<void>> PlacementClient::release(std::string consumer) {

@@ -61,8 +61,11 @@ class PlacementClient {
  private:
   awaitable<result<void>> put_allocations(std::string consumer, Allocations allocations,
                                          std::optional<int64_t> generation);
-  awaitable<result<HttpResponse>> call(std::string method, std::string target,
-                                       std::string microversion, std::string body = {});
+  awaitable<result<HttpResponse>> call(std::string method, std::string target, std::string microversion,
+                                       std::string body = {}, std::chrono::milliseconds timeout = {});
+  // After a conflict on new consumers: whether the first holds allocations already, which
+  // (their uuids being fresh) means that an earlier try of this very request was made.
+  awaitable<bool> claimed_before(const std::string& consumer, const PlacementError& conflict);
   awaitable<result<int64_t>> provider_generation(const std::string& uuid);
   awaitable<result<void>> put_with_generation(std::string uuid, std::string what, std::string microversion,
                                               std::string value_json);

@@ -130,8 +130,10 @@ class Scheduler {
       }
       if (!group_clash_.empty()) co_return report_failure(claims.error(), group_clash_);
       if (is_etcd_error(claims.error())) co_return etcd_failure(claims.error());
+      // What Placement said, before the releases below have their say.
+      const PlacementError said = placement_.last_error();
       if (claiming_) co_await release_all(uuids);  // a claim whose answer was lost may have been made
-      co_return placement_failure(claims.error());
+      co_return placement_failure(claims.error(), said);
     }
     spdlog::debug("schedule: claimed {} instance(s)", count);
 
@@ -406,8 +408,9 @@ class Scheduler {
 
   int etcd_failure(const error_code& ec) { return toyvm::etcd_failure(*etcd_, ec); }
 
-  int placement_failure(const error_code& ec) {
-    const PlacementError& error = placement_.last_error();
+  int placement_failure(const error_code& ec) { return placement_failure(ec, placement_.last_error()); }
+
+  int placement_failure(const error_code& ec, const PlacementError& error) {
     std::string detail = error.detail.empty() ? ec.message() : error.detail;
     if (ec == errc::placement_unavailable) return report_failure(ec, detail);
     return report_failure(ec, fmt::format("Placement at {}: {}", placement_.endpoint(), detail));

@@ -1,0 +1,181 @@
+#!/usr/bin/python3
+"""toyvm at scale: many agents on libvirt's test driver against Placement on PostgreSQL and a
+3-member etcd. Starts every agent at once, places instances with several concurrent
+`schedule --count`, waits until all are ACTIVE, measures what the cloud costs at rest, then
+destroys everything. Prints a table and writes JSON.
+
+    contrib/bench/scale.py [--agents 200] [--instances 2000] [--batches 8] [--out DIR] [--keep]
+"""
+
+import argparse
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "testbed"))
+from cloud import ROOT, Cloud, free_port, wait_until  # noqa: E402
+
+QUERY = "resources=VCPU:1,MEMORY_MB:256,DISK_GB:1"
+INVENTORY = "VCPU:16,MEMORY_MB:16384,DISK_GB:160"  # room for 16 of QUERY
+
+
+def rss_kib(pid):
+    try:
+        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def etcd_writes(metrics):
+    """Writes applied to etcd's store so far (puts, deletes and transactions that wrote)."""
+    return sum(v for k, v in metrics.items()
+               if k.startswith(("etcd_mvcc_put_total", "etcd_mvcc_delete_total", "etcd_mvcc_txn_total")))
+
+
+def etcd_rate(cloud, seconds):
+    """etcd's writes/s, raft proposals/s and client bytes received/s over `seconds`."""
+    def sample():
+        members = [cloud.etcd_metrics(i) for i in range(len(cloud.etcd_urls))]
+        received = sum(v for m in members for k, v in m.items()
+                       if k.startswith("etcd_network_client_grpc_received_bytes_total"))
+        return etcd_writes(members[0]), members[0].get("etcd_server_proposals_committed_total", 0), received
+    w0, p0, b0 = sample()
+    time.sleep(seconds)
+    w1, p1, b1 = sample()
+    return {"writes_per_s": (w1 - w0) / seconds, "proposals_per_s": (p1 - p0) / seconds,
+            "client_bytes_per_s": (b1 - b0) / seconds}
+
+
+def etcd_db_size(cloud):
+    m = cloud.etcd_metrics()
+    size = m.get("etcd_mvcc_db_total_size_in_bytes", m.get("etcd_debugging_mvcc_db_total_size_in_bytes", 0))
+    in_use = m.get("etcd_mvcc_db_total_size_in_use_in_bytes", 0)
+    return {"db_bytes": size, "db_in_use_bytes": in_use}
+
+
+def parallel(items, work, threads):
+    items, lock, results = list(items), threading.Lock(), []
+
+    def worker():
+        while True:
+            with lock:
+                if not items:
+                    return
+                item = items.pop()
+            outcome = work(item)
+            with lock:
+                results.append(outcome)
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--agents", type=int, default=200)
+    parser.add_argument("--instances", type=int, default=2000)
+    parser.add_argument("--batches", type=int, default=8, help="concurrent `schedule --count` processes")
+    parser.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "bench")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory")
+    args = parser.parse_args()
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-scale-"))
+    figures = {"agents": args.agents, "instances": args.instances, "batches": args.batches}
+    cloud = None
+    try:
+        cloud = Cloud(args.build, workdir, etcd_members=3, postgresql=True, placement_workers=4)
+        config = workdir / "agent.toml"
+        config.write_text("[compute]\nstop_timeout = 0\n")
+        figures["etcd_empty"] = etcd_db_size(cloud)
+
+        started = time.monotonic()
+        agents = {f"h{i:04d}": cloud.start_agent(f"h{i:04d}", INVENTORY, config) for i in range(args.agents)}
+        wait_until("every agent alive", lambda: sum(h["alive"] for h in cloud.hosts()) == args.agents, 600)
+        figures["agents_alive_s"] = time.monotonic() - started
+        print(f"scale: {args.agents} agents registered and alive in {figures['agents_alive_s']:.1f} s", flush=True)
+        figures["etcd_idle_hosts"] = etcd_rate(cloud, 20)
+
+        per_batch = [args.instances // args.batches + (i < args.instances % args.batches) for i in range(args.batches)]
+        started = time.monotonic()
+        batches = [subprocess.Popen([cloud.toyvm, "schedule", QUERY, "--count", str(n)], env=cloud.env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in per_batch]
+        outputs = [b.communicate() for b in batches]
+        figures["place_s"] = time.monotonic() - started
+        placed = sum(out.count("NOTIFIED TARGET") for out, _ in outputs)
+        failed = [err.strip() for (out, err), b in zip(outputs, batches) if b.returncode != 0]
+        figures["placed"] = placed
+        figures["batch_failures"] = failed
+        figures["placement_rate_per_s"] = placed / figures["place_s"]
+        print(f"scale: {placed} placed by {args.batches} batches in {figures['place_s']:.1f} s", flush=True)
+        for err in failed:
+            print(f"scale: a batch failed: {err}", flush=True)
+        wait_until("every instance ACTIVE",
+                   lambda: sum(i["state"] == "ACTIVE" for i in cloud.instances()) == placed, 600)
+        figures["all_active_s"] = time.monotonic() - started
+        figures["overbooked"] = len(cloud.overbooked())
+
+        figures["agent_rss_mib"] = sum(rss_kib(p.pid) for p in agents.values()) / 1024
+        port = free_port()
+        mdserver = cloud.spawn("mdserver", [cloud.toyvm, "mdserver", "--listen", f"127.0.0.1:{port}"], cloud.env)
+
+        def answers():
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/latest/meta-data/", timeout=5)
+            except urllib.error.HTTPError:
+                pass  # an answer: this address is no guest's
+            return True
+        wait_until("the metadata service", answers, 60)
+        figures["mdserver_rss_mib"] = rss_kib(mdserver.pid) / 1024
+        figures["etcd_idle_instances"] = etcd_rate(cloud, 20)
+        figures["etcd_full"] = etcd_db_size(cloud)
+
+        uuids = [i["uuid"] for i in cloud.instances()]
+        started = time.monotonic()
+        parallel(uuids, lambda uuid: cloud.run("destroy", uuid, "--no-wait").returncode, 16)
+        wait_until("every instance gone", lambda: not cloud.instances(), 600)
+        figures["destroy_all_s"] = time.monotonic() - started
+    finally:
+        if cloud:
+            cloud.shutdown()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scale.json").write_text(json.dumps(figures, indent=2) + "\n")
+    rows = [
+        ("agents registered and alive", f"{figures.get('agents_alive_s', float('nan')):.1f} s"),
+        ("etcd at rest, hosts only", f"{figures.get('etcd_idle_hosts', {}).get('writes_per_s', float('nan')):.2f} writes/s"),
+        ("instances placed", f"{figures.get('placed', 0)} in {figures.get('place_s', float('nan')):.1f} s "
+                             f"({figures.get('placement_rate_per_s', float('nan')):.0f}/s)"),
+        ("all ACTIVE after", f"{figures.get('all_active_s', float('nan')):.1f} s"),
+        ("providers over capacity", f"{figures.get('overbooked', '?')}"),
+        ("agents' RSS, total", f"{figures.get('agent_rss_mib', float('nan')):.0f} MiB"),
+        ("metadata service RSS", f"{figures.get('mdserver_rss_mib', float('nan')):.1f} MiB"),
+        ("etcd at rest, with instances",
+         f"{figures.get('etcd_idle_instances', {}).get('writes_per_s', float('nan')):.2f} writes/s, "
+         f"{figures.get('etcd_idle_instances', {}).get('client_bytes_per_s', float('nan')) / 1024:.1f} KiB/s in"),
+        ("etcd DB size, full", f"{figures.get('etcd_full', {}).get('db_in_use_bytes', 0) / 1048576:.1f} MiB in use"),
+        ("destroy all", f"{figures.get('destroy_all_s', float('nan')):.1f} s"),
+    ]
+    for name, value in rows:
+        print(f"  {name:32} {value}")
+    if figures.get("batch_failures"):
+        print("scale: failed batches: " + "; ".join(figures["batch_failures"]))
+    if args.keep:
+        print(f"scale: logs in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
