@@ -21,6 +21,10 @@ debug = false
 auth_strategy = $strategy
 [placement_database]
 connection = $database
+[placement]
+# A random sample when a limit cuts the candidates: concurrent schedulers then do not all
+# get, and race for, the same first providers.
+randomize_allocation_candidates = true
 CONF
 # With KEYSTONE_URL (…/v3) and KEYSTONE_ADMIN_PASSWORD, tokens are checked by Keystone.
 if [ -n "${KEYSTONE_URL:-}" ]; then
