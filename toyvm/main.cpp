@@ -108,6 +108,11 @@ int main(int argc, char** argv) {
                                           "shown as ^X");
   show_cmd->add_flag("--raw", show.raw, "with --console: the guest's bytes as they are, escape sequences too")
       ->needs(console_flag);
+  show_cmd->add_flag("--follow", show.follow, "with --console: keep printing what the guest writes, until interrupted")
+      ->needs(console_flag);
+  show_cmd->add_option("--timeout", show.console_timeout_s, "with --console: seconds the instance's host has to answer")
+      ->needs(console_flag)
+      ->capture_default_str();
   show_cmd->footer("Example: toyvm show d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --json");
   show_cmd->callback([&] { service = [&](const Config& c) { return run_show(c, show); }; });
 

@@ -141,6 +141,23 @@ def main():
         figures["mdserver_rss_mib"] = rss_kib(mdserver.pid) / 1024
         figures["etcd_idle_instances"] = etcd_rate(cloud, 20)
         figures["etcd_full"] = etcd_db_size(cloud)
+        # Guests that talk to their consoles, nobody reading them (the test driver writes no
+        # console: the benchmark stands in for QEMU and appends a line to each every second).
+        logs = [d / "console.log" for d in workdir.glob("h*/instances/*") if d.is_dir()]
+        talking = threading.Event()
+
+        def talk():
+            while not talking.wait(1.0):
+                for log in logs:
+                    with open(log, "a") as f:
+                        f.write(f"{time.time():.3f} the guest says something\n")
+        talker = threading.Thread(target=talk)
+        talker.start()
+        try:
+            figures["etcd_talking_consoles"] = etcd_rate(cloud, 20)
+        finally:
+            talking.set()
+            talker.join()
 
         uuids = [i["uuid"] for i in cloud.instances()]
         started = time.monotonic()
@@ -165,6 +182,9 @@ def main():
          f"{figures.get('etcd_idle_instances', {}).get('writes_per_s', float('nan')):.2f} writes/s, "
          f"{figures.get('etcd_idle_instances', {}).get('client_bytes_per_s', float('nan')) / 1024:.1f} KiB/s in"),
         ("etcd DB size, full", f"{figures.get('etcd_full', {}).get('db_in_use_bytes', 0) / 1048576:.1f} MiB in use"),
+        ("etcd, consoles talking, unread",
+         f"{figures.get('etcd_talking_consoles', {}).get('writes_per_s', float('nan')):.2f} writes/s, "
+         f"{figures.get('etcd_talking_consoles', {}).get('client_bytes_per_s', float('nan')) / 1024:.1f} KiB/s in"),
         ("destroy all", f"{figures.get('destroy_all_s', float('nan')):.1f} s"),
     ]
     for name, value in rows:

@@ -8,6 +8,8 @@
 
 #include "catch_result.hpp"
 
+#include <signal.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -235,8 +237,36 @@ TEST_CASE("show --console prints the tail the agent published", "[images]") {
   std::string raw = host.servers.toyvm({"show", uuid, "--console", "--raw"}).out;
   CHECK_THAT(raw, Catch::EndsWith("\r\n\x1b]0;owned\x07\x1b[2Jlogin: \n"));
 
+  // Read and gone: nobody asks, so a console that keeps growing costs etcd nothing.
+  CHECK(host.servers.etcd_prefix(KeyLayout().console(uuid)).empty());
+  write_file(log, std::string(20000, '.') + "\r\nlogin: root\r\n# ");
+  CHECK_FALSE(wait_for([&] { return !host.servers.etcd_prefix(KeyLayout().console(uuid)).empty(); }, 2));
+
+  // --follow prints what the guest writes next, once.
+  auto follow = host.servers.spawn_toyvm({"show", uuid, "--console", "--follow"}, "follow.log");
+  CHECK(wait_for([&] { return follow->output().find("login: root") != std::string::npos; }, 10));
+  write_file(log, std::string(20000, '.') + "\r\nlogin: root\r\n# uptime\r\n 12:00 up 1 min\r\n# ");
+  CHECK(wait_for([&] { return follow->output().find("up 1 min") != std::string::npos; }, 10));
+  follow->signal(SIGINT);
+  follow->wait();
+  std::string followed = follow->output();
+  CHECK(followed.find("login: root") == followed.rfind("login: root"));
+  // Its request and the console go with its lease.
+  CHECK(wait_for([&] { return host.servers.etcd_prefix(KeyLayout().console(uuid)).empty(); }, 20));
+
   CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
   CHECK(host.servers.etcd_prefix(KeyLayout().console(uuid)).empty());
+}
+
+TEST_CASE("show --console says so when the instance's host does not answer", "[images]") {
+  ImageHost host("console_interval = 0.2");
+  auto [uuid, record] = host.schedule({}, 0);
+  host.compute->signal(SIGKILL);
+  host.compute->wait();
+  auto silent = host.servers.toyvm({"show", uuid, "--console", "--timeout", "1"});
+  CHECK(silent.exit_code == 5);
+  CHECK(count_lines(silent.err) == 1);
+  CHECK_THAT(silent.err, Catch::Contains("did not publish its console within 1 s"));
 }
 
 TEST_CASE("an https image is fetched with the configured CA and refused under another", "[images]") {

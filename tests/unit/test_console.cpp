@@ -14,3 +14,16 @@ TEST_CASE("console text keeps lines and tabs and defuses terminal control") {
   CHECK(printable_console("\x9b\xff\xC3") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // not UTF-8
   CHECK(printable_console("\xE0\x80\xAF") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
 }
+
+TEST_CASE("console_growth: what a newer tail adds to an older one", "[console]") {
+  using toyvm::console_growth;
+  CHECK(console_growth("", "boot\n") == "boot\n");
+  CHECK(console_growth("boot\n", "boot\nlogin: ") == "login: ");
+  CHECK(console_growth("boot\n", "boot\n").empty());
+  // The tail window moved on: the older tail's end is found further left.
+  std::string before = std::string(300, 'a') + "0123456789";
+  std::string after = std::string(260, 'a') + "0123456789" + "new";
+  CHECK(console_growth(before, after) == "new");
+  // Nothing in common: the newer tail is all new.
+  CHECK(console_growth("old text", "entirely different") == "entirely different");
+}

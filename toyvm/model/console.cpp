@@ -1,5 +1,7 @@
 #include "model/console.hpp"
 
+#include <algorithm>
+
 namespace toyvm {
 namespace {
 
@@ -47,6 +49,14 @@ std::string printable_console(std::string_view text) {
     }
   }
   return out;
+}
+
+std::string_view console_growth(std::string_view before, std::string_view after) {
+  if (before.empty()) return after;
+  const std::string_view anchor = before.substr(before.size() - std::min<size_t>(before.size(), 256));
+  size_t at = after.rfind(anchor);
+  if (at == std::string_view::npos) return after;
+  return after.substr(at + anchor.size());
 }
 
 }  // namespace toyvm

@@ -12,4 +12,9 @@ namespace toyvm {
 // that are not UTF-8 become U+FFFD.
 std::string printable_console(std::string_view text);
 
+// What a newer tail of a console adds to an older one: the text after the older tail's last
+// 256 bytes, found in the newer one; all of it when they do not overlap (the console ran
+// further than a tail holds between the two).
+std::string_view console_growth(std::string_view before, std::string_view after);
+
 }  // namespace toyvm

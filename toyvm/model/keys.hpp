@@ -4,7 +4,8 @@
 //   <prefix>/work/<rp>/<instance>    desired state of an instance on a host
 //   <prefix>/instances/<instance>    observed state of an instance
 //   <prefix>/groups/<name>/<instance> server group membership: the member's host
-//   <prefix>/console/<instance>      the tail of the instance's serial console
+//   <prefix>/console/<instance>      the tail of the instance's serial console, while asked for
+//   <prefix>/console-requests/<rp>/<instance>  someone asks for it (under the asker's lease)
 //   <prefix>/domains/<rp>            the domains a host's agent has, under its lease
 
 #include <optional>
@@ -27,6 +28,12 @@ class KeyLayout {
   std::string instances_prefix() const { return prefix_ + "/instances/"; }
   std::string instance(std::string_view uuid) const;
   std::string console(std::string_view uuid) const { return prefix_ + "/console/" + std::string(uuid); }
+  std::string console_requests_prefix(std::string_view rp) const {
+    return prefix_ + "/console-requests/" + std::string(rp) + "/";
+  }
+  std::string console_request(std::string_view rp, std::string_view uuid) const {
+    return console_requests_prefix(rp) + std::string(uuid);
+  }
   std::string domains_prefix() const { return prefix_ + "/domains/"; }
   std::string domains(std::string_view rp) const { return domains_prefix() + std::string(rp); }
   std::string group_prefix(std::string_view group) const;

@@ -69,22 +69,66 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
   co_return 0;
 }
 
-// The tail of the serial console, as the instance's agent last published it.
-awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+void print_console(std::string_view text, bool raw) {
+  const std::string shown = raw ? std::string(text) : printable_console(text);
+  std::fwrite(shown.data(), 1, shown.size(), stdout);
+  std::fflush(stdout);
+}
+
+// The tail of the serial console: a request under a short lease of our own asks the
+// instance's agent to publish it (under the same lease, so both go when we do).
+awaitable<int> show_console(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
   auto found = co_await etcd.range(keys.instance(options.uuid));
   if (!found) co_return etcd_failure(etcd, found.error());
   if (found->kvs.empty()) co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
-  auto console = co_await etcd.range(keys.console(options.uuid));
-  if (!console) co_return etcd_failure(etcd, console.error());
-  if (console->kvs.empty()) {
-    std::fprintf(stderr, "toyvm: instance %s has no console output yet\n", options.uuid.c_str());
-    co_return 0;
+  auto record = decode_instance(found->kvs.front().value);
+  if (!record) co_return report_failure(ExitCode::failed, fmt::format("instance {} has a corrupt record", options.uuid));
+  auto lease = co_await etcd.lease_grant(10);
+  if (!lease) co_return etcd_failure(etcd, lease.error());
+  auto asked = co_await etcd.put(keys.console_request(record->host, options.uuid), "", *lease);
+  if (!asked) co_return etcd_failure(etcd, asked.error());
+
+  int64_t revision = *asked;
+  std::unique_ptr<EtcdLeaseKeeper> keeper;  // --follow: keeps the request alive while we read
+  std::string shown;
+  bool answered = false;
+  while (true) {
+    // Until answered, the host has console_timeout_s; then (following) the watch wakes every
+    // 3 s to renew the 10 s lease.
+    auto watch = etcd.watch(WatchOptions{keys.console(options.uuid), {}, revision + 1, false});
+    WatchDeadline deadline(io.get_executor(), *watch,
+                           answered ? std::chrono::milliseconds(3000)
+                                    : std::chrono::milliseconds(int64_t(options.console_timeout_s * 1000)));
+    while (true) {
+      WatchBatch batch = co_await watch->next();
+      if (deadline.fired()) break;
+      if (batch.error || batch.canceled)
+        co_return etcd_failure(etcd, batch.error ? batch.error : make_error_code(errc::etcd_error));
+      for (const WatchEvent& event : batch.events) {
+        if (event.type != WatchEvent::Type::put) continue;
+        const std::string& tail = event.kv.value;
+        if (!answered && tail.empty())
+          std::fprintf(stderr, "toyvm: instance %s has no console output yet\n", options.uuid.c_str());
+        print_console(console_growth(shown, tail), options.raw);
+        shown = tail;
+        revision = event.kv.mod_revision;
+        answered = true;
+      }
+      if (answered && !options.follow) {
+        if (!shown.empty() && shown.back() != '\n') std::fputc('\n', stdout);
+        co_await etcd.lease_revoke(*lease);  // the request and the console go with it
+        co_return 0;
+      }
+    }
+    if (!answered)
+      co_return report_failure(ExitCode::failed, fmt::format("the host of instance {} did not publish its console "
+                                                             "within {} s; it may be down",
+                                                             options.uuid, options.console_timeout_s));
+    if (!keeper) keeper = etcd.keep_alive(*lease);
+    auto ttl = co_await keeper->ping();
+    if (!ttl) co_return etcd_failure(etcd, ttl.error());
+    if (*ttl == 0) co_return report_failure(ExitCode::failed, "etcd dropped the console request's lease");
   }
-  const std::string& published = console->kvs.front().value;
-  const std::string text = options.raw ? published : printable_console(published);
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  if (!text.empty() && text.back() != '\n') std::fputc('\n', stdout);
-  co_return 0;
 }
 
 awaitable<int> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
@@ -254,12 +298,12 @@ awaitable<int> wait_for_record(asio::io_context& io, EtcdClient& etcd, const Key
 int run_show(const Config& config, const ShowOptions& options) {
   if (!options.uuid.empty() && !is_uuid(options.uuid))
     return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
-  return run_on_loop([&](asio::io_context&) -> awaitable<int> {
+  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
     if (options.hosts) co_return co_await show_hosts(*etcd, keys, options);
     if (options.uuid.empty()) co_return co_await show_all(*etcd, keys, options);
-    if (options.console) co_return co_await show_console(*etcd, keys, options);
+    if (options.console) co_return co_await show_console(io, *etcd, keys, options);
     co_return co_await show_one(*etcd, keys, options);
   });
 }

@@ -180,16 +180,19 @@ class MetadataServer {
   }
 
   // Lists every instance, then follows changes; a broken or compacted watch lists again.
+  // Only instance records and work (one key range: ".../instances/" sorts right before
+  // ".../work/"), not consoles or hosts.
   awaitable<void> follow_etcd() {
-    const std::string prefix = keys_.prefix() + "/";
+    const std::string prefix = keys_.instances_prefix();
+    const std::string end = prefix_range_end(keys_.work_root());
     std::chrono::milliseconds delay = 100ms;
     while (true) {
-      auto listed = co_await etcd_->range_prefix(prefix);
+      auto listed = co_await etcd_->range(prefix, end);
       if (listed) {
         index_.clear();
         for (const KeyValue& kv : listed->kvs) index_.apply(kv, false);
         spdlog::info("indexed {} guests at revision {}", index_.size(), listed->revision);
-        auto watch = etcd_->watch(WatchOptions{prefix, prefix_range_end(prefix), listed->revision + 1, false});
+        auto watch = etcd_->watch(WatchOptions{prefix, end, listed->revision + 1, false});
         while (true) {
           WatchBatch batch = co_await watch->next();
           if (batch.error || batch.canceled || batch.compact_revision) break;

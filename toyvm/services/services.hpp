@@ -36,6 +36,8 @@ struct ShowOptions {
   bool hosts = false;
   bool console = false;  // the tail of the instance's serial console
   bool raw = false;      // ... with the guest's control characters left in
+  bool follow = false;   // ... and what it prints next, until interrupted
+  double console_timeout_s = 10;  // how long the instance's host has to answer
 };
 int run_show(const Config& config, const ShowOptions& options);
 

@@ -14,7 +14,7 @@ using namespace std::chrono_literals;
 awaitable<void> GuestObserver::run() {
   asio::steady_timer timer(ctx_.io);
   auto console_every = std::chrono::milliseconds(int64_t(ctx_.config.compute.console_interval_s * 1000));
-  auto next_console = std::chrono::steady_clock::now();
+  next_console_ = std::chrono::steady_clock::now();
   while (!ctx_.stopping) {
     timer.expires_after(console_every.count() > 0 ? std::min<std::chrono::milliseconds>(500ms, console_every) : 500ms);
     co_await timer.async_wait(asio::as_tuple(use_awaitable));
@@ -24,12 +24,14 @@ awaitable<void> GuestObserver::run() {
       if (!slot.desired || slot.busy) continue;
       if (ctx_.has_nic() && slot.recorded == InstanceState::active && slot.ip.empty() && !slot.address_given_up)
         (now < slot.address_deadline ? looking : given_up).push_back(uuid);
-      if (slot.recorded == InstanceState::active || slot.recorded == InstanceState::stopped) consoles.push_back(uuid);
+      if ((slot.recorded == InstanceState::active || slot.recorded == InstanceState::stopped) &&
+          console_requests_.count(uuid))
+        consoles.push_back(uuid);
     }
     for (const std::string& uuid : looking) co_await find_address(uuid);
     for (const std::string& uuid : given_up) co_await give_up_address(uuid);
-    if (console_every.count() > 0 && now >= next_console) {
-      next_console = now + console_every;
+    if (console_every.count() > 0 && now >= next_console_) {
+      next_console_ = now + console_every;
       if (!consoles.empty()) co_await publish_consoles(std::move(consoles));
     }
   }
@@ -60,15 +62,52 @@ awaitable<void> GuestObserver::give_up_address(std::string uuid) {
   co_await recorder_.write(recorder_.make(*slot.desired, InstanceState::active));
 }
 
-// The last 16 KiB of each serial console that has grown, put in etcd so that
-// `toyvm show --console` works from any host. One trip to the worker pool reads them all.
+awaitable<void> GuestObserver::follow_console_requests() {
+  const std::string prefix = ctx_.keys.console_requests_prefix(ctx_.host.provider);
+  std::chrono::milliseconds delay = 100ms;
+  while (!ctx_.stopping) {
+    auto listed = co_await ctx_.etcd->range_prefix(prefix);
+    if (listed) {
+      console_requests_.clear();
+      for (const KeyValue& kv : listed->kvs) apply_request(kv, false);
+      auto watch = ctx_.etcd->watch(WatchOptions{prefix, prefix_range_end(prefix), listed->revision + 1, false});
+      while (!ctx_.stopping) {
+        WatchBatch batch = co_await watch->next();
+        if (batch.error || batch.canceled || batch.compact_revision) break;
+        delay = 100ms;
+        for (const WatchEvent& event : batch.events) apply_request(event.kv, event.type == WatchEvent::Type::erase);
+      }
+    }
+    if (ctx_.stopping) break;
+    co_await backoff(ctx_.io, delay);
+  }
+}
+
+// A new asker gets the console at the next tick, even one that has not grown since it was
+// last published: what was published went with the previous asker's lease.
+void GuestObserver::apply_request(const KeyValue& kv, bool erased) {
+  auto uuid = ctx_.keys.leaf(kv.key, ctx_.keys.console_requests_prefix(ctx_.host.provider));
+  if (!uuid) return;
+  if (erased) {
+    console_requests_.erase(*uuid);
+    return;
+  }
+  console_requests_[*uuid] = kv.lease;
+  auto slot = slots_.find(*uuid);
+  if (slot != slots_.end()) slot->second.console_published = -1;
+  next_console_ = std::chrono::steady_clock::now();
+}
+
+// The last 16 KiB of each asked-for serial console that has grown (or an empty one for a
+// guest that wrote none), put in etcd under the asker's lease for `toyvm show --console`.
+// One trip to the worker pool reads them all.
 awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) {
   struct Tail {
     std::string uuid;
     int64_t size = 0;
     std::string text;
   };
-  std::vector<std::pair<std::string, int64_t>> logs;  // uuid, size last published
+  std::vector<std::pair<std::string, int64_t>> logs;  // uuid, size last published (-1: none)
   for (const std::string& uuid : uuids) logs.emplace_back(uuid, slots_[uuid].console_published);
   auto read_tails = [dir = ctx_.host.instance_dir, logs = std::move(logs)] {
     std::vector<Tail> grown;
@@ -76,7 +115,8 @@ awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) 
       const std::string path = console_log_path(dir, uuid);
       std::error_code ec;
       auto size = int64_t(fs::file_size(path, ec));
-      if (ec || size == published) continue;
+      if (ec) size = 0;
+      if (size == published) continue;
       std::ifstream in(path, std::ios::binary);
       constexpr int64_t tail = 16 * 1024;
       in.seekg(std::max<int64_t>(0, size - tail));
@@ -90,7 +130,9 @@ awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) 
   std::vector<Tail> grown = co_await run_blocking(ctx_.pool, std::move(read_tails));
   for (Tail& tail : grown) {
     std::vector<EtcdCompare> compare{EtcdCompare::present(ctx_.keys.work(ctx_.host.provider, tail.uuid))};
-    std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.console(tail.uuid), std::move(tail.text))};
+    auto asked = console_requests_.find(tail.uuid);
+    if (asked == console_requests_.end()) continue;  // no longer asked for
+    std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.console(tail.uuid), std::move(tail.text), asked->second)};
     auto put = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
     auto it = slots_.find(tail.uuid);
     if (put && put->succeeded && it != slots_.end()) it->second.console_published = tail.size;

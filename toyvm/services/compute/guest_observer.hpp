@@ -1,11 +1,15 @@
 #pragma once
 // What the agent learns from running guests: their DHCP addresses (libvirt has no event for
-// a lease, so it looks twice a second) and the tail of their serial consoles.
+// a lease, so it looks twice a second) and the tail of their serial consoles, published only
+// while someone asks for one (`toyvm show --console`), under the asker's lease: a guest that
+// talks to its console costs etcd nothing unless someone reads it.
 
 #include "services/compute/context.hpp"
 #include "services/compute/recorder.hpp"
 #include "services/compute/slots.hpp"
 
+#include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,15 +22,21 @@ class GuestObserver {
 
   // Until the agent stops.
   awaitable<void> run();
+  // Follows the console requests for this host's instances, until the agent stops.
+  awaitable<void> follow_console_requests();
 
  private:
   awaitable<void> find_address(std::string uuid);
   awaitable<void> give_up_address(std::string uuid);
   awaitable<void> publish_consoles(std::vector<std::string> uuids);
 
+  void apply_request(const KeyValue& kv, bool erased);
+
   AgentContext& ctx_;
   InstanceSlots& slots_;
   InstanceRecorder& recorder_;
+  std::map<std::string, int64_t> console_requests_;  // instance -> the asker's lease
+  std::chrono::steady_clock::time_point next_console_;
 };
 
 }  // namespace toyvm::compute
