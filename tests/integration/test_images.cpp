@@ -10,6 +10,7 @@
 
 #include <signal.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -93,6 +94,12 @@ TEST_CASE("a missing or corrupt image is ERROR image_failure and holds nothing",
   host.expect_image_failure({"--image", "notakernel"}, "not a Linux kernel");
   write_file(host.images + "/disk.raw", random_bytes(4096));
   host.expect_image_failure({"--image", "disk.raw", "--image-sha256", std::string(64, '0')}, "expected 000");
+  // A qcow2 whose data lives in another file (qemu-img writes the header's name of it, and
+  // truncates that file: a scratch one here).
+  std::string made = "qemu-img create -q -f qcow2 -o data_file=" + host.servers.dir() + "/scratch.data " + host.images +
+                     "/external.qcow2 1M";
+  REQUIRE(std::system(made.c_str()) == 0);
+  host.expect_image_failure({"--image", "external.qcow2"}, "external data file");
 }
 
 TEST_CASE("image references cannot leave the image directory", "[images]") {

@@ -104,6 +104,14 @@ TEST_CASE("probe_disk tells raw from well-formed qcow2 and refuses the rest") {
   CHECK_FALSE(probe_disk(qcow2_header(3, 1 << 20, 512), 1 << 16, &detail));       // backing file
   CHECK(detail.find("backing file") != std::string::npos);
   CHECK_FALSE(probe_disk(qcow2_header(3, 1 << 20, 0, 1), 1 << 16, nullptr));      // encrypted
+  std::string data_file = qcow2_header(3, 1 << 20);
+  data_file[79] = 4;  // incompatible_features: external data file
+  CHECK_FALSE(probe_disk(data_file, 1 << 16, &detail));
+  CHECK(detail.find("external data file") != std::string::npos);
+  std::string marked = qcow2_header(3, 1 << 20);
+  marked[79] = 2;  // incompatible_features: corrupt
+  CHECK_FALSE(probe_disk(marked, 1 << 16, nullptr));
+  CHECK(probe_disk(qcow2_header(2, 1 << 20).substr(0, 72), 1 << 16, nullptr));  // version 2 ends at 72
 }
 
 TEST_CASE("bzImage kernels carry HdrS at 0x202") {

@@ -112,6 +112,14 @@ result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size, std::st
   if (size == 0 || size > (uint64_t(1) << 50)) return corrupt("qcow2 virtual size is invalid");
   if (backing_offset != 0) return corrupt("qcow2 image has a backing file; only standalone images are accepted");
   if (crypt != 0) return corrupt("qcow2 image is encrypted");
+  if (version == 3) {
+    // Version 3 adds incompatible_features @72. An external data file (bit 2) makes QEMU open
+    // whatever host file the header names (CVE-2024-32498); bit 1 is QEMU's "corrupt" mark.
+    if (header.size() < 104) return corrupt("qcow2 header is truncated");
+    uint64_t incompatible = big_endian64(header, 72);
+    if (incompatible & 4) return corrupt("qcow2 image has an external data file; only standalone images are accepted");
+    if (incompatible & 2) return corrupt("qcow2 image is marked corrupt");
+  }
   return DiskInfo{DiskFormat::qcow2, size};
 }
 
