@@ -20,7 +20,6 @@ import pathlib
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import time
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "contrib" / "testbed"))
+from cloud import free_port, overbooked  # noqa: E402
 QUERY = "resources=VCPU:1,MEMORY_MB:64,DISK_GB:1"
 BIG = "VCPU:100000,MEMORY_MB:100000000,DISK_GB:1000000"
 LEASES = "/var/lib/libvirt/dnsmasq/virbr0.status"  # the default network's leases
@@ -47,12 +48,6 @@ def percentile(values, p):
 
 def summary(values):
     return {"p50": percentile(values, 50), "p99": percentile(values, 99), "n": len(values)}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(what, check, timeout=30.0):
@@ -136,16 +131,7 @@ class Bench:
 
     def overbooked(self):
         """Providers whose usage exceeds their capacity, for any resource class."""
-        bad = 0
-        for rp in self.placement_get("/resource_providers")["resource_providers"]:
-            inventories = self.placement_get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"]
-            usages = self.placement_get(f"/resource_providers/{rp['uuid']}/usages")["usages"]
-            for rc, used in usages.items():
-                inv = inventories.get(rc)
-                if inv and used > (inv["total"] - inv["reserved"]) * inv["allocation_ratio"]:
-                    bad += 1
-                    break
-        return bad
+        return len({rp for rp, _, _ in overbooked(self.placement_get)})
 
     def stop(self):
         for proc in reversed(self.procs):

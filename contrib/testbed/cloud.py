@@ -33,6 +33,20 @@ def wait_until(what, check, timeout):
     raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
 
 
+def overbooked(placement_get):
+    """(provider, resource class, usage) wherever usage exceeds (total - reserved) x
+    allocation_ratio; `placement_get(path)` returns Placement's JSON for a path."""
+    bad = []
+    for rp in placement_get("/resource_providers")["resource_providers"]:
+        inventories = placement_get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"]
+        usages = placement_get(f"/resource_providers/{rp['uuid']}/usages")["usages"]
+        for rc, used in usages.items():
+            inv = inventories.get(rc)
+            if inv and used > (inv["total"] - inv["reserved"]) * inv["allocation_ratio"]:
+                bad.append((rp["uuid"], rc, used))
+    return bad
+
+
 def postgres_bin():
     for version in ("15", "16", "14", "13"):
         path = pathlib.Path(f"/usr/lib/postgresql/{version}/bin")
@@ -152,15 +166,7 @@ class Cloud:
         return json.load(urllib.request.urlopen(request, timeout=30))
 
     def overbooked(self):
-        bad = []
-        for rp in self.placement_get("/resource_providers")["resource_providers"]:
-            inventories = self.placement_get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"]
-            usages = self.placement_get(f"/resource_providers/{rp['uuid']}/usages")["usages"]
-            for rc, used in usages.items():
-                inv = inventories.get(rc)
-                if inv and used > (inv["total"] - inv["reserved"]) * inv["allocation_ratio"]:
-                    bad.append(f"{rp['uuid']} {rc} {used}")
-        return bad
+        return [f"{rp} {rc} {used}" for rp, rc, used in overbooked(self.placement_get)]
 
     def etcd_metrics(self, member=0):
         """etcd's Prometheus counters and gauges, as name (with labels) -> value."""

@@ -361,6 +361,14 @@ TEST_CASE("etcd members given by name: the others answer when the first is down"
 
 namespace {
 
+// A Python server started from `script`, once it accepts connections on `port`.
+std::unique_ptr<Process> serve_python(const std::string& script, uint16_t port, const std::string& log) {
+  auto process = std::make_unique<Process>(std::vector<std::string>{"/usr/bin/python3", "-c", script}, log);
+  if (!wait_for([&] { return accepts_connections(port); }, 20))
+    throw std::runtime_error("proxy did not start: " + process->output());
+  return process;
+}
+
 // Placement behind a proxy that holds every PUT /allocations while `hold` exists (a slow
 // Placement, staged), and logs "holding" when it starts holding one.
 struct HoldingProxy {
@@ -395,9 +403,7 @@ struct HoldingProxy {
         "    def log_message(self, *args): pass\n"
         "http.server.ThreadingHTTPServer(('127.0.0.1', {port}), Proxy).serve_forever()\n",
         fmt::arg("hold", hold), fmt::arg("target", target), fmt::arg("port", port));
-    process = std::make_unique<Process>(std::vector<std::string>{"/usr/bin/python3", "-c", script}, dir + "/proxy.log");
-    if (!wait_for([&] { return accepts_connections(port); }, 20))
-      throw std::runtime_error("proxy did not start: " + process->output());
+    process = serve_python(script, port, dir + "/proxy.log");
   }
   std::string url() const { return fmt::format("http://127.0.0.1:{}", port); }
 };
@@ -432,9 +438,7 @@ struct MutingProxy {
         "    await server.serve_forever()\n"
         "asyncio.run(main())\n",
         fmt::arg("mute", mute), fmt::arg("target", target), fmt::arg("port", port));
-    process = std::make_unique<Process>(std::vector<std::string>{"/usr/bin/python3", "-c", script}, dir + "/etcd-proxy.log");
-    if (!wait_for([&] { return accepts_connections(port); }, 20))
-      throw std::runtime_error("etcd proxy did not start: " + process->output());
+    process = serve_python(script, port, dir + "/etcd-proxy.log");
   }
   std::string endpoint() const { return fmt::format("http://127.0.0.1:{}", port); }
 };

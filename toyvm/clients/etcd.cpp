@@ -551,6 +551,33 @@ awaitable<result<RangeResult>> EtcdClient::range_prefix(std::string prefix) {
   co_return co_await range(std::move(prefix), std::move(end));
 }
 
+awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string range_end,
+                             std::function<void(const RangeResult&)> listed,
+                             std::function<void(const WatchEvent&)> changed, std::function<bool()> stopping) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  std::chrono::milliseconds delay(100);
+  while (!stopping()) {
+    auto listing = co_await etcd.range(key, range_end);
+    if (listing) {
+      listed(*listing);
+      auto watch = etcd.watch(WatchOptions{key, range_end, listing->revision + 1, false});
+      while (!stopping()) {
+        WatchBatch batch = co_await watch->next();
+        if (batch.error || batch.canceled || batch.compact_revision) break;
+        delay = std::chrono::milliseconds(100);
+        for (const WatchEvent& event : batch.events) changed(event);
+      }
+      if (!stopping()) spdlog::warn("watch on {} ended; listing again", key);
+    } else {
+      spdlog::warn("etcd at {}: {}; retrying", etcd.endpoints_text(), listing.error().message());
+    }
+    if (stopping()) break;
+    timer.expires_after(delay);
+    co_await timer.async_wait(use_awaitable);
+    delay = std::min<std::chrono::milliseconds>(delay * 2, std::chrono::seconds(5));
+  }
+}
+
 namespace {
 // gRPC logs its own errors (a failed TLS handshake, say) to stderr; toyvm reports failures
 // itself in one line, so gRPC's lines go to the debug log.

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -158,5 +159,13 @@ class EtcdClient {
   // What etcd or gRPC said about the last failed call (TLS, auth...), for messages.
   virtual std::string last_error() const = 0;
 };
+
+// Lists [key, range_end), then follows its changes from the listing's revision: a broken or
+// compacted watch lists again, an etcd that does not answer is asked again with backoff
+// (100 ms to 5 s). `listed` gets each whole listing, `changed` each event after it. Ends
+// when `stopping()` says so, which is asked between batches.
+awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string range_end,
+                             std::function<void(const RangeResult&)> listed,
+                             std::function<void(const WatchEvent&)> changed, std::function<bool()> stopping);
 
 }  // namespace toyvm

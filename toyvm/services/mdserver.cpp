@@ -179,34 +179,18 @@ class MetadataServer {
     return acceptor;
   }
 
-  // Lists every instance, then follows changes; a broken or compacted watch lists again.
-  // Only instance records and work (one key range: ".../instances/" sorts right before
+  // Follows instance records and work (one key range: ".../instances/" sorts right before
   // ".../work/"), not consoles or hosts.
   awaitable<void> follow_etcd() {
-    const std::string prefix = keys_.instances_prefix();
-    const std::string end = prefix_range_end(keys_.work_root());
-    std::chrono::milliseconds delay = 100ms;
-    while (true) {
-      auto listed = co_await etcd_->range(prefix, end);
-      if (listed) {
-        index_.clear();
-        for (const KeyValue& kv : listed->kvs) index_.apply(kv, false);
-        spdlog::info("indexed {} guests at revision {}", index_.size(), listed->revision);
-        auto watch = etcd_->watch(WatchOptions{prefix, end, listed->revision + 1, false});
-        while (true) {
-          WatchBatch batch = co_await watch->next();
-          if (batch.error || batch.canceled || batch.compact_revision) break;
-          delay = 100ms;
-          for (const WatchEvent& event : batch.events) index_.apply(event.kv, event.type == WatchEvent::Type::erase);
-        }
-        spdlog::warn("watch on {} ended; listing again", prefix);
-      } else {
-        spdlog::warn("etcd at {}: {}; retrying", etcd_->endpoints_text(), listed.error().message());
-      }
-      asio::steady_timer timer(io_, delay);
-      co_await timer.async_wait(use_awaitable);
-      delay = std::min<std::chrono::milliseconds>(delay * 2, 5s);
-    }
+    co_await follow_range(
+        *etcd_, keys_.instances_prefix(), prefix_range_end(keys_.work_root()),
+        [this](const RangeResult& listing) {
+          index_.clear();
+          for (const KeyValue& kv : listing.kvs) index_.apply(kv, false);
+          spdlog::info("indexed {} guests at revision {}", index_.size(), listing.revision);
+        },
+        [this](const WatchEvent& event) { index_.apply(event.kv, event.type == WatchEvent::Type::erase); },
+        [] { return false; });
   }
 
   awaitable<void> accept_loop(std::unique_ptr<tcp::acceptor> acceptor) {

@@ -64,23 +64,14 @@ awaitable<void> GuestObserver::give_up_address(std::string uuid) {
 
 awaitable<void> GuestObserver::follow_console_requests() {
   const std::string prefix = ctx_.keys.console_requests_prefix(ctx_.host.provider);
-  std::chrono::milliseconds delay = 100ms;
-  while (!ctx_.stopping) {
-    auto listed = co_await ctx_.etcd->range_prefix(prefix);
-    if (listed) {
-      console_requests_.clear();
-      for (const KeyValue& kv : listed->kvs) apply_request(kv, false);
-      auto watch = ctx_.etcd->watch(WatchOptions{prefix, prefix_range_end(prefix), listed->revision + 1, false});
-      while (!ctx_.stopping) {
-        WatchBatch batch = co_await watch->next();
-        if (batch.error || batch.canceled || batch.compact_revision) break;
-        delay = 100ms;
-        for (const WatchEvent& event : batch.events) apply_request(event.kv, event.type == WatchEvent::Type::erase);
-      }
-    }
-    if (ctx_.stopping) break;
-    co_await backoff(ctx_.io, delay);
-  }
+  co_await follow_range(
+      *ctx_.etcd, prefix, prefix_range_end(prefix),
+      [this](const RangeResult& listing) {
+        console_requests_.clear();
+        for (const KeyValue& kv : listing.kvs) apply_request(kv, false);
+      },
+      [this](const WatchEvent& event) { apply_request(event.kv, event.type == WatchEvent::Type::erase); },
+      [this] { return ctx_.stopping; });
 }
 
 // A new asker gets the console at the next tick, even one that has not grown since it was
