@@ -473,6 +473,14 @@ void Servers::etcd_put(const std::string& key, const std::string& value) const {
   });
 }
 
+void Servers::etcd_erase(const std::string& key) const {
+  run_sync<bool>([&](asio::io_context&) -> awaitable<bool> {
+    auto r = co_await etcd_client_->erase(key);
+    if (!r) throw std::runtime_error("etcd delete failed");
+    co_return true;
+  });
+}
+
 ResourceAmounts Servers::usages(const std::string& provider) const {
   return run_sync<ResourceAmounts>([&](asio::io_context& io) -> awaitable<ResourceAmounts> {
     PlacementClient placement(io.get_executor(), config.placement);

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -121,6 +122,7 @@ class Servers {
   // Synchronous views of the servers.
   std::vector<KeyValue> etcd_prefix(const std::string& prefix) const;
   void etcd_put(const std::string& key, const std::string& value) const;
+  void etcd_erase(const std::string& key) const;
   ResourceAmounts usages(const std::string& provider) const;
   Allocations allocations(const std::string& consumer) const;
   // A claim made behind toyvm's back, as a leak or a crashed scheduler would leave it.
@@ -197,6 +199,17 @@ bool accepts_connections(uint16_t port);  // on 127.0.0.1
 
 // Runs a command to its end, its stdout and stderr kept apart in files under `dir`.
 CommandResult run_command(const std::vector<std::string>& argv, const std::string& dir, double timeout_s = 60);
+
+// Every process the test starts while it lives sees NAME=VALUE.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
 
 inline size_t count_lines(const std::string& text) { return size_t(std::count(text.begin(), text.end(), '\n')); }
 

@@ -517,3 +517,64 @@ TEST_CASE("a destroy that lands while a failed build moves is never undone", "[r
   CHECK(b->output().find("instance " + uuid + ": building") == std::string::npos);
   CHECK(servers.toyvm({"audit"}).exit_code == 0);
 }
+
+// Hole 6: the feed is late (paused on purpose) when the work leaves this host, so only the
+// guard on the agent's own writes can tell it that the build it is about to make is moot.
+TEST_CASE("a build whose work left the host before the feed said so stops at its first write", "[recovery]") {
+  Servers servers;
+  const std::string build_paused = servers.dir() + "/build-paused", feed_paused = servers.dir() + "/feed-paused";
+  std::ofstream(build_paused) << "";
+  std::string a, b;
+  std::unique_ptr<Process> compute_a;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS",
+                         "build.begin=pause(" + build_paused + ");feed.batch=pause(" + feed_paused + ")");
+    compute_a = servers.start_compute("a", roomy, &a, {"--trait", "CUSTOM_A"});
+  }
+  auto compute_b = servers.start_compute("b", roomy, &b);
+  auto scheduled = servers.toyvm({"schedule", small + "&required=CUSTOM_A"});
+  REQUIRE(scheduled.exit_code == 0);
+  auto [target, uuid] = parse_notified(scheduled.out);
+  REQUIRE(target == a);
+  REQUIRE(wait_for([&] { return compute_a->output().find("failpoint build.begin: paused") != std::string::npos; }, 30));
+
+  // The work moves to B, as a move does; A's feed holds the news back.
+  std::ofstream(feed_paused) << "";
+  auto work = servers.etcd_prefix(KeyLayout().work(a, uuid));
+  REQUIRE(work.size() == 1);
+  servers.etcd_erase(KeyLayout().work(a, uuid));
+  servers.etcd_put(KeyLayout().work(b, uuid), work.front().value);
+  REQUIRE(wait_for([&] { return compute_a->output().find("failpoint feed.batch: paused") != std::string::npos; }, 30));
+  std::remove(build_paused.c_str());
+
+  INFO(compute_a->output() << compute_b->output());
+  CHECK(wait_for([&] { return compute_a->output().find("instance " + uuid + ": its work is no longer on this host") !=
+                              std::string::npos; },
+                 30));
+  auto published = servers.etcd_prefix(KeyLayout().domains(a));
+  CHECK((published.empty() || published.front().value.find(uuid) == std::string::npos));
+  CHECK(compute_a->output().find("instance " + uuid + ": active") == std::string::npos);
+
+  std::remove(feed_paused.c_str());
+  auto record = wait_for_record(servers, uuid, [&](const InstanceRecord& r) {
+    return r.state == InstanceState::active && r.host == b;
+  });
+  CHECK(record.has_value());
+  CHECK(compute_a->output().find("instance " + uuid + ": active") == std::string::npos);
+}
+
+// Hole 7: a step that throws is a failed step, retried; the instance is not stuck.
+TEST_CASE("a reconcile step that throws is retried and the instance still becomes ACTIVE", "[recovery]") {
+  Servers servers;
+  std::string rp;
+  std::unique_ptr<Process> compute;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "reconcile.step=1*throw");
+    compute = servers.start_compute("c1", roomy, &rp);
+  }
+  auto scheduled = servers.toyvm({"schedule", small, "--wait"});
+  INFO(scheduled.err << compute->output());
+  CHECK(scheduled.exit_code == 0);
+  CHECK_THAT(compute->output(), Catch::Contains("failpoint reconcile.step: throwing"));
+  CHECK_THAT(compute->output(), Catch::Contains("will retry"));
+}

@@ -24,18 +24,12 @@ namespace {
 
 const std::string small = "resources=VCPU:1,DISK_GB:1,MEMORY_MB:256";
 
-// Every toyvm process the test starts reads this config file.
-struct ScopedConfig {
-  explicit ScopedConfig(const std::string& path) { setenv("TOYVM_CONFIG", path.c_str(), 1); }
-  ~ScopedConfig() { unsetenv("TOYVM_CONFIG"); }
-};
-
 
 }  // namespace
 
 TEST_CASE("etcd with TLS, client certificates and password auth: every command works", "[security]") {
   Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
-  ScopedConfig config(servers.secure_config);
+  ScopedEnv config("TOYVM_CONFIG", servers.secure_config);
   std::string rp;
   auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
 
@@ -63,7 +57,7 @@ TEST_CASE("a wrong CA, a missing client certificate or a wrong password fail in 
     std::string file = servers.dir() + "/attempt.toml";
     std::ofstream(file) << "[etcd]\n" << etcd_toml;
     fs::permissions(file, fs::perms(0600));
-    ScopedConfig config(file);
+    ScopedEnv config("TOYVM_CONFIG", file);
     return servers.toyvm({"show"});
   };
   const std::string client = "cert_file = '" + pki + "/client.crt'\nkey_file = '" + pki + "/client.key'\n";
@@ -99,7 +93,7 @@ TEST_CASE("a config file holding the etcd password must not be readable by other
   std::string file = servers.dir() + "/readable.toml";
   std::ofstream(file) << "[etcd]\nuser = 'root'\npassword = 'secret-pw'\n";
   fs::permissions(file, fs::perms(0644));
-  ScopedConfig config(file);
+  ScopedEnv config("TOYVM_CONFIG", file);
   auto refused = servers.toyvm({"show"});
   CHECK(refused.exit_code == 2);
   CHECK_THAT(refused.err, Catch::Contains("readable by other users"));
@@ -107,7 +101,7 @@ TEST_CASE("a config file holding the etcd password must not be readable by other
 
 TEST_CASE("Placement behind HTTPS: works with the right CA, fails in one clear line with another", "[security]") {
   Servers servers(ServersOptions{.placement_https = true});
-  ScopedConfig config(servers.secure_config);
+  ScopedEnv config("TOYVM_CONFIG", servers.secure_config);
   std::string rp;
   auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
   auto scheduled = servers.toyvm({"schedule", small, "--wait"});
@@ -120,7 +114,7 @@ TEST_CASE("Placement behind HTTPS: works with the right CA, fails in one clear l
 
   std::string file = servers.dir() + "/other-ca.toml";
   std::ofstream(file) << "[placement]\nca_file = '" << servers.pki() << "/other-ca.crt'\n";
-  ScopedConfig wrong(file);
+  ScopedEnv wrong("TOYVM_CONFIG", file);
   auto refused = servers.toyvm({"schedule", small});
   CHECK(refused.exit_code == 4);
   CHECK(count_lines(refused.err) == 1);
@@ -132,7 +126,7 @@ TEST_CASE("Placement behind HTTPS: works with the right CA, fails in one clear l
 TEST_CASE("Placement behind Keystone: toyvm logs in, renews an expired token, and says so when refused",
           "[security]") {
   Servers servers(ServersOptions{.keystone_token_s = 12});
-  ScopedConfig config(servers.secure_config);
+  ScopedEnv config("TOYVM_CONFIG", servers.secure_config);
   std::string rp;
   auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
   auto scheduled = servers.toyvm({"schedule", small, "--wait"});
@@ -152,7 +146,7 @@ TEST_CASE("Placement behind Keystone: toyvm logs in, renews an expired token, an
   std::ofstream(file) << "[placement]\nauth_url = '" << servers.config.placement.auth_url
                       << "'\nuser = 'admin'\npassword = 'nope'\nproject = 'admin'\n";
   fs::permissions(file, fs::perms(0600));
-  ScopedConfig wrong(file);
+  ScopedEnv wrong("TOYVM_CONFIG", file);
   auto refused = servers.toyvm({"schedule", small});
   CHECK(refused.exit_code != 0);
   CHECK(count_lines(refused.err) == 1);
@@ -164,13 +158,13 @@ TEST_CASE("etcd auth from flags and the environment; an expired token is renewed
   std::string rp;
   std::unique_ptr<Process> compute;
   {
-    ScopedConfig config(servers.secure_config);
+    ScopedEnv config("TOYVM_CONFIG", servers.secure_config);
     compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
   }
   auto no_password = servers.toyvm({"--etcd-user", "root", "show"});
   CHECK(no_password.exit_code == 2);
   CHECK_THAT(no_password.err, Catch::Contains("etcd.user and etcd.password go together"));
-  setenv("TOYVM_ETCD_PASSWORD", "secret-pw", 1);
+  ScopedEnv password("TOYVM_ETCD_PASSWORD", "secret-pw");
 
   // Idle longer than the token lives: the agent's next write needs a new one.
   auto expired = std::chrono::steady_clock::now() + std::chrono::seconds(4);
@@ -181,7 +175,6 @@ TEST_CASE("etcd auth from flags and the environment; an expired token is renewed
   CHECK_THAT(compute->output(), Catch::Contains("authenticating again"));
   auto [target, uuid] = parse_notified(scheduled.out);
   CHECK(servers.toyvm({"--etcd-user", "root", "destroy", uuid}).exit_code == 0);
-  unsetenv("TOYVM_ETCD_PASSWORD");
 }
 
 TEST_CASE("the compute agent runs as an unprivileged user", "[security]") {
@@ -212,7 +205,7 @@ TEST_CASE("the compute agent runs as an unprivileged user", "[security]") {
 
 TEST_CASE("a clean stop ends within a bound whatever etcd does, with TLS, certificates and auth", "[security]") {
   Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
-  ScopedConfig config(servers.secure_config);
+  ScopedEnv config("TOYVM_CONFIG", servers.secure_config);
   std::string rp;
   auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
   servers.stop_etcd();

@@ -1,5 +1,6 @@
 #include "services/compute/builder.hpp"
 
+#include "core/failpoint.hpp"
 #include "model/groups.hpp"
 
 #include <fmt/format.h>
@@ -23,6 +24,7 @@ awaitable<bool> Builder::build(WorkSpec spec) {
                               fmt::format("server group {} ({}) does not allow this host", spec.group, spec.group_policy));
   }
   spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image, format_amounts(spec.resources));
+  co_await failpoint::pass("build.begin");
   if (!co_await parts_.recorder.record(spec, InstanceState::building)) co_return false;
   BootImage image;
   if (!spec.image.empty()) {

@@ -1,5 +1,6 @@
 #include "services/compute/reconciler.hpp"
 
+#include "core/failpoint.hpp"
 #include "model/reconcile.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -99,6 +100,7 @@ awaitable<void> Reconciler::reconcile_loop(std::string uuid) {
 
 // One step towards the desired state; false when it must be retried.
 awaitable<bool> Reconciler::reconcile_once(std::string uuid) {
+  co_await failpoint::pass("reconcile.step");
   if (parts_.slots[uuid].desired && !co_await parts_.recorder.load(uuid)) co_return false;
   auto actual = co_await ctx_.virt(&VirtBackend::state, uuid);
   if (!actual) {

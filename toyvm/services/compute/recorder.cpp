@@ -30,7 +30,13 @@ awaitable<bool> InstanceRecorder::write(InstanceRecord record) {
     spdlog::warn("instance {}: recording {}: {}", record.uuid, to_string(record.state), txn.error().message());
     co_return false;
   }
-  if (!txn->succeeded) co_return false;  // the work is gone: whatever was under way stops
+  if (!txn->succeeded) {
+    // The work left this host (moved, or deleted) before the feed said so: whatever was
+    // under way for it stops, and the next round follows what the feed says by then.
+    spdlog::info("instance {}: its work is no longer on this host; {} not recorded", record.uuid,
+                 to_string(record.state));
+    co_return false;
+  }
   InstanceSlot& slot = slots_[record.uuid];
   slot.recorded = record.state;
   if (record.state == InstanceState::error) {

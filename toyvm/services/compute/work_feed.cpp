@@ -1,5 +1,7 @@
 #include "services/compute/work_feed.hpp"
 
+#include "core/failpoint.hpp"
+
 #include <boost/asio/as_tuple.hpp>
 #include <spdlog/spdlog.h>
 
@@ -29,6 +31,7 @@ awaitable<void> WorkFeed::follow() {
         break;
       }
       delay = 100ms;
+      co_await failpoint::pass("feed.batch");
       for (WatchEvent& event : batch.events) reconciler_.apply(event);
     }
     watch_.reset();
