@@ -35,8 +35,6 @@ stop_one() {
 if [ "${1:-}" = stop ]; then
   stop_one compute
   stop_one compute-real
-  # The metadata service the real agent started in a session of its own.
-  pkill -f "^$toyvm .*mdserver --listen 169.254.169.254:80" && echo "stopped mdserver" || true
   echo "guests keep running; destroy them with: $toyvm destroy UUID (servers must be up)"
   stop_one placement
   stop_one etcd
@@ -97,7 +95,7 @@ libvirt_uri = "qemu:///system"
 domain_type = "qemu"           # TCG: no nested virtualisation here
 image_dir = "$data/images"
 network = "default"
-metadata_interface = "virbr0"  # 169.254.169.254 on the guests' bridge, mdserver started if needed
+metadata_interface = "virbr0"  # the agent serves its guests' metadata on 169.254.169.254 there
 [mdserver]
 listen = ["169.254.169.254:80"]
 EOF

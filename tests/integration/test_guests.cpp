@@ -29,7 +29,6 @@ struct GuestHost {
   std::string images;
   std::string instances;
   std::unique_ptr<Process> compute;
-  std::unique_ptr<Process> mdserver;
   std::unique_ptr<VirtBackend> libvirt;  // the tests' own view of qemu:///system
 
   GuestHost() {
@@ -45,7 +44,10 @@ struct GuestHost {
                                     "image_dir = '" + images + "'\n"
                                     "network = 'default'\n"
                                     "stop_timeout = 20\n"
-                                    "console_interval = 0.5\n");
+                                    "console_interval = 0.5\n"
+                                    // The agent serves its guests' metadata on their bridge.
+                                    "metadata_interface = 'virbr0'\n"
+                                    "[mdserver]\nlisten = ['169.254.169.254:80']\n");
     std::string detail;
     LibvirtOptions system;
     system.uri = "qemu:///system";
@@ -53,16 +55,6 @@ struct GuestHost {
     auto opened = open_libvirt(system, &detail);
     if (!opened) throw std::runtime_error(detail);
     libvirt = std::move(*opened);
-  }
-
-  // The metadata service where guests look for it: 169.254.169.254 on the default network's
-  // bridge, which needs the network up (whoever comes first starts it).
-  void serve_metadata() {
-    auto network = libvirt->ensure_network();
-    if (!network) throw std::runtime_error(network.failure->message);
-    if (std::system("ip addr replace 169.254.169.254/32 dev virbr0") != 0)
-      throw std::runtime_error("cannot put the metadata address on virbr0");
-    mdserver = servers.spawn_toyvm({"mdserver", "--listen", "169.254.169.254:80"}, "mdserver.log");
   }
 
   std::string schedule(std::vector<std::string> args, int expected_exit = 0) {
@@ -130,7 +122,6 @@ TEST_CASE("a tiny guest boots under TCG, gets an address by DHCP and reads its o
   GuestHost host;
   CHECK(network_active("default"));
 
-  host.serve_metadata();
   std::string user_data = host.servers.dir() + "/user-data";
   std::ofstream(user_data) << "#cloud-config\nhostname: tiny-one\n";
 

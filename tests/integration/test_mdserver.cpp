@@ -208,53 +208,70 @@ TEST_CASE("bad requests get 4xx or a closed connection, and others are still ser
   CHECK(get_from("127.0.0.2", md.port, "/latest/meta-data/instance-id").second == vm_a);
 }
 
-TEST_CASE("a compute agent puts the metadata address on its interface and starts mdserver once", "[mdserver]") {
+// Each host's NAT network hands out the same subnet, so guests of different hosts share
+// addresses (the test driver gives the first guest of each agent the same one): each agent
+// serves its own guests, and only them, from its own event loop.
+TEST_CASE("two hosts whose guests share an address: each agent answers its own guest only", "[mdserver]") {
   Servers servers;
-  const std::string address = "127.77.0.1";
-  const std::string listen = address + ":" + std::to_string(free_port());
-  std::string config = servers.dir() + "/compute.toml";
-  std::ofstream(config) << "[compute]\nmetadata_interface = \"lo\"\n[mdserver]\nlisten = [\"" << listen << "\"]\n";
-  // The started mdserver lives in a session of its own, as it should; the test ends it.
+  // The test speaks from the guests' address, put on lo. The metadata address is in the
+  // guests' subnet too: libvirt's default network masquerades what this machine sends from
+  // that subnet elsewhere, which would hide the source.
+  const std::string address = "192.168.122.254";
+  std::string guest_ip;  // put on lo so that the test can speak from it
   struct Cleanup {
-    std::string listen, address;
+    const std::string& address;
+    const std::string& guest_ip;
     ~Cleanup() {
-      std::system(("pkill -f 'mdserver --listen " + listen + "'").c_str());
-      std::system(("ip addr del " + address + "/32 dev lo 2>/dev/null").c_str());
+      for (const std::string* ip : {&address, &guest_ip})
+        if (!ip->empty()) std::system(("ip addr del " + *ip + "/32 dev lo 2>/dev/null").c_str());
     }
-  } cleanup{listen, address};
-  // Processes whose arguments end in "mdserver --listen <listen>".
-  auto count_mdservers = [&] {
-    int count = 0;
-    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-      std::string cmdline = read_file(entry.path().string() + "/cmdline");
-      std::string wanted = std::string("mdserver\0--listen\0", 18) + listen + std::string(1, '\0');
-      if (cmdline.size() >= wanted.size() && cmdline.compare(cmdline.size() - wanted.size(), wanted.size(), wanted) == 0)
-        ++count;
-    }
-    return count;
+  } cleanup{address, guest_ip};
+  struct Host {
+    std::string name, trait, provider, listen;
+    uint16_t port = free_port();
+    std::unique_ptr<Process> process;
+    std::string uuid;
   };
+  std::vector<Host> hosts(2);
+  hosts[0].name = "a", hosts[0].trait = "CUSTOM_HOST_A";
+  hosts[1].name = "b", hosts[1].trait = "CUSTOM_HOST_B";
+  for (Host& host : hosts) {
+    host.listen = address + ":" + std::to_string(host.port);
+    host.process = servers.start_compute(host.name, "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &host.provider,
+                                         {"--trait", host.trait},
+                                         "metadata_interface = \"lo\"\n[mdserver]\nrate_limit = 0\nlisten = [\"" +
+                                             host.listen + "\"]\n");
+    std::string user_data = servers.dir() + "/" + host.name + ".user-data";
+    std::ofstream(user_data) << "#cloud-config\nhostname: guest-of-" << host.name << "\n";
+    auto scheduled = servers.toyvm({"schedule", "resources=VCPU:1,MEMORY_MB:64&required=" + host.trait, "--name", "guest-of-" + host.name, "--user-data", user_data});
+    REQUIRE(scheduled.exit_code == 0);
+    host.uuid = parse_notified(scheduled.out).second;
+  }
+  std::vector<std::string> ips;
+  for (Host& host : hosts) {
+    auto record = wait_for_record(servers, host.uuid, [](const InstanceRecord& r) { return !r.ip.empty(); });
+    REQUIRE(record.has_value());
+    ips.push_back(record->ip);
+    CHECK_THAT(host.process->output(), Catch::Contains("serving metadata on " + host.listen + " (lo)"));
+  }
+  INFO("guest addresses " << ips[0] << " and " << ips[1]);
+  REQUIRE(ips[0] == ips[1]);
+  guest_ip = ips[0];
+  REQUIRE(std::system(("ip addr add " + guest_ip + "/32 dev lo").c_str()) == 0);
 
-  std::string rp;
-  auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp, {});
-  compute.reset();  // started without the config; now with it
-  auto with_metadata = servers.spawn_toyvm({"--config", config, "compute", "--state-dir", servers.dir() + "/c1",
-                                            "--libvirt-uri", "test:///default", "--inventory", "VCPU:4",
-                                            "--name", "c1"}, "c1-md.log");
-  CHECK(wait_for([&] { return count_mdservers() == 1; }, 20));
-  std::system(("ip -4 addr show dev lo > " + servers.dir() + "/lo.txt").c_str());
-  CHECK_THAT(read_file(servers.dir() + "/lo.txt"), Catch::Contains(address + "/32"));
-  uint16_t port = uint16_t(std::stoi(listen.substr(listen.rfind(':') + 1)));
-  CHECK(wait_for([&] { return get_from(address, port, "/latest/meta-data/instance-id", address).first == 404; }, 20));
+  for (Host& host : hosts) {
+    INFO(host.process->output());
+    CHECK(get_from(guest_ip, host.port, "/latest/meta-data/instance-id", address) == std::pair{200, host.uuid});
+    CHECK(get_from(guest_ip, host.port, "/latest/user-data", address).second ==
+          "#cloud-config\nhostname: guest-of-" + host.name + "\n");
+    // Another address of the same machine is no guest of this host.
+    CHECK(get_from(address, host.port, "/latest/meta-data/instance-id", address).first == 404);
+  }
 
-  // A restarted agent finds the service answering and starts no second one.
-  with_metadata->signal(SIGTERM);
-  CHECK(with_metadata->wait(20) == 0);
-  auto again = servers.spawn_toyvm({"--config", config, "compute", "--state-dir", servers.dir() + "/c1",
-                                    "--libvirt-uri", "test:///default", "--inventory", "VCPU:4", "--name", "c1"},
-                                   "c1-md2.log");
-  CHECK(wait_for([&] { return read_file(servers.dir() + "/c1-md2.log").find("metadata service answers") !=
-                              std::string::npos; }, 20));
-  CHECK(count_mdservers() == 1);
+  // Destroyed, the guest is forgotten at once; the other host's guest is still served.
+  REQUIRE(servers.toyvm({"destroy", hosts[0].uuid}).exit_code == 0);
+  CHECK(get_from(guest_ip, hosts[0].port, "/latest/meta-data/instance-id", address).first == 404);
+  CHECK(get_from(guest_ip, hosts[1].port, "/latest/meta-data/instance-id", address).second == hosts[1].uuid);
 }
 
 TEST_CASE("only guest networks are answered, and a flooding source is limited while others are served",

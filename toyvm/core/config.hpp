@@ -51,7 +51,7 @@ struct ComputeConfig {
   std::vector<std::string> traits;  // traits to put on the provider besides the CPU's
   std::string availability_zone;    // empty: none
   InventoryPolicy policy;
-  std::string metadata_interface;  // e.g. virbr0: put the metadata address there, run mdserver if needed
+  std::string metadata_interface;  // e.g. virbr0: the agent serves its guests' metadata there
   int lease_ttl_s = 10;
   int workers = 4;            // threads for blocking libvirt and disk work
   int max_instances = 0;      // the host reports FULL at this many; 0: no limit

@@ -4,12 +4,12 @@
 // reconnect. Each part lives in its own file of this folder; the agent owns them and wires
 // them together.
 
-#include "clients/http.hpp"
 #include "core/log.hpp"
 #include "model/inventory.hpp"
 #include "services/common.hpp"
 #include "services/compute/builder.hpp"
 #include "services/compute/context.hpp"
+#include "services/compute/guest_metadata.hpp"
 #include "services/compute/guest_observer.hpp"
 #include "services/compute/presence.hpp"
 #include "services/compute/reconciler.hpp"
@@ -18,17 +18,12 @@
 #include "services/compute/work_feed.hpp"
 #include "services/placer.hpp"
 #include "services/services.hpp"
-#include "virt/host_network.hpp"
 #include "virt/images.hpp"
 
 #include <boost/asio/signal_set.hpp>
-#include <fcntl.h>
-#include <spawn.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <csignal>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -38,27 +33,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace compute;
-
-// Starts a process in a session of its own with its output in `log`; it is not waited for.
-bool spawn_process(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<char*> argv;
-  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSID);
-  pid_t pid = 0;
-  int error = posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
-  errno = error;
-  return error == 0;
-}
 
 std::string host_name() {
   char buf[256] = {};
@@ -77,7 +51,8 @@ class ComputeAgent {
         placer_(placement_, *ctx_.etcd, config_),
         recorder_(ctx_, slots_),
         presence_(ctx_, slots_),
-        observer_(ctx_, slots_, recorder_) {}
+        observer_(ctx_, slots_, recorder_),
+        metadata_(ctx_, slots_) {}
 
   ~ComputeAgent() { pool_.join(); }
 
@@ -93,7 +68,8 @@ class ComputeAgent {
     co_await adopt_provider_by_name(ctx_, config_.compute.state_dir, name);
     if (ctx_.stopping) co_return 0;
     if (int code = prepare(); code != 0) co_return code;
-    co_await ensure_metadata_service();
+    co_await ensure_network();
+    spawn_detached(ctx_.io, metadata_.run(), "serving metadata");
     co_await registration_->register_until_done();
     presence_.set_capacity(capacity_of(registration_->inventory()));
     if (!ctx_.stopping) co_await presence_.announce();
@@ -158,47 +134,10 @@ class ComputeAgent {
     return 0;
   }
 
-  // With [compute] metadata_interface set, guests reach the metadata service through this host:
-  // its address goes on that interface, and if nothing answers there an mdserver is started
-  // (in its own session, so it outlives a restart of the agent).
-  awaitable<void> ensure_metadata_service() {
-    // The guests' network first: its bridge is where the metadata address usually goes.
+  // The guests' network first: its bridge is where the metadata address usually goes.
+  awaitable<void> ensure_network() {
     auto network = co_await virt_(&VirtBackend::ensure_network);
     if (!network) spdlog::error("libvirt network {}: {}", config_.compute.network, network.failure->message);
-    const std::string& interface = config_.compute.metadata_interface;
-    if (interface.empty() || config_.mdserver.listen.empty()) co_return;
-    const std::string listen = config_.mdserver.listen.front();
-    const std::string address = listen.substr(0, listen.rfind(':'));
-    std::string detail;
-    if (!add_interface_address(interface, address, &detail)) {
-      spdlog::error("metadata service: {}", detail);
-      co_return;
-    }
-    if (co_await answers_http(address, listen.substr(listen.rfind(':') + 1))) {
-      spdlog::info("metadata service answers on {}", listen);
-      co_return;
-    }
-    std::error_code ec;
-    std::vector<std::string> args{fs::read_symlink("/proc/self/exe", ec).string()};  // named in ps
-    if (!config_.source_file.empty()) args.insert(args.end(), {"--config", config_.source_file});
-    args.insert(args.end(), {"--etcd", fmt::format("{}", fmt::join(config_.etcd.endpoints, ",")), "mdserver",
-                             "--listen", listen});
-    std::string log = config_.compute.state_dir + "/mdserver.log";
-    if (spawn_process(args, log)) {
-      spdlog::info("started toyvm mdserver on {} (log: {})", listen, log);
-    } else {
-      spdlog::error("cannot start toyvm mdserver: {}", std::strerror(errno));
-    }
-  }
-
-  awaitable<bool> answers_http(std::string host, std::string port) {
-    HttpClientOptions options;
-    options.url = "http://" + host + ":" + port;
-    options.timeout = 1000ms;
-    HttpClient http(ctx_.io.get_executor(), options);
-    HttpRequest probe{"GET", "/", {}, {}};
-    auto response = co_await http.request(std::move(probe));
-    co_return bool(response);  // any answer, even 404 for this host's own address
   }
 
   Config config_;
@@ -211,6 +150,7 @@ class ComputeAgent {
   InstanceRecorder recorder_;
   HostPresence presence_;
   GuestObserver observer_;
+  GuestMetadata metadata_;
   std::unique_ptr<ProviderRegistration> registration_;
   std::unique_ptr<ImageStore> images_;
   std::unique_ptr<Builder> builder_;

@@ -1,0 +1,76 @@
+#include "services/compute/guest_metadata.hpp"
+
+#include "virt/host_network.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <net/if.h>
+#include <spdlog/spdlog.h>
+
+namespace toyvm::compute {
+
+using namespace std::chrono_literals;
+
+GuestMetadata::GuestMetadata(AgentContext& ctx, const InstanceSlots& slots)
+    : ctx_(ctx), slots_(slots), http_(ctx.io, ctx.config.mdserver, [this](const std::string& ip) { return find(ip); }) {}
+
+awaitable<void> GuestMetadata::run() {
+  const std::string& interface = ctx_.config.compute.metadata_interface;
+  if (interface.empty() || ctx_.config.mdserver.listen.empty()) co_return;
+  std::string detail;
+  if (!http_.configure(&detail)) {
+    spdlog::error("metadata service: {}", detail);
+    co_return;
+  }
+  asio::steady_timer timer(ctx_.io);
+  unsigned served = 0;  // the interface's index when last set up
+  while (!ctx_.stopping) {
+    unsigned index = if_nametoindex(interface.c_str());
+    if (index != 0 && index != served) {
+      served = index;
+      http_.stop_listening();
+      serve_on(interface);
+    }
+    timer.expires_after(2s);
+    co_await timer.async_wait(asio::as_tuple(use_awaitable));
+  }
+  http_.stop_listening();
+}
+
+void GuestMetadata::serve_on(const std::string& interface) {
+  std::string detail;
+  for (const std::string& listen : ctx_.config.mdserver.listen) {
+    const std::string address = listen.substr(0, listen.rfind(':'));
+    if (!add_interface_address(interface, address, &detail)) {
+      spdlog::error("metadata service: {}", detail);
+      continue;
+    }
+    // Bound to the interface: another agent of this machine may serve the same address on its own.
+    if (!http_.listen(listen, interface, &detail)) spdlog::error("metadata service: {}", detail);
+  }
+}
+
+std::optional<GuestView> GuestMetadata::find(const std::string& ip) const {
+  const std::string* uuid = nullptr;
+  const WorkSpec* spec = nullptr;
+  for (const auto& [id, slot] : slots_) {
+    if (slot.ip != ip || slot.cancelled()) continue;
+    // Two guests claim one address (one of them stale): answer neither rather than guess.
+    if (spec) return std::nullopt;
+    uuid = &id;
+    spec = &*slot.desired;
+  }
+  if (!spec) return std::nullopt;
+  GuestView view;
+  view.uuid = *uuid;
+  view.name = spec->name;
+  view.hostname = hostname_for(spec->name, *uuid);
+  view.ip = ip;
+  const std::string& zone = ctx_.config.compute.availability_zone;
+  view.availability_zone = zone.empty() ? ctx_.config.mdserver.availability_zone : zone;
+  view.user_data = spec->user_data;
+  view.public_keys = spec->keys;
+  return view;
+}
+
+}  // namespace toyvm::compute
