@@ -3,7 +3,7 @@
 # the kernel of linux-image-amd64, the virtio-net and e1000 drivers from the same package
 # (so either NIC model works), and an initramfs
 # of busybox-static whose init prints a marker on the serial console, asks DHCP for an
-# address, and reads its metadata from the metadata service.
+# address, reads its metadata from the metadata service, and runs user data that is a script.
 #   usage: contrib/tiny-guest.sh OUTDIR      (writes OUTDIR/{kernel,initrd,cmdline,disk.raw})
 # Idempotent: an OUTDIR built by this version of the script is left alone.
 set -euo pipefail
@@ -77,7 +77,12 @@ for attempt in $(seq 1 60); do
 done
 if [ -n "$id" ]; then
   echo "toyvm-guest: instance-id $id"
-  echo "toyvm-guest: user-data $(metadata /latest/user-data | head -c 200)"
+  metadata /latest/user-data > /run/user-data
+  echo "toyvm-guest: user-data $(head -c 200 /run/user-data)"
+  # User data that is a script is run, as cloud-init does.
+  if [ "$(head -c 2 /run/user-data)" = '#!' ]; then
+    sh /run/user-data 2>&1 | sed 's/^/toyvm-guest: /'
+  fi
 else
   echo "toyvm-guest: no metadata service"
 fi

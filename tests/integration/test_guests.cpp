@@ -152,6 +152,42 @@ TEST_CASE("a tiny guest boots under TCG, gets an address by DHCP and reads its o
   host.expect_nothing_left(uuid);
 }
 
+// Nova's clean-traffic, as libvirt ships it: a guest sends only from its own MAC and the
+// address DHCP gave it. The guest's user data is a script that takes its neighbour's address.
+TEST_CASE("a guest that takes its neighbour's address gets nothing from the metadata service", "[guests]") {
+  GuestHost host;
+  std::string neighbour = host.schedule({"--image", "tiny", "--name", "neighbour"});
+  const std::string neighbour_ip = record_of(host.servers, neighbour).ip;
+  REQUIRE(host.console_shows(neighbour, "toyvm-guest: instance-id " + neighbour, 60));
+
+  std::string script = host.servers.dir() + "/spoof.sh";
+  std::ofstream(script)
+      << "#!/bin/sh\n"
+         "ask() {\n"
+         "  printf 'GET /latest/meta-data/instance-id HTTP/1.0\\r\\nHost: 169.254.169.254\\r\\n\\r\\n' |\n"
+         "    nc -w 5 169.254.169.254 80 > /run/asked 2>/dev/null\n"
+         "  echo \"$(head -1 /run/asked | tr -d '\\r') $(sed '1,/^\\r*$/d' /run/asked)\"\n"
+         "}\n"
+         "echo \"spoof own: $(ask)\"\n"
+         "ip addr flush dev eth0\n"
+         "ip addr add " << neighbour_ip << "/24 dev eth0\n"
+         "ip route add 169.254.169.254/32 dev eth0\n"
+         "echo \"spoof as neighbour: [$(ask)]\"\n"
+         "if ping -c 3 -W 2 192.168.122.1 >/dev/null 2>&1; then echo 'spoof ping: answered'; "
+         "else echo 'spoof ping: silent'; fi\n"
+         "echo 'spoof done'\n";
+  std::string spoofer = host.schedule({"--image", "tiny", "--name", "spoofer", "--user-data", script});
+  REQUIRE(host.console_shows(spoofer, "toyvm-guest: spoof done", 90));
+  std::string console = host.servers.toyvm({"show", spoofer, "--console"}).out;
+  INFO(console);
+  CHECK_THAT(console, Catch::Contains("toyvm-guest: spoof own: HTTP/1.0 200 OK " + spoofer));
+  CHECK_THAT(console, Catch::Contains("toyvm-guest: spoof as neighbour: [ ]"));
+  CHECK_THAT(console, Catch::Contains("toyvm-guest: spoof ping: silent"));
+  CHECK_THAT(console, !Catch::Contains(neighbour));
+  CHECK(host.servers.toyvm({"destroy", spoofer}).exit_code == 0);
+  CHECK(host.servers.toyvm({"destroy", neighbour}).exit_code == 0);
+}
+
 TEST_CASE("stop, start and destroy a real guest", "[guests]") {
   GuestHost host;
   std::string uuid = host.schedule({"--image", "tiny"});

@@ -145,7 +145,8 @@ TEST_CASE("domain XML: kernel boot, overlay disk, NIC, serial log and SMBIOS") {
   CHECK(xml.find("<cmdline>console=ttyS0 quiet</cmdline>") != std::string::npos);
   CHECK(xml.find("<boot dev='hd'/>") == std::string::npos);
   CHECK(xml.find("<source file='/var/lib/toyvm/instances/x.qcow2'/>") != std::string::npos);
-  CHECK(xml.find("<source network='default'/><mac address='" + spec.mac + "'/><model type='e1000'/>") !=
+  CHECK(xml.find("<source network='default'/><mac address='" + spec.mac + "'/><model type='e1000'/>"
+                 "<filterref filter='clean-traffic'><parameter name='CTRL_IP_LEARNING' value='dhcp'/></filterref>") !=
         std::string::npos);
   CHECK(xml.find("<source path='/var/lib/toyvm/instances/7387cdc8-291c-4b02-87ce-895f460b7a80/console.log' "
                  "append='on'/>") != std::string::npos);

@@ -171,6 +171,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("network", c.network);
   compute.get("bridge", c.bridge);
   compute.get("nic_model", c.nic_model);
+  compute.get("guest_filter", c.guest_filter);
   compute.get("address_timeout", c.address_timeout_s);
   compute.get("stop_timeout", c.stop_timeout_s);
   compute.get("console_interval", c.console_interval_s);

@@ -67,6 +67,7 @@ struct ComputeConfig {
   std::string network = "default";  // libvirt network for guest NICs; empty: no NIC
   std::string bridge;             // a host bridge instead of a libvirt network
   std::string nic_model = "virtio";
+  std::string guest_filter = "clean-traffic";  // nwfilter on each guest NIC; empty: none
   double address_timeout_s = 300; // how long to look for a new guest's IP
   double stop_timeout_s = 30;     // a guest asked to power off is forced off after this
   double console_interval_s = 2;  // how often a grown console log is published to etcd

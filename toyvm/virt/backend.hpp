@@ -84,6 +84,7 @@ struct LibvirtOptions {
   std::string network;       // libvirt network for guest NICs, e.g. "default"
   std::string bridge;        // or a host bridge (then the network is not used)
   std::string nic_model = "virtio";
+  std::string guest_filter = "clean-traffic";  // libvirt nwfilter on each NIC; empty: none
   std::string owner;         // the agent's provider uuid, recorded in each domain it makes
 };
 

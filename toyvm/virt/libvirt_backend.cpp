@@ -389,8 +389,14 @@ std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, co
     std::string source = options.bridge.empty()
                              ? fmt::format("<interface type='network'><source network='{}'/>", xml_escape(options.network))
                              : fmt::format("<interface type='bridge'><source bridge='{}'/>", xml_escape(options.bridge));
-    devices += fmt::format("    {}<mac address='{}'/><model type='{}'/></interface>\n", source,
-                           xml_escape(spec.mac), xml_escape(options.nic_model));
+    // The filter lets the guest send only from its own MAC and the address DHCP gave it
+    // (learned by libvirt from the lease): it cannot pose as another guest.
+    std::string filter;
+    if (!options.guest_filter.empty())
+      filter = fmt::format("<filterref filter='{}'><parameter name='CTRL_IP_LEARNING' value='dhcp'/></filterref>",
+                           xml_escape(options.guest_filter));
+    devices += fmt::format("    {}<mac address='{}'/><model type='{}'/>{}</interface>\n", source,
+                           xml_escape(spec.mac), xml_escape(options.nic_model), filter);
   }
   if (!options.instance_dir.empty()) {
     std::string log = xml_escape(console_log_path(options.instance_dir, spec.uuid));

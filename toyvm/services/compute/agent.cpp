@@ -123,7 +123,7 @@ class ComputeAgent {
     images.ca_file = c.image_ca_file;
     images_ = std::make_unique<ImageStore>(ctx_.io.get_executor(), pool_, std::move(images));
     LibvirtOptions libvirt{c.libvirt_uri, c.domain_type, host.instance_dir, c.network, c.bridge, c.nic_model,
-                           host.provider};
+                           c.guest_filter, host.provider};
     auto backend = open_libvirt(libvirt, &detail);
     if (!backend) return report_failure(backend.error(), detail);
     virt_.attach(std::move(*backend));
