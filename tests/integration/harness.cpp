@@ -369,9 +369,9 @@ void Servers::start_postgresql() {
   database_url_ = "postgresql+psycopg2://postgres@127.0.0.1:" + std::to_string(port) + "/placement";
 }
 
-void Servers::stop_etcd() {
+void Servers::stop_etcd(int signal) {
   for (auto& member : etcd_) {
-    member.process->signal(SIGKILL);
+    member.process->signal(signal);
     member.process->wait();
   }
 }

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <chrono>
 #include <functional>
@@ -110,7 +111,7 @@ class Servers {
                              std::chrono::milliseconds(20'000), config.placement.ca_file};
   }
 
-  void stop_etcd();
+  void stop_etcd(int signal = SIGKILL);
   void stop_etcd_member(size_t index);  // the one behind config.etcd.endpoints[index]
   // Kills the member that is the cluster's leader now; returns its index.
   int kill_etcd_leader();

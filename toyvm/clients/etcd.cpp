@@ -325,6 +325,10 @@ class GrpcEtcdClient final : public EtcdClient {
       args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
       args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     }
+    // toyvm retries every step itself. gRPC 1.51's own retry layer aborts the process on a
+    // call that ends without a grpc-status (etcd over TLS answers so while it shuts down;
+    // grpc/grpc#34683); without that layer such a call fails like any other.
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
     std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
