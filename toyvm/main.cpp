@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
   sched->add_option("query", schedule.query, "Placement query, e.g. 'resources=VCPU:1,MEMORY_MB:256'")->required();
   sched->add_option("--image", schedule.image, "image: a name in the agents' image dir, or an http(s) or file URL");
   sched->add_option("--image-sha256", schedule.image_sha256, "the image's expected SHA-256 (hex)");
+  sched->add_option("--image-format", schedule.image_format, "raw or qcow2, for an image whose name does not say")
+      ->check(CLI::IsMember({"raw", "qcow2"}));
   sched->add_option("--az", schedule.availability_zone, "only hosts in this availability zone");
   sched->add_option("--group", schedule.group, "server group to join");
   sched->add_option("--group-policy", schedule.group_policy, "affinity, anti-affinity (default) or soft-anti-affinity")

@@ -102,6 +102,33 @@ TEST_CASE("a missing or corrupt image is ERROR image_failure and holds nothing",
   host.expect_image_failure({"--image", "external.qcow2"}, "external data file");
 }
 
+// A raw disk is the guest's to write, first sector included: a guest can make its own disk
+// look like a qcow2 whose backing file is any host file. Its format is never guessed.
+TEST_CASE("a raw image is never taken for qcow2: the format comes from the reference", "[images]") {
+  ImageHost host;
+  std::string secret = host.servers.dir() + "/secret";
+  write_file(secret, "host secret");
+  // A qcow2 header naming a backing file, as a guest could write into its raw disk.
+  std::string made = "qemu-img create -q -f qcow2 -F raw -b " + secret + " " + host.servers.dir() + "/posing 1M";
+  REQUIRE(std::system(made.c_str()) == 0);
+  std::string posing = read_file(host.servers.dir() + "/posing");
+  write_file(host.images + "/posing.raw", posing);
+  write_file(host.images + "/posing", posing);
+
+  auto [raw, record] = host.schedule({"--image", "posing.raw"}, 0);
+  CHECK(record.state == InstanceState::active);  // a raw disk, whatever its first bytes say
+  host.expect_image_failure({"--image", "posing"}, "does not say its format");
+  auto [declared, declared_record] = host.schedule({"--image", "posing", "--image-format", "raw"}, 0);
+  CHECK(declared_record.state == InstanceState::active);
+  host.expect_image_failure({"--image", "posing", "--image-format", "qcow2"}, "backing file");
+  // A real qcow2 under a name that does not say so goes with --image-format.
+  REQUIRE(std::system(("qemu-img create -q -f qcow2 " + host.images + "/plain 1M").c_str()) == 0);
+  host.expect_image_failure({"--image", "plain"}, "does not say its format");
+  auto [plain, plain_record] = host.schedule({"--image", "plain", "--image-format", "qcow2"}, 0);
+  CHECK(plain_record.state == InstanceState::active);
+  CHECK(host.servers.toyvm({"schedule", small, "--image", "plain", "--image-format", "vmdk"}).exit_code == 2);
+}
+
 TEST_CASE("image references cannot leave the image directory", "[images]") {
   ImageHost host("image_schemes = ['file', 'http']");
   std::string secret = host.servers.dir() + "/secret.raw";

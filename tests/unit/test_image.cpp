@@ -114,6 +114,25 @@ TEST_CASE("probe_disk tells raw from well-formed qcow2 and refuses the rest") {
   CHECK(probe_disk(qcow2_header(2, 1 << 20).substr(0, 72), 1 << 16, nullptr));  // version 2 ends at 72
 }
 
+TEST_CASE("an image's format is what its reference declares, never guessed from its content") {
+  auto ref = [](const std::string& text) {
+    auto parsed = parse_image_ref(text, {"http", "https", "file"}, nullptr);
+    REQUIRE(parsed);
+    return *parsed;
+  };
+  CHECK(declared_format(ref("disk.raw"), "") == DiskFormat::raw);
+  CHECK(declared_format(ref("cloud.qcow2"), "") == DiskFormat::qcow2);
+  CHECK(declared_format(ref("file:///images/cloud.qcow2"), "") == DiskFormat::qcow2);
+  CHECK(declared_format(ref("http://mirror/images/disk.raw?sig=1"), "") == DiskFormat::raw);
+  CHECK(declared_format(ref("https://mirror/jammy.img"), "") == std::nullopt);
+  CHECK(declared_format(ref("ubuntu"), "") == std::nullopt);
+  CHECK(declared_format(ref("cloud.qcow2"), "raw") == DiskFormat::raw);  // the user's word wins
+  CHECK(declared_format(ref("ubuntu"), "qcow2") == DiskFormat::qcow2);
+  CHECK(declared_format(ref("ubuntu"), "vmdk") == std::nullopt);
+  CHECK(parse_disk_format("qcow2") == DiskFormat::qcow2);
+  CHECK(parse_disk_format("QCOW2") == std::nullopt);
+}
+
 TEST_CASE("bzImage kernels carry HdrS at 0x202") {
   std::string kernel(1024, '\0');
   kernel.replace(0x202, 4, "HdrS");

@@ -93,13 +93,30 @@ std::string_view to_string(DiskFormat format) noexcept {
   return format == DiskFormat::qcow2 ? "qcow2" : "raw";
 }
 
+std::optional<DiskFormat> parse_disk_format(std::string_view text) noexcept {
+  if (text == "raw") return DiskFormat::raw;
+  if (text == "qcow2") return DiskFormat::qcow2;
+  return std::nullopt;
+}
+
+std::optional<DiskFormat> declared_format(const ImageRef& ref, std::string_view explicit_format) {
+  if (!explicit_format.empty()) return parse_disk_format(explicit_format);
+  std::string_view name = ref.kind == ImageRef::Kind::name   ? std::string_view(ref.name)
+                          : ref.kind == ImageRef::Kind::file ? std::string_view(ref.path)
+                                                             : std::string_view(ref.target);
+  name = name.substr(0, name.find_first_of("?#"));
+  if (name.ends_with(".qcow2")) return DiskFormat::qcow2;
+  if (name.ends_with(".raw")) return DiskFormat::raw;
+  return std::nullopt;
+}
+
 result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size, std::string* detail) {
   auto corrupt = [&](std::string message) -> result<DiskInfo> {
     if (detail) *detail = std::move(message);
     return errc::corrupt_record;
   };
   if (file_size == 0) return corrupt("the image is empty");
-  if (!header.starts_with(std::string_view("QFI\xfb", 4))) return DiskInfo{DiskFormat::raw, file_size};
+  if (!has_qcow2_magic(header)) return DiskInfo{DiskFormat::raw, file_size};
   // qcow2 header: version @4, backing_file_offset @8, cluster_bits @20, size @24, crypt @32.
   if (header.size() < 72) return corrupt("qcow2 header is truncated");
   uint32_t version = big_endian32(header, 4);
@@ -122,6 +139,8 @@ result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size, std::st
   }
   return DiskInfo{DiskFormat::qcow2, size};
 }
+
+bool has_qcow2_magic(std::string_view header) { return header.starts_with(std::string_view("QFI\xfb", 4)); }
 
 bool is_bzimage(std::string_view header) {
   return header.size() >= 0x206 && header.substr(0x202, 4) == "HdrS";

@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,11 +40,21 @@ struct DiskInfo {
 };
 
 std::string_view to_string(DiskFormat format) noexcept;
+// "raw" or "qcow2"; nullopt for anything else.
+std::optional<DiskFormat> parse_disk_format(std::string_view text) noexcept;
 
-// What a disk image is, from its first 512 bytes (or fewer, for a short file) and its size.
-// A qcow2 image must be plain: no backing file (it could name any file on the host) and no
+// The format a reference declares: `explicit_format` (schedule --image-format) if given, else
+// its file name's extension (.qcow2, .raw); nullopt when neither says. A raw image is never
+// guessed to be qcow2: its content is the guest's to write, header included.
+std::optional<DiskFormat> declared_format(const ImageRef& ref, std::string_view explicit_format);
+
+// What a disk image is, from its first 512 bytes (or fewer, for a short file) and its size,
+// when its reference did not say. A qcow2 image must be plain: no backing file (it could name any file on the host) and no
 // encryption; anything that claims to be qcow2 but is not well-formed is corrupt.
 result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size, std::string* detail);
+
+// The first bytes of a qcow2 image ("QFI\xfb").
+bool has_qcow2_magic(std::string_view header);
 
 // A Linux kernel in the x86 boot protocol's format (bzImage: "HdrS" at 0x202).
 bool is_bzimage(std::string_view header);

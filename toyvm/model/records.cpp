@@ -135,6 +135,7 @@ std::string encode(const WorkSpec& s) {
   o["name"] = s.name;
   o["image"] = s.image;
   if (!s.image_sha256.empty()) o["image_sha256"] = s.image_sha256;
+  if (!s.image_format.empty()) o["image_format"] = s.image_format;
   o["query"] = s.query;
   o["resources"] = amounts_to_json(s.resources);
   if (!s.user_data.empty()) o["user_data"] = base64_encode(s.user_data);
@@ -197,6 +198,7 @@ result<WorkSpec> decode_work(std::string_view text, std::string* detail) {
     if (key == "name") return read_string(v, s.name);
     if (key == "image") return read_string(v, s.image);
     if (key == "image_sha256") return read_string(v, s.image_sha256);
+    if (key == "image_format") return read_string(v, s.image_format);
     if (key == "query") return read_string(v, s.query);
     if (key == "resources") return read_amounts(v, s.resources);
     if (key == "user_data") {

@@ -32,6 +32,7 @@ struct WorkSpec {
   std::string name;
   std::string image;          // image reference: a name in the image dir or a URL
   std::string image_sha256;   // expected digest of a fetched image, lowercase hex; empty: unchecked
+  std::string image_format;   // raw or qcow2; empty: as the image's name says
   std::string query;          // the placement query it was scheduled with
   ResourceAmounts resources;  // what it consumes on its host
   std::string user_data;      // raw bytes for cloud-init (base64 in JSON)

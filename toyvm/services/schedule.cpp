@@ -146,6 +146,7 @@ class Scheduler {
       one.name = count == 1 || options_.name.empty() ? options_.name : fmt::format("{}-{}", options_.name, i + 1);
       one.image = options_.image.empty() ? config_.schedule.image : options_.image;
       one.image_sha256 = options_.image_sha256;
+      one.image_format = options_.image_format;
       one.query = options_.query;
       one.resources = claim.allocations.at(claim.host);
       one.group = options_.group;

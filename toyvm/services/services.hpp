@@ -16,6 +16,7 @@ struct ScheduleOptions {
   std::string query;
   std::string image;  // empty: config's default
   std::string image_sha256;  // expected digest of the image, checked by the agent
+  std::string image_format;  // raw or qcow2; empty: as the image's name says
   std::string name;
   std::string policy;  // spread or pack; empty: config's
   int count = 1;       // instances placed all or nothing

@@ -56,11 +56,18 @@ std::string file_sha256(const fs::path& path, std::string& error) {
   return sha.hex();
 }
 
-// A disk image: its format from its header, or as the file name says (disk.raw is raw).
+// A disk image in the format its reference declares. Raw is taken as raw, whatever its first
+// bytes say; a qcow2 must be one (and a plain one). A file whose reference says nothing is
+// raw only if it does not look like qcow2: one that does is refused rather than guessed.
 VirtResult<BootImage> probe_disk_file(const fs::path& path, std::optional<DiskFormat> declared) {
   std::string head, error, detail;
   uint64_t size = 0;
   if (!read_head(path, head, size, error)) return image_failure(error);
+  if (!declared && has_qcow2_magic(head))
+    return image_failure(fmt::format(
+        "{} has a qcow2 header but its reference does not say its format: name it .qcow2 or .raw, or give "
+        "--image-format",
+        path.string()));
   auto disk = declared == DiskFormat::raw ? result<DiskInfo>(DiskInfo{DiskFormat::raw, size})
                                           : probe_disk(head, size, &detail);
   if (disk && size == 0) disk = errc::corrupt_record, detail = "the image is empty";
@@ -86,13 +93,16 @@ std::string ImageStore::cache_path(const std::string& text) const {
 }
 
 awaitable<std::optional<VirtResult<BootImage>>> ImageStore::acquire(std::string text, std::string sha256,
-                                                                      asio::steady_timer& wake) {
+                                                                      std::string format, asio::steady_timer& wake) {
   std::string detail;
   auto ref = parse_image_ref(text, options_.schemes, &detail);
   if (!ref) co_return image_failure(detail);
   if (!sha256.empty() && !is_sha256_hex(sha256)) co_return image_failure("the expected sha256 is not 64 hex digits");
+  if (!format.empty() && !parse_disk_format(format))
+    co_return image_failure(fmt::format("image format '{}' is unknown (raw or qcow2)", format));
+  const std::optional<DiskFormat> declared = declared_format(*ref, format);
   if (ref->kind == ImageRef::Kind::name || ref->kind == ImageRef::Kind::file) {
-    auto resolve = [this, ref = *ref, sha256] { return resolve_local(ref, sha256); };
+    auto resolve = [this, ref = *ref, sha256, declared] { return resolve_local(ref, sha256, declared); };
     co_return co_await run_blocking(pool_, std::move(resolve));
   }
 
@@ -110,9 +120,9 @@ awaitable<std::optional<VirtResult<BootImage>>> ImageStore::acquire(std::string 
   if (!fetching->error.empty()) co_return image_failure(fmt::format("fetching {}: {}", text, fetching->error));
   if (!sha256.empty() && sha256 != fetching->sha256)
     co_return image_failure(fmt::format("{} has sha256 {}, expected {}", text, fetching->sha256, sha256));
-  auto probe = [path] {
+  auto probe = [path, declared] {
     ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // recently used: trimmed last
-    return probe_disk_file(path, std::nullopt);
+    return probe_disk_file(path, declared);
   };
   co_return co_await run_blocking(pool_, std::move(probe));
 }
@@ -167,7 +177,8 @@ awaitable<void> ImageStore::fetch(ImageRef ref, std::string path, std::shared_pt
   for (asio::steady_timer* waiter : fetching->waiters) waiter->cancel();
 }
 
-VirtResult<BootImage> ImageStore::resolve_local(const ImageRef& ref, const std::string& sha256) const {
+VirtResult<BootImage> ImageStore::resolve_local(const ImageRef& ref, const std::string& sha256,
+                                                std::optional<DiskFormat> declared) const {
   std::error_code ec;
   fs::path root = fs::canonical(options_.image_dir, ec);
   if (ec) return image_failure(fmt::format("the image directory {} does not exist", options_.image_dir));
@@ -192,7 +203,7 @@ VirtResult<BootImage> ImageStore::resolve_local(const ImageRef& ref, const std::
       if (digest != sha256)
         return image_failure(fmt::format("image '{}' has sha256 {}, expected {}", shown, digest, sha256));
     }
-    return probe_disk_file(real, std::nullopt);
+    return probe_disk_file(real, declared);
   }
   if (!fs::is_directory(real, ec)) return image_failure(fmt::format("image '{}' is not a file", shown));
   if (!sha256.empty()) return image_failure("an expected sha256 applies to single-file images only");

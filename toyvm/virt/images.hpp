@@ -34,9 +34,10 @@ class ImageStore {
  public:
   ImageStore(asio::any_io_executor executor, asio::thread_pool& pool, ImageStoreOptions options);
 
-  // Resolves `ref` into local files; failures carry the reason image_failure. Waits on
+  // Resolves `ref` into local files; failures carry the reason image_failure. `format` is
+  // schedule's --image-format (empty: as the name says, see declared_format). Waits on
   // `wake` (a timer that never expires by itself): cancelling it gives up and yields nullopt.
-  awaitable<std::optional<VirtResult<BootImage>>> acquire(std::string ref, std::string sha256,
+  awaitable<std::optional<VirtResult<BootImage>>> acquire(std::string ref, std::string sha256, std::string format,
                                                            asio::steady_timer& wake);
 
   // The cache file a URL reference is fetched to; empty for anything else.
@@ -55,7 +56,8 @@ class ImageStore {
   };
 
   awaitable<void> fetch(ImageRef ref, std::string path, std::shared_ptr<Fetch> fetch);
-  VirtResult<BootImage> resolve_local(const ImageRef& ref, const std::string& sha256) const;
+  VirtResult<BootImage> resolve_local(const ImageRef& ref, const std::string& sha256,
+                                      std::optional<DiskFormat> declared) const;
 
   asio::any_io_executor executor_;
   asio::thread_pool& pool_;

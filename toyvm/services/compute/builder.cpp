@@ -58,7 +58,7 @@ awaitable<bool> Builder::build(WorkSpec spec) {
 awaitable<std::optional<VirtResult<BootImage>>> Builder::acquire_image(WorkSpec spec) {
   asio::steady_timer wake(ctx_.io, std::chrono::steady_clock::time_point::max());
   parts_.slots[spec.uuid].waiting = &wake;
-  auto acquired = co_await parts_.images.acquire(spec.image, spec.image_sha256, wake);
+  auto acquired = co_await parts_.images.acquire(spec.image, spec.image_sha256, spec.image_format, wake);
   parts_.slots[spec.uuid].waiting = nullptr;
   if (acquired && *acquired && !parts_.images.cache_path(spec.image).empty()) {
     auto trim = [images = &parts_.images, in_use = images_in_use()] {
