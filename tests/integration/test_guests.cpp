@@ -348,6 +348,67 @@ TEST_CASE("agents sharing one libvirt never touch each other's domains", "[guest
   CHECK((*libvirt)->state(b_uuid).value == DomainState::absent);
 }
 
+// Two hosts on one machine: each agent with its own libvirt network and bridge, and its own
+// metadata service on 169.254.169.254 there. Each guest reads its own data from its own host.
+TEST_CASE("two agents with their own networks each serve their own guest's metadata", "[guests]") {
+  ensure_libvirtd();
+  Servers servers;
+  const std::string network_b = "toyvm-test-b";
+  std::string network_xml = servers.dir() + "/network-b.xml";
+  std::ofstream(network_xml) << "<network><name>" << network_b << "</name><forward mode='nat'/>"
+                             << "<bridge name='toyvm-b0' stp='off'/>"
+                             << "<ip address='192.168.123.1' netmask='255.255.255.0'><dhcp>"
+                             << "<range start='192.168.123.2' end='192.168.123.254'/></dhcp></ip></network>";
+  virsh({"net-destroy", network_b});  // left over from an interrupted run
+  REQUIRE(virsh({"net-create", network_xml}).exit_code == 0);
+  struct Cleanup {
+    std::string network;
+    ~Cleanup() { virsh({"net-destroy", network}); }
+  } cleanup{network_b};
+
+  std::string images = servers.dir() + "/images";
+  fs::create_directories(images + "/tiny");
+  for (const char* file : {"kernel", "initrd", "cmdline", "disk.raw"})
+    fs::copy_file(tiny_guest_dir() + "/" + file, images + "/tiny/" + file);
+  struct Host {
+    std::string name, trait, network, bridge, provider, uuid;
+    std::unique_ptr<Process> agent;
+  };
+  std::vector<Host> hosts(2);
+  hosts[0].name = "a", hosts[0].trait = "CUSTOM_HOST_A", hosts[0].network = "default", hosts[0].bridge = "virbr0";
+  hosts[1].name = "b", hosts[1].trait = "CUSTOM_HOST_B", hosts[1].network = network_b, hosts[1].bridge = "toyvm-b0";
+  for (Host& host : hosts) {
+    host.agent = servers.start_compute(host.name, "VCPU:2,MEMORY_MB:1024,DISK_GB:10", &host.provider,
+                                       {"--libvirt-uri", "qemu:///system", "--trait", host.trait},
+                                       "domain_type = 'qemu'\nimage_dir = '" + images + "'\nnetwork = '" +
+                                           host.network + "'\nmetadata_interface = '" + host.bridge +
+                                           "'\n[mdserver]\nlisten = ['169.254.169.254:80']\n");
+  }
+  // Both guests boot at once.
+  std::vector<std::unique_ptr<Process>> schedules;
+  for (Host& host : hosts)
+    schedules.push_back(servers.spawn_toyvm({"schedule", flavor + "&required=" + host.trait, "--image",
+                                             "tiny", "--name", "guest-" + host.name, "--wait", "--timeout",
+                                             std::to_string(int(boot_timeout_s))},
+                                            "schedule-" + host.name + ".log"));
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    INFO(schedules[i]->output() << hosts[i].agent->output());
+    REQUIRE(schedules[i]->wait(boot_timeout_s + 30) == 0);
+    hosts[i].uuid = parse_notified(schedules[i]->output()).second;
+    CHECK_THAT(hosts[i].agent->output(), Catch::Contains("serving metadata on 169.254.169.254:80 (" + hosts[i].bridge + ")"));
+  }
+  CHECK(record_of(servers, hosts[1].uuid).ip.starts_with("192.168.123."));
+  for (Host& host : hosts) {
+    bool served = wait_for([&] {
+      return servers.toyvm({"show", host.uuid, "--console"}).out.find("toyvm-guest: instance-id " + host.uuid) !=
+             std::string::npos;
+    }, 90);
+    INFO(servers.toyvm({"show", host.uuid, "--console"}).out << host.agent->output());
+    CHECK(served);
+    CHECK(servers.toyvm({"destroy", host.uuid}).exit_code == 0);
+  }
+}
+
 TEST_CASE("after a libvirtd restart the agent connects again and builds here, with no attempt burnt", "[guests]") {
   ensure_libvirtd();
   Servers servers;
