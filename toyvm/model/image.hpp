@@ -48,8 +48,8 @@ std::optional<DiskFormat> parse_disk_format(std::string_view text) noexcept;
 // guessed to be qcow2: its content is the guest's to write, header included.
 std::optional<DiskFormat> declared_format(const ImageRef& ref, std::string_view explicit_format);
 
-// What a disk image is, from its first 512 bytes (or fewer, for a short file) and its size,
-// when its reference did not say. A qcow2 image must be plain: no backing file (it could name any file on the host) and no
+// What a disk image is, from its first 512 bytes (or fewer, for a short file) and its size.
+// A qcow2 image must be plain: no backing file (it could name any file on the host) and no
 // encryption; anything that claims to be qcow2 but is not well-formed is corrupt.
 result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size, std::string* detail);
 
