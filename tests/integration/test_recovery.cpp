@@ -578,3 +578,21 @@ TEST_CASE("a reconcile step that throws is retried and the instance still become
   CHECK_THAT(compute->output(), Catch::Contains("failpoint reconcile.step: throwing"));
   CHECK_THAT(compute->output(), Catch::Contains("will retry"));
 }
+
+// A host whose disk is full fails the build, not the image: the instance may try other hosts
+// (launch_failure), and ends no_valid_host when none can (libvirt's test driver has a storage
+// pool of 100 GiB, below what this host offers Placement).
+TEST_CASE("a host without room for the disk is a launch failure, not the image's", "[recovery]") {
+  Servers servers;
+  std::string rp;
+  auto a = servers.start_compute("a", "VCPU:10,DISK_GB:1000,MEMORY_MB:10000", &rp);
+  auto scheduled = servers.toyvm({"schedule", "resources=VCPU:1,DISK_GB:150,MEMORY_MB:64", "--wait"});
+  INFO(scheduled.out << scheduled.err << a->output());
+  CHECK(scheduled.exit_code == 5);
+  auto [target, uuid] = parse_notified(scheduled.out);
+  auto record = wait_for_record(servers, uuid, [](const InstanceRecord& r) { return r.state == InstanceState::error; });
+  REQUIRE(record.has_value());
+  CHECK(record->error_code == "no_valid_host");
+  CHECK_THAT(record->error_message, Catch::Contains("launch_failure: cannot make the disk overlay"));
+  CHECK(servers.allocations(uuid).empty());
+}

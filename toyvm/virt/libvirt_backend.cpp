@@ -320,7 +320,8 @@ class LibvirtBackend final : public VirtBackend {
         "<target><format type='qcow2'/><permissions><mode>0600</mode></permissions></target>{}</volume>",
         overlay_name(spec.uuid), wanted, backing);
     VolumeHandle volume(api->virStorageVolCreateXML(pool.ptr, xml.c_str(), 0));
-    if (!volume) return fail<std::string>("image_failure", "cannot make the disk overlay");
+    // No room in the pool is this host's failure, not the image's: another host may do.
+    if (!volume) return fail<std::string>("launch_failure", "cannot make the disk overlay");
     char* path = api->virStorageVolGetPath(volume.ptr);
     if (!path) return fail<std::string>("launch_failure");
     std::string result = path;
