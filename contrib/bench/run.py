@@ -436,7 +436,8 @@ def report_scheduling(results):
         f"| raw floor: candidates + claim + etcd Txn (ms) | {f['p50']:.2f} | {f['p99']:.2f} |",
         f"| one `toyvm schedule` process (ms) | {s['p50']:.2f} | {s['p99']:.2f} |",
         f"| schedule overhead above the floor | {results['schedule_overhead'] * 100:+.1f}% | |",
-        f"| work -> ACTIVE on the test driver (ms) | {results['active_ms']['p50']:.2f} | {results['active_ms']['p99']:.2f} |",
+        f"| work -> ACTIVE on the test driver (ms; {results['active_failed']} of the builds failed) | "
+        f"{results['active_ms']['p50']:.2f} | {results['active_ms']['p99']:.2f} |",
         "",
         "| concurrency | toyvm inst/s | Placement ceiling inst/s | fraction | toyvm p50 / p99 ms | 409s | extra attempts per success |",
         "|---|---|---|---|---|---|---|",
