@@ -3,10 +3,13 @@
 #include "core/failpoint.hpp"
 #include "model/groups.hpp"
 
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace toyvm::compute {
+
+using namespace asio::experimental::awaitable_operators;
 
 awaitable<bool> Builder::build(WorkSpec spec) {
   if (parts_.slots[spec.uuid].allocation_elsewhere) {
@@ -25,32 +28,61 @@ awaitable<bool> Builder::build(WorkSpec spec) {
   }
   spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image, format_amounts(spec.resources));
   co_await failpoint::pass("build.begin");
-  if (!co_await parts_.recorder.record(spec, InstanceState::building)) co_return false;
-  BootImage image;
-  if (!spec.image.empty()) {
-    auto acquired = co_await acquire_image(spec);
-    // Destroyed while waiting: the next round removes what there is.
-    if (!acquired || parts_.slots[spec.uuid].cancelled()) co_return true;
-    if (!*acquired) co_return co_await fail(spec, acquired->failure->reason, acquired->failure->message);
-    image = acquired->value;
+  // BUILDING is recorded while the image is found and the domain made: one etcd commit less
+  // before ACTIVE. Nothing else is recorded until etcd has answered, so records land in order.
+  auto [recorded, made] = co_await (parts_.recorder.record(spec, InstanceState::building) && make_domain(spec));
+  if (!recorded) {
+    // The work left this host, or etcd did not answer: nothing made for it stays.
+    if (made.outcome == Made::Outcome::made) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+    co_return false;
   }
-  if (parts_.slots[spec.uuid].cancelled()) co_return true;
-  DomainSpec domain = domain_spec(spec, image);
-  auto created = co_await ctx_.virt(&VirtBackend::create, domain);
-  if (!created) {
-    if (created.failure->reason == "libvirt_unavailable") {
-      // Nothing wrong with the instance or this host's fit for it: try again, here.
-      spdlog::warn("instance {}: {}; will retry", spec.uuid, created.failure->message);
+  switch (made.outcome) {
+    case Made::Outcome::cancelled: co_return true;  // destroyed meanwhile: the next round removes what there is
+    case Made::Outcome::retry:
+      spdlog::warn("instance {}: {}; will retry", spec.uuid, made.message);
       co_return false;
-    }
-    // The domain may be half-made; nothing of a failed build stays behind.
-    co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
-    parts_.presence.publish();
-    co_return co_await fail(spec, created.failure->reason, created.failure->message);
+    case Made::Outcome::failed:
+      parts_.presence.publish();
+      co_return co_await fail(spec, made.reason, made.message);
+    case Made::Outcome::made: break;
   }
   spdlog::info("instance {}: active", spec.uuid);
   parts_.presence.publish();
   co_return co_await parts_.recorder.record(spec, InstanceState::active);
+}
+
+awaitable<Builder::Made> Builder::make_domain(WorkSpec spec) {
+  Made made;
+  BootImage image;
+  if (!spec.image.empty()) {
+    auto acquired = co_await acquire_image(spec);
+    if (!acquired || parts_.slots[spec.uuid].cancelled()) {
+      made.outcome = Made::Outcome::cancelled;
+      co_return made;
+    }
+    if (!*acquired) {
+      made.outcome = Made::Outcome::failed;
+      made.reason = acquired->failure->reason;
+      made.message = acquired->failure->message;
+      co_return made;
+    }
+    image = acquired->value;
+  }
+  if (parts_.slots[spec.uuid].cancelled()) {
+    made.outcome = Made::Outcome::cancelled;
+    co_return made;
+  }
+  DomainSpec domain = domain_spec(spec, image);
+  auto created = co_await ctx_.virt(&VirtBackend::create, domain);
+  if (!created) {
+    // libvirt unavailable: nothing wrong with the instance or this host's fit for it, so try
+    // again, here. Otherwise the domain may be half-made; nothing of a failed build stays.
+    made.outcome = created.failure->reason == "libvirt_unavailable" ? Made::Outcome::retry : Made::Outcome::failed;
+    if (made.outcome == Made::Outcome::failed) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+    made.reason = created.failure->reason;
+    made.message = created.failure->message;
+  }
+  co_return made;
 }
 
 // Waits for the image (fetched once however many builds want it); nullopt when the build

@@ -33,6 +33,12 @@ class Builder {
   awaitable<bool> release_held(WorkSpec spec);
 
  private:
+  // What making the domain came to; nothing of it is recorded yet.
+  struct Made {
+    enum class Outcome { made, cancelled, failed, retry } outcome = Outcome::made;
+    std::string reason, message;  // failed, retry
+  };
+  awaitable<Made> make_domain(WorkSpec spec);
   awaitable<std::optional<VirtResult<BootImage>>> acquire_image(WorkSpec spec);
   std::set<std::string> images_in_use() const;
   DomainSpec domain_spec(const WorkSpec& spec, const BootImage& image) const;

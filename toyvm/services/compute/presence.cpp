@@ -75,7 +75,11 @@ void HostPresence::publish() {
 }
 
 awaitable<void> HostPresence::publish_loop() {
+  asio::steady_timer settle(ctx_.io);
   while (dirty_ && !ctx_.stopping) {
+    // Changes that come in a burst (a batch being built) are published together.
+    settle.expires_after(200ms);
+    co_await settle.async_wait(asio::as_tuple(use_awaitable));
     dirty_ = false;
     auto domains = co_await ctx_.virt(&VirtBackend::list);
     std::vector<EtcdOp> puts;
