@@ -44,7 +44,7 @@ double ms_since(Clock::time_point start) {
 struct Options {
   std::string placement = "http://127.0.0.1:8080";
   std::string etcd = "http://127.0.0.1:2379";
-  std::string query = "resources=VCPU:1,MEMORY_MB:64,DISK_GB:1";
+  std::string query = "resources=VCPU:1,MEMORY_MB:64";  // run.py's QUERY
   std::string host;
   int count = 100;
   int concurrency = 1;
