@@ -7,7 +7,7 @@
 //           N*throw       the first N times
 //           pause(PATH)   wait there while PATH exists
 //
-// Unset (always, outside tests), a point costs one branch.
+// Unset (always, outside tests), passing a point finds nothing armed and returns at once.
 
 #include "core/async.hpp"
 

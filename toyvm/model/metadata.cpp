@@ -150,6 +150,18 @@ MetadataResponse route_metadata(std::string_view method, std::string_view target
   return not_found();
 }
 
+GuestView guest_view(const WorkSpec& spec, const std::string& ip, const std::string& availability_zone) {
+  GuestView view;
+  view.uuid = spec.uuid;
+  view.name = spec.name;
+  view.hostname = hostname_for(spec.name, spec.uuid);
+  view.ip = ip;
+  view.availability_zone = availability_zone;
+  view.user_data = spec.user_data;
+  view.public_keys = spec.keys;
+  return view;
+}
+
 std::string hostname_for(std::string_view name, std::string_view uuid) {
   std::string out;
   for (char c : name) {

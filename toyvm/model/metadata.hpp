@@ -3,6 +3,8 @@
 // (/latest/meta-data/...) and OpenStack paths (/openstack/latest/meta_data.json). Pure: a
 // request path and what is known of the asking guest in, a response out.
 
+#include "model/records.hpp"
+
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,6 +28,9 @@ struct MetadataResponse {
   std::string content_type = "text/plain";
   std::string body;
 };
+
+// What the guest of `spec`, at `ip`, is told.
+GuestView guest_view(const WorkSpec& spec, const std::string& ip, const std::string& availability_zone);
 
 // `guest` is null when the source address belongs to no known instance.
 MetadataResponse route_metadata(std::string_view method, std::string_view target, const GuestView* guest);

@@ -62,9 +62,9 @@ class MetadataIndex {
     rebuild(uuid);
   }
 
-  const GuestView* find(const std::string& ip) const {
+  std::shared_ptr<const GuestView> find(const std::string& ip) const {
     auto it = views_.find(ip);
-    return it == views_.end() ? nullptr : &it->second;
+    return it == views_.end() ? nullptr : it->second;
   }
 
   size_t size() const { return views_.size(); }
@@ -80,28 +80,21 @@ class MetadataIndex {
     if (spec == specs_.end() || record == records_.end() || record->second.ip.empty()) return;
     if (auto clash = views_.find(record->second.ip); clash != views_.end()) {
       // Two instances claim one address (a stale record): serve neither rather than guess.
-      spdlog::warn("instances {} and {} both have IP {}", clash->second.uuid, uuid, record->second.ip);
-      ip_of_.erase(clash->second.uuid);
+      spdlog::warn("instances {} and {} both have IP {}", clash->second->uuid, uuid, record->second.ip);
+      ip_of_.erase(clash->second->uuid);
       views_.erase(clash);
       return;
     }
-    GuestView view;
-    view.uuid = uuid;
-    view.name = spec->second.name;
-    view.hostname = hostname_for(spec->second.name, uuid);
-    view.ip = record->second.ip;
-    view.availability_zone = availability_zone_;
-    view.user_data = spec->second.user_data;
-    view.public_keys = spec->second.keys;
-    ip_of_[uuid] = view.ip;
-    views_.emplace(view.ip, std::move(view));
+    ip_of_[uuid] = record->second.ip;
+    views_.emplace(record->second.ip,
+                   std::make_shared<const GuestView>(guest_view(spec->second, record->second.ip, availability_zone_)));
   }
 
   KeyLayout keys_;
   std::string availability_zone_;
   std::map<std::string, WorkSpec> specs_;
   std::map<std::string, InstanceRecord> records_;
-  std::unordered_map<std::string, GuestView> views_;  // by IP
+  std::unordered_map<std::string, std::shared_ptr<const GuestView>> views_;  // by IP
   std::map<std::string, std::string> ip_of_;          // uuid -> IP in views_
 };
 
@@ -112,10 +105,7 @@ class MetadataServer {
         keys_(config.etcd.prefix),
         etcd_(EtcdClient::create(config.etcd)),
         index_(keys_, config.mdserver.availability_zone),
-        http_(io, config.mdserver, [this](const std::string& ip) -> std::optional<GuestView> {
-          const GuestView* view = index_.find(ip);
-          return view ? std::optional<GuestView>(*view) : std::nullopt;
-        }) {}
+        http_(io, config.mdserver, [this](const std::string& ip) { return index_.find(ip); }) {}
 
   awaitable<int> run(std::vector<std::string> listen) {
     std::string error;

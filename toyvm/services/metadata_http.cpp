@@ -146,8 +146,8 @@ awaitable<void> MetadataHttpServer::serve(tcp::socket socket) {
     } else if (!limiter_.allow(ip, std::chrono::steady_clock::now())) {
       answer = {429, "text/plain", "Too Many Requests\n"};
     } else {
-      std::optional<GuestView> guest = lookup_(ip);
-      answer = route_metadata(request.method_string(), request.target(), guest ? &*guest : nullptr);
+      std::shared_ptr<const GuestView> guest = lookup_(ip);
+      answer = route_metadata(request.method_string(), request.target(), guest.get());
     }
     http::response<http::string_body> response{static_cast<http::status>(answer.status), request.version()};
     response.set(http::field::server, "toyvm-mdserver");

@@ -22,8 +22,8 @@ namespace toyvm {
 
 class MetadataHttpServer {
  public:
-  // The guest that has `ip` now, if exactly one has it.
-  using Lookup = std::function<std::optional<GuestView>(const std::string& ip)>;
+  // The guest that has `ip` now, if exactly one has it; null otherwise.
+  using Lookup = std::function<std::shared_ptr<const GuestView>(const std::string& ip)>;
 
   MetadataHttpServer(asio::io_context& io, const MdserverConfig& config, Lookup lookup);
 

@@ -50,27 +50,18 @@ void GuestMetadata::serve_on(const std::string& interface) {
   }
 }
 
-std::optional<GuestView> GuestMetadata::find(const std::string& ip) const {
-  const std::string* uuid = nullptr;
+std::shared_ptr<const GuestView> GuestMetadata::find(const std::string& ip) const {
   const WorkSpec* spec = nullptr;
-  for (const auto& [id, slot] : slots_) {
+  for (const auto& [uuid, slot] : slots_) {
     if (slot.ip != ip || slot.cancelled()) continue;
     // Two guests claim one address (one of them stale): answer neither rather than guess.
-    if (spec) return std::nullopt;
-    uuid = &id;
+    if (spec) return nullptr;
     spec = &*slot.desired;
   }
-  if (!spec) return std::nullopt;
-  GuestView view;
-  view.uuid = *uuid;
-  view.name = spec->name;
-  view.hostname = hostname_for(spec->name, *uuid);
-  view.ip = ip;
+  if (!spec) return nullptr;
   const std::string& zone = ctx_.config.compute.availability_zone;
-  view.availability_zone = zone.empty() ? ctx_.config.mdserver.availability_zone : zone;
-  view.user_data = spec->user_data;
-  view.public_keys = spec->keys;
-  return view;
+  return std::make_shared<const GuestView>(
+      guest_view(*spec, ip, zone.empty() ? ctx_.config.mdserver.availability_zone : zone));
 }
 
 }  // namespace toyvm::compute

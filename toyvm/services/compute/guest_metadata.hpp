@@ -8,7 +8,7 @@
 #include "services/compute/slots.hpp"
 #include "services/metadata_http.hpp"
 
-#include <optional>
+#include <memory>
 #include <string>
 
 namespace toyvm::compute {
@@ -23,8 +23,8 @@ class GuestMetadata {
   // logged; the agent runs on without it.
   awaitable<void> run();
 
-  // The guest of this host that has `ip`, if exactly one has it.
-  std::optional<GuestView> find(const std::string& ip) const;
+  // The guest of this host that has `ip`, if exactly one has it; null otherwise.
+  std::shared_ptr<const GuestView> find(const std::string& ip) const;
 
  private:
   void serve_on(const std::string& interface);
