@@ -10,10 +10,11 @@ providers, the metadata service, and real TCG guests through qemu:///system (sch
 ACTIVE with an IP, one at a time and four at once). Prints a table, writes JSON and draws PNG
 plots with gnuplot.
 
-    contrib/bench/run.py [--quick] [--only-guests | --no-guests] [--out DIR]
+    contrib/bench/run.py [--quick] [--only-guests | --no-guests] [--kvm] [--out DIR]
 """
 
 import argparse
+import datetime
 import json
 import os
 import pathlib
@@ -171,7 +172,7 @@ def run(args):
             os.chmod(workdir, 0o755)  # QEMU's user reaches the guests' files through it
             bench = Bench(args.build, guests_dir, 1)
             try:
-                results["guests"] = measure_guests(bench, 3 if args.quick else 5)
+                results["guests"] = measure_guests(bench, 3 if args.quick else 5, args.kvm)
                 print("bench: real guests done", file=sys.stderr)
             finally:
                 bench.stop()
@@ -332,6 +333,7 @@ class Scheduled:
 
     def __init__(self, bench, args):
         self.start = time.monotonic()
+        self.wall_start = time.time()
         self.proc = subprocess.Popen([bench.toyvm, "schedule", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=bench.env)
         self.lines = []
@@ -343,7 +345,7 @@ class Scheduled:
             self.lines.append((time.monotonic() - self.start, line.strip(), time.time()))
         self.proc.wait()
 
-    def result(self, bench):
+    def result(self, bench, agent_log):
         self.thread.join()
         if self.proc.returncode != 0:
             raise SystemExit(f"bench: schedule failed ({self.proc.returncode}): {self.proc.stderr.read()}")
@@ -362,67 +364,112 @@ class Scheduled:
         discovery = wall - leased
         return {"uuid": uuid, "active_s": active, "ip_s": with_ip, "guest_uptime_at_lease_s": uptime,
                 "address_discovery_s": discovery, "toyvm_share_s": active + discovery,
-                "qemu_and_firmware_s": with_ip - active - discovery - uptime}
+                "qemu_and_firmware_s": with_ip - active - discovery - uptime,
+                "steps_s": self.steps(uuid, agent_log)}
+
+    def steps(self, uuid, agent_log):
+        """schedule -> ACTIVE step by step, from the lines' arrival and the agent's `-v` log."""
+        logged = {}
+        for line in agent_log.read_text(errors="replace").splitlines():
+            if f"instance {uuid}: " not in line:
+                continue
+            stamp, _, text = line.split(" ", 2)
+            at = datetime.datetime.fromisoformat(stamp).timestamp()
+            event = text.split(": ", 1)[1]
+            for key in ("building", "disk", "active"):
+                if event.startswith(key):
+                    logged.setdefault(key, (at, event))
+        wall = {l.split(",")[0] if l.startswith("NOTIFIED") else l: w for _, l, w in self.lines}
+        notified, active = wall["NOTIFIED TARGET"], wall[f"INSTANCE {uuid} ACTIVE"]
+        disk, define, start = (float(ms) / 1000 for ms in re.findall(r"([0-9.]+) ms", logged["disk"][1]))
+        return {"claim_and_handover": notified - self.wall_start,
+                "to_the_agent": logged["building"][0] - notified,
+                "disk": disk, "define": define, "start": start,
+                "active_to_schedule": active - logged["active"][0]}
 
 
-def measure_guests(bench, rounds):
-    """schedule -> ACTIVE with an IP for real TCG guests: one at a time, then four at once."""
+def measure_guests(bench, rounds, kvm):
+    """schedule -> ACTIVE with an IP for real guests under TCG: one at a time, then four at once;
+    with `kvm`, one at a time under KVM too."""
     subprocess.run([str(ROOT / "contrib" / "start-libvirtd.sh")], check=True)
     images = bench.dir / "images"
     subprocess.run([str(ROOT / "contrib" / "tiny-guest.sh"), str(images / "tiny")], check=True,
                    stdout=subprocess.DEVNULL)
     os.chmod(bench.dir, 0o755)
     os.chmod(images, 0o755)
-    config = bench.dir / "guests.toml"
-    config.write_text(f"[compute]\nlibvirt_uri = 'qemu:///system'\ndomain_type = 'qemu'\n"
-                      f"image_dir = '{images}'\nnetwork = 'default'\nnic_model = 'e1000'\nstop_timeout = 0\n")
-    state = bench.dir / "guests"
-    bench.spawn([bench.toyvm, "--config", str(config), "compute", "--state-dir", str(state), "--name", "guests",
-                 "--trait", "CUSTOM_BENCH_GUESTS", "--inventory", "VCPU:8,MEMORY_MB:4096,DISK_GB:40"],
-                "guests.log", bench.env)
-    wait_until("compute on qemu:///system", lambda: "guests " in bench.run_toyvm("show", "--hosts"), timeout=90)
-    query = "resources=VCPU:1,MEMORY_MB:128,DISK_GB:1&required=CUSTOM_BENCH_GUESTS"
-    args = [query, "--image", "tiny", "--wait", "--timeout", "300"]
+
+    def start_agent(name, domain_type):
+        config = bench.dir / f"{name}.toml"
+        config.write_text(f"[compute]\nlibvirt_uri = 'qemu:///system'\ndomain_type = '{domain_type}'\n"
+                          f"image_dir = '{images}'\nnetwork = 'default'\nnic_model = 'e1000'\nstop_timeout = 0\n")
+        trait = f"CUSTOM_BENCH_{name.upper()}"
+        bench.spawn([bench.toyvm, "-v", "--config", str(config), "compute", "--state-dir", str(bench.dir / name),
+                     "--name", name, "--trait", trait, "--inventory", "VCPU:8,MEMORY_MB:4096,DISK_GB:40"],
+                    f"{name}.log", bench.env)
+        wait_until(f"compute {name} on qemu:///system", lambda: f"{name} " in bench.run_toyvm("show", "--hosts"),
+                   timeout=90)
+        query = f"resources=VCPU:1,MEMORY_MB:128,DISK_GB:1&required={trait}"
+        return [query, "--image", "tiny", "--wait", "--timeout", "300"], bench.dir / f"{name}.log"
 
     def destroy(rows):
         for row in rows:
             subprocess.run([bench.toyvm, "destroy", row["uuid"]], env=bench.env, capture_output=True, check=True)
 
-    one, four = [], []
-    try:
+    def one_at_a_time(args, log):
+        rows = []
         for _ in range(rounds):
-            one.append(Scheduled(bench, args).result(bench))
-            destroy(one[-1:])
-        together = [Scheduled(bench, args) for _ in range(4)]
-        four = [s.result(bench) for s in together]
-    finally:  # no guest outlives the benchmark, even a failed one
-        for line in bench.run_toyvm("show").splitlines()[1:]:
-            subprocess.run([bench.toyvm, "destroy", line.split()[0]], env=bench.env, capture_output=True)
+            rows.append(Scheduled(bench, args).result(bench, log))
+            destroy(rows[-1:])
+        return rows
+
     median = lambda rows, key: statistics.median(r[key] for r in rows)
     keys = ("active_s", "ip_s", "guest_uptime_at_lease_s", "address_discovery_s", "toyvm_share_s",
             "qemu_and_firmware_s")
-    return {"single": {k: median(one, k) for k in keys},
-            "single_rounds": one,
-            "four": {k: median(four, k) for k in keys},
-            "four_slowest_ip_s": max(r["ip_s"] for r in four),
-            "four_rounds": four}
+    summarise = lambda rows: {**{k: median(rows, k) for k in keys},
+                              "steps_s": {step: statistics.median(r["steps_s"][step] for r in rows)
+                                          for step in rows[0]["steps_s"]}}
+    results = {}
+    try:
+        args, log = start_agent("tcg", "qemu")
+        one = one_at_a_time(args, log)
+        together = [Scheduled(bench, args) for _ in range(4)]
+        four = [s.result(bench, log) for s in together]
+        destroy(four)
+        results.update({"single": summarise(one), "single_rounds": one, "four": summarise(four),
+                        "four_slowest_ip_s": max(r["ip_s"] for r in four), "four_rounds": four})
+        if kvm:
+            rows = one_at_a_time(*start_agent("kvm", "kvm"))
+            results.update({"kvm_single": summarise(rows), "kvm_single_rounds": rows})
+    finally:  # no guest outlives the benchmark, even a failed one
+        for line in bench.run_toyvm("show").splitlines()[1:]:
+            subprocess.run([bench.toyvm, "destroy", line.split()[0]], env=bench.env, capture_output=True)
+    return results
 
 
 def report(results):
     lines = [f"machine: {results['machine']['cpus']} cpus, {results['machine']['cpu']}", ""]
     if "guests" in results:
         g = results["guests"]
-        one, four = g["single"], g["four"]
+        rows = [(f"one at a time ({len(g['single_rounds'])} rounds)", g["single"]),
+                (f"four at once (slowest {g['four_slowest_ip_s']:.2f})", g["four"])]
+        if "kvm_single" in g:
+            rows.append((f"KVM, one at a time ({len(g['kvm_single_rounds'])} rounds)", g["kvm_single"]))
         lines += [
-            "| real TCG guest (tiny-guest), medians in s | schedule -> ACTIVE with IP | of which toyvm: "
+            "| real guest (tiny-guest), medians in s | schedule -> ACTIVE with IP | of which toyvm: "
             "schedule -> ACTIVE | toyvm: lease -> IP shown | guest: kernel boot to DHCP lease | "
             "QEMU start + firmware | toyvm's share |",
             "|---|---|---|---|---|---|---|",
             *[f"| {label} | {r['ip_s']:.2f} | {r['active_s']:.2f} | {r['address_discovery_s']:.2f} | "
               f"{r['guest_uptime_at_lease_s']:.2f} | {r['qemu_and_firmware_s']:.2f} | "
               f"{r['toyvm_share_s'] / r['ip_s'] * 100:.1f}% |"
-              for label, r in ((f"one at a time ({len(g['single_rounds'])} rounds)", one),
-                               (f"four at once (slowest {g['four_slowest_ip_s']:.2f})", four))],
+              for label, r in rows],
+            "",
+            "| schedule -> ACTIVE by step, medians in s | claim + hand-over (schedule process) | to the agent "
+            "(watch) | disk overlay | define | start | ACTIVE to schedule (etcd write + watch) |",
+            "|---|---|---|---|---|---|---|",
+            *[f"| {label} | " + " | ".join(f"{r['steps_s'][k]:.3f}" for k in (
+                "claim_and_handover", "to_the_agent", "disk", "define", "start", "active_to_schedule")) + " |"
+              for label, r in rows],
             "",
         ]
     if "floor_ms" not in results:
@@ -521,6 +568,8 @@ def main():
     parser.add_argument("--placement-workers", type=int, default=2)
     parser.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "bench")
+    parser.add_argument("--kvm", action="store_true",
+                        help="real guests under KVM too (domain_type = 'kvm'; the host must run KVM guests)")
     guests = parser.add_mutually_exclusive_group()
     guests.add_argument("--only-guests", action="store_true", help="only the real-guest measurements")
     guests.add_argument("--no-guests", action="store_true", help="skip the real-guest measurements")

@@ -76,6 +76,7 @@ class ComputeAgent {
     if (!ctx_.stopping) spawn_detached(ctx_.io, presence_.keep_alive(), "keeping the lease alive");
     if (!ctx_.stopping) spawn_detached(ctx_.io, feed_->resync_periodically(), "resyncing");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.run(), "observing guests");
+    if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.watch_leases(), "watching leases");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.follow_console_requests(), "following console requests");
     co_await feed_->follow();  // until a signal
     // The host record goes with the lease; the provider is marked disabled so that

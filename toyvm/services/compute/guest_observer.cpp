@@ -1,5 +1,7 @@
 #include "services/compute/guest_observer.hpp"
 
+#include "core/dir_watch.hpp"
+
 #include <boost/asio/as_tuple.hpp>
 #include <spdlog/spdlog.h>
 
@@ -12,12 +14,14 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 awaitable<void> GuestObserver::run() {
-  asio::steady_timer timer(ctx_.io);
   auto console_every = std::chrono::milliseconds(int64_t(ctx_.config.compute.console_interval_s * 1000));
   next_console_ = std::chrono::steady_clock::now();
   while (!ctx_.stopping) {
-    timer.expires_after(console_every.count() > 0 ? std::min<std::chrono::milliseconds>(500ms, console_every) : 500ms);
-    co_await timer.async_wait(asio::as_tuple(use_awaitable));
+    if (!woken_) {
+      tick_.expires_after(console_every.count() > 0 ? std::min<std::chrono::milliseconds>(500ms, console_every) : 500ms);
+      co_await tick_.async_wait(asio::as_tuple(use_awaitable));
+    }
+    woken_ = false;
     auto now = std::chrono::steady_clock::now();
     std::vector<std::string> looking, given_up, consoles;
     for (auto& [uuid, slot] : slots_) {
@@ -35,6 +39,18 @@ awaitable<void> GuestObserver::run() {
       if (!consoles.empty()) co_await publish_consoles(std::move(consoles));
     }
   }
+}
+
+awaitable<void> GuestObserver::watch_leases() {
+  // libvirt's networks on qemu:///system keep their leases there (<bridge>.status, rewritten
+  // by its lease helper on each DHCP answer), which is what libvirt's address lookup reads.
+  if (ctx_.config.compute.network.empty() || !ctx_.config.compute.bridge.empty()) co_return;
+  co_await watch_directory("/var/lib/libvirt/dnsmasq", [this] { wake(); }, ctx_.stopping);
+}
+
+void GuestObserver::wake() {
+  woken_ = true;
+  tick_.cancel();
 }
 
 awaitable<void> GuestObserver::find_address(std::string uuid) {

@@ -1,12 +1,15 @@
 #pragma once
 // What the agent learns from running guests: their DHCP addresses (libvirt has no event for
-// a lease, so it looks twice a second) and the tail of their serial consoles, published only
+// a lease, so it looks twice a second, and at once when libvirt's dnsmasq records a lease)
+// and the tail of their serial consoles, published only
 // while someone asks for one (`toyvm show --console`), under the asker's lease: a guest that
 // talks to its console costs etcd nothing unless someone reads it.
 
 #include "services/compute/context.hpp"
 #include "services/compute/recorder.hpp"
 #include "services/compute/slots.hpp"
+
+#include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
 #include <map>
@@ -18,10 +21,12 @@ namespace toyvm::compute {
 class GuestObserver {
  public:
   GuestObserver(AgentContext& ctx, InstanceSlots& slots, InstanceRecorder& recorder)
-      : ctx_(ctx), slots_(slots), recorder_(recorder) {}
+      : ctx_(ctx), slots_(slots), recorder_(recorder), tick_(ctx.io) {}
 
   // Until the agent stops.
   awaitable<void> run();
+  // Wakes run() whenever libvirt's dnsmasq writes its leases, until the agent stops.
+  awaitable<void> watch_leases();
   // Follows the console requests for this host's instances, until the agent stops.
   awaitable<void> follow_console_requests();
 
@@ -31,12 +36,15 @@ class GuestObserver {
   awaitable<void> publish_consoles(std::vector<std::string> uuids);
 
   void apply_request(const KeyValue& kv, bool erased);
+  void wake();
 
   AgentContext& ctx_;
   InstanceSlots& slots_;
   InstanceRecorder& recorder_;
   std::map<std::string, int64_t> console_requests_;  // instance -> the asker's lease
   std::chrono::steady_clock::time_point next_console_;
+  asio::steady_timer tick_;
+  bool woken_ = false;  // a wake-up that came while run() was not waiting
 };
 
 }  // namespace toyvm::compute

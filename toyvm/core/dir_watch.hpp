@@ -1,0 +1,17 @@
+#pragma once
+// Wakes a loop when a file in a directory is written or replaced (inotify), so it can act at
+// once instead of at its next poll. Best effort: the loop keeps polling, and a directory that
+// cannot be watched (absent, unreadable) only means no early wake-ups.
+
+#include "core/async.hpp"
+
+#include <functional>
+#include <string>
+
+namespace toyvm {
+
+// Calls `changed` on the loop after each write or rename into `dir`, until `stopping` is set
+// (checked at each event) or the watch fails; returns at once when `dir` cannot be watched.
+awaitable<void> watch_directory(std::string dir, std::function<void()> changed, const bool& stopping);
+
+}  // namespace toyvm
