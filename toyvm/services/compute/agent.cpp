@@ -5,6 +5,7 @@
 // them together.
 
 #include "core/log.hpp"
+#include "core/startup_pages.hpp"
 #include "model/inventory.hpp"
 #include "services/common.hpp"
 #include "services/compute/builder.hpp"
@@ -78,6 +79,7 @@ class ComputeAgent {
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.run(), "observing guests");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.watch_leases(), "watching leases");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.follow_console_requests(), "following console requests");
+    release_startup_pages();
     co_await feed_->follow();  // until a signal
     // The host record goes with the lease; the provider is marked disabled so that
     // schedulers spend no candidate on it; the next start sets the traits afresh.

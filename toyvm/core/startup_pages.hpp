@@ -1,0 +1,12 @@
+#pragma once
+// A long-running service's start-up code (gRPC's and protobuf's static initialisation,
+// registration) runs once, but its pages stay mapped and counted in the process's memory.
+
+namespace toyvm {
+
+// Hands the pages of toyvm's own executable back to the kernel, read-only ones only (code and
+// constants; relocated data stays). What the service runs afterwards is faulted in again from
+// the page cache or the file. Best effort: kernels before 5.4 lack MADV_PAGEOUT.
+void release_startup_pages();
+
+}  // namespace toyvm
