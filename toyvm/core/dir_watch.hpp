@@ -10,8 +10,8 @@
 
 namespace toyvm {
 
-// Calls `changed` on the loop after each write or rename into `dir`, until `stopping` is set
-// (checked at each event) or the watch fails; returns at once when `dir` cannot be watched.
+// Calls `changed` on the loop after each write or rename into `dir`, until `stopping` is seen
+// (at an event) or the watch fails; returns at once when `dir` cannot be watched.
 awaitable<void> watch_directory(std::string dir, std::function<void()> changed, const bool& stopping);
 
 }  // namespace toyvm

@@ -23,9 +23,9 @@ void release_startup_pages() {
     std::istringstream fields(line);
     std::string range, perms, offset, device, inode, path;
     fields >> range >> perms >> offset >> device >> inode >> path;
-    // MADV_PAGEOUT never loses data, but pages written since (relocations) are not worth
-    // paging out without swap: only mappings that were never writable.
-    if (path != self || perms.size() < 2 || perms[1] != '-') continue;
+    // Code and constants: the mappings that are not writable. MADV_PAGEOUT loses no data in
+    // any case: the relocated read-only pages (RELRO) are private copies, kept without swap.
+    if (path != self || perms.size() < 2 || perms[1] == 'w') continue;
     auto dash = range.find('-');
     uintptr_t begin = std::stoull(range.substr(0, dash), nullptr, 16);
     uintptr_t end = std::stoull(range.substr(dash + 1), nullptr, 16);
