@@ -52,37 +52,25 @@ awaitable<bool> Builder::build(WorkSpec spec) {
 }
 
 awaitable<Builder::Made> Builder::make_domain(WorkSpec spec) {
-  Made made;
+  using Outcome = Made::Outcome;
   BootImage image;
   if (!spec.image.empty()) {
     auto acquired = co_await acquire_image(spec);
-    if (!acquired || parts_.slots[spec.uuid].cancelled()) {
-      made.outcome = Made::Outcome::cancelled;
-      co_return made;
-    }
-    if (!*acquired) {
-      made.outcome = Made::Outcome::failed;
-      made.reason = acquired->failure->reason;
-      made.message = acquired->failure->message;
-      co_return made;
-    }
+    if (!acquired) co_return Made(Outcome::cancelled);
+    // An image failure of a build destroyed meanwhile is no failure: cancelled, below.
+    if (!*acquired && !parts_.slots[spec.uuid].cancelled())
+      co_return Made(Outcome::failed, acquired->failure->reason, acquired->failure->message);
     image = acquired->value;
   }
-  if (parts_.slots[spec.uuid].cancelled()) {
-    made.outcome = Made::Outcome::cancelled;
-    co_return made;
-  }
-  DomainSpec domain = domain_spec(spec, image);
-  auto created = co_await ctx_.virt(&VirtBackend::create, domain);
-  if (!created) {
-    // libvirt unavailable: nothing wrong with the instance or this host's fit for it, so try
-    // again, here. Otherwise the domain may be half-made; nothing of a failed build stays.
-    made.outcome = created.failure->reason == "libvirt_unavailable" ? Made::Outcome::retry : Made::Outcome::failed;
-    if (made.outcome == Made::Outcome::failed) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
-    made.reason = created.failure->reason;
-    made.message = created.failure->message;
-  }
-  co_return made;
+  if (parts_.slots[spec.uuid].cancelled()) co_return Made(Outcome::cancelled);
+  auto created = co_await ctx_.virt(&VirtBackend::create, domain_spec(spec, image));
+  if (created) co_return Made(Outcome::made);
+  // libvirt unavailable: nothing wrong with the instance or this host's fit for it, so try
+  // again, here. Otherwise the domain may be half-made; nothing of a failed build stays.
+  if (created.failure->reason == "libvirt_unavailable")
+    co_return Made(Outcome::retry, created.failure->reason, created.failure->message);
+  co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+  co_return Made(Outcome::failed, created.failure->reason, created.failure->message);
 }
 
 // Waits for the image (fetched once however many builds want it); nullopt when the build

@@ -35,7 +35,10 @@ class Builder {
  private:
   // What making the domain came to; nothing of it is recorded yet.
   struct Made {
-    enum class Outcome { made, cancelled, failed, retry } outcome = Outcome::made;
+    enum class Outcome { made, cancelled, failed, retry };
+    explicit Made(Outcome outcome, std::string reason = {}, std::string message = {})
+        : outcome(outcome), reason(std::move(reason)), message(std::move(message)) {}
+    Outcome outcome;
     std::string reason, message;  // failed, retry
   };
   awaitable<Made> make_domain(WorkSpec spec);
