@@ -1,17 +1,65 @@
-// The memory floor of any libvirt agent: a process that only holds a libvirt connection.
-// Prints "ready" once connected and keeps the connection until its stdin closes.
+// The memory floor of any libvirt agent: a process that only holds a libvirt connection, and
+// optionally the domains an agent would have on it (on the test driver they live in this
+// process). Prints "ready" once done and keeps the connection until its stdin closes.
+//
+//   libvirt-floor URI [DOMAIN_XML_FILE COUNT]
+//
+// The file's XML is defined and started COUNT times, each copy with its own uuid: every
+// occurrence of the uuid 00000000-0000-4000-8000-000000000000 gets the copy's number in its
+// last twelve digits.
 #include <libvirt/libvirt.h>
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
+static const char placeholder[] = "00000000-0000-4000-8000-000000000000";
+
+static char *read_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t size = 0, cap = 4096;
+  char *text = malloc(cap);
+  size_t n;
+  while (text && (n = fread(text + size, 1, cap - size - 1, f)) > 0) {
+    size += n;
+    if (cap - size - 1 == 0) text = realloc(text, cap *= 2);
+  }
+  fclose(f);
+  if (text) text[size] = '\0';
+  return text;
+}
+
+static int define_domains(virConnectPtr conn, const char *xml_template, long count) {
+  const size_t length = sizeof placeholder - 1;
+  for (long i = 0; i < count; ++i) {
+    char *xml = strdup(xml_template);
+    char digits[13];
+    snprintf(digits, sizeof digits, "%012lx", i + 1);
+    for (char *at = xml; (at = strstr(at, placeholder)) != NULL; at += length) memcpy(at + length - 12, digits, 12);
+    virDomainPtr domain = virDomainDefineXML(conn, xml);
+    free(xml);
+    if (!domain) return -1;
+    int started = virDomainCreate(domain);
+    virDomainFree(domain);
+    if (started < 0) return -1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fputs("usage: libvirt-floor URI\n", stderr);
+  if (argc != 2 && argc != 4) {
+    fputs("usage: libvirt-floor URI [DOMAIN_XML_FILE COUNT]\n", stderr);
     return 2;
   }
   virConnectPtr conn = virConnectOpen(argv[1]);
   if (!conn) return 1;
+  if (argc == 4) {
+    char *xml = read_file(argv[2]);
+    if (!xml || define_domains(conn, xml, atol(argv[3])) < 0) return 1;
+    free(xml);
+  }
   puts("ready");
   fflush(stdout);
   char buffer[64];

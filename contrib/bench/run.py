@@ -53,6 +53,35 @@ def summary(values):
     return {"p50": percentile(values, 50), "p99": percentile(values, 99), "n": len(values)}
 
 
+def merged(samples):
+    """One measurement out of several runs of the same mode: lists joined, counts added."""
+    out = {}
+    for sample in samples:
+        for key, value in sample.items():
+            if isinstance(value, list):
+                out.setdefault(key, []).extend(value)
+            elif isinstance(value, dict):
+                counts = out.setdefault(key, {})
+                for k, v in value.items():
+                    counts[k] = counts.get(k, 0) + v
+            elif isinstance(value, (int, float)):
+                out[key] = out.get(key, 0) + value
+    return out
+
+
+def paired(bench, count, concurrency, toyvm_command):
+    """The raw floor and `toyvm schedule` at one concurrency, `count` each, measured in the order
+    floor, toyvm, toyvm, floor (half the count each time). Placement slows down as allocations
+    pile up; in this order a drift that is linear in time weighs on both sides alike."""
+    runs = {"floor": [], "exec": []}
+    for mode in ("floor", "exec", "exec", "floor"):
+        args = ["--count", str(count // 2), "--concurrency", str(concurrency)]
+        if mode == "exec":
+            args += ["--", *toyvm_command]
+        runs[mode].append(bench.measure(mode, *args))
+    return merged(runs["floor"]), merged(runs["exec"])
+
+
 def wait_until(what, check, timeout=30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -68,9 +97,13 @@ def wait_until(what, check, timeout=30.0):
 class Bench:
     def __init__(self, build, workdir, placement_workers):
         self.build = build
-        self.toyvm = str(build / "toyvm" / "toyvm")
-        self.bench = str(build / "contrib" / "bench" / "toyvm-bench")
         self.dir = pathlib.Path(workdir)
+        # toyvm as installed: a copy, written back to disk. A file just written by the linker sits
+        # in the page cache in a state that costs each exec ~0.2 ms and cannot be paged out.
+        (self.dir / "bin").mkdir(parents=True, exist_ok=True)
+        self.toyvm = shutil.copy2(build / "toyvm" / "toyvm", self.dir / "bin" / "toyvm")
+        os.sync()
+        self.bench = str(build / "contrib" / "bench" / "toyvm-bench")
         self.procs = []
         self.etcd_url = self.start_etcd()
         self.placement_url, self.placement_log = self.start_placement("placement", placement_workers)
@@ -162,13 +195,15 @@ def pss_kb(pid):
     return int(re.search(r"^Pss:\s+(\d+) kB", rollup, re.M).group(1))
 
 
-def libvirt_floor(build, uri):
-    """(RSS kB, PSS kB) of a process that only holds a libvirt connection: any agent's floor."""
-    proc = subprocess.Popen([str(build / "contrib" / "bench" / "libvirt-floor"), uri], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+def libvirt_floor(build, uri, domains=()):
+    """(RSS kB, PSS kB) of a process that only holds a libvirt connection: any agent's floor.
+    `domains`: (XML file, count) to define and start first; on the test driver they live in the
+    connecting process, as an agent's do."""
+    proc = subprocess.Popen([str(build / "contrib" / "bench" / "libvirt-floor"), uri, *map(str, domains)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         if proc.stdout.readline().strip() != "ready":
-            raise SystemExit(f"bench: libvirt-floor could not connect to {uri}")
+            raise SystemExit(f"bench: libvirt-floor failed on {uri} {domains}")
         return proc_stat(proc.pid)[1], pss_kb(proc.pid)
     finally:
         proc.stdin.close()
@@ -205,9 +240,8 @@ def run(args):
             # Warm Placement up so the first samples do not pay for imports and caches.
             bench.measure("floor", "--count", "20")
 
-            floor = bench.measure("floor", "--count", str(n_single))
-            single = bench.measure("exec", "--count", str(n_single), "--", bench.toyvm, "--etcd", bench.etcd_url,
-                                   "--placement", bench.placement_url, "schedule", QUERY)
+            schedule = [bench.toyvm, "--etcd", bench.etcd_url, "--placement", bench.placement_url, "schedule", QUERY]
+            floor, single = paired(bench, n_single, 1, schedule)
             results["floor_ms"] = summary(floor["latencies_ms"])
             results["schedule_ms"] = summary(single["latencies_ms"])
             results["schedule_overhead"] = results["schedule_ms"]["p50"] / results["floor_ms"]["p50"] - 1
@@ -215,11 +249,8 @@ def run(args):
 
             results["throughput"] = []
             for concurrency in (1, 4, 16):
-                ceiling = bench.measure("floor", "--count", str(n_throughput), "--concurrency", str(concurrency))
                 before = bench.conflicts()
-                run_ = bench.measure("exec", "--count", str(n_throughput), "--concurrency", str(concurrency), "--",
-                                     bench.toyvm, "--etcd", bench.etcd_url, "--placement", bench.placement_url,
-                                     "schedule", QUERY)
+                ceiling, run_ = paired(bench, n_throughput, concurrency, schedule)
                 ok = run_["exit_codes"].get("0", 0)
                 conflicts = bench.conflicts() - before
                 row = {"concurrency": concurrency,
@@ -273,9 +304,16 @@ def run(args):
             active = bench.measure("active", "--host", agent_rp, "--count", str(n_active))
             busy_cpu, busy_rss, busy_peak = proc_stat(agent.pid)
             busy_pss = pss_kb(agent.pid)
+            # The floor with as many domains, the agent's own XML.
+            domain_xml = bench.dir / "domain.xml"
+            domain_xml.write_text(subprocess.run(
+                [bench.bench, "domain-xml", "--owner", agent_rp, "--instance-dir", str(bench.dir / "agent" / "instances")],
+                capture_output=True, text=True, check=True).stdout)
+            floor_busy_rss, floor_busy_pss = libvirt_floor(args.build, "test:///default", (domain_xml, n_active))
             results["active_ms"] = summary(active["latencies_ms"])
             results["active_failed"] = active["failed"]
             results["agent"] = {"floor_rss_kb": floor_rss, "floor_pss_kb": floor_pss,
+                                "floor_busy_rss_kb": floor_busy_rss, "floor_busy_pss_kb": floor_busy_pss,
                                 "idle_rss_kb": idle_rss, "idle_pss_kb": idle_pss, "idle_peak_rss_kb": idle_peak,
                                 "instances": n_active, "rss_kb": busy_rss, "pss_kb": busy_pss,
                                 "peak_rss_kb": busy_peak,
@@ -533,12 +571,17 @@ def report_scheduling(results):
         "",
         "| memory (MB) | RSS | PSS | RSS above the floor | PSS above the floor |",
         "|---|---|---|---|---|",
-        *[f"| {label} | {rss / 1024:.1f} | {pss / 1024:.1f} | {(rss - agent['floor_rss_kb']) / 1024:+.1f} | "
-          f"{(pss - agent['floor_pss_kb']) / 1024:+.1f} |"
-          for label, rss, pss in (
-              ("floor: a bare libvirt connection (test:///default)", agent["floor_rss_kb"], agent["floor_pss_kb"]),
-              ("agent, idle", agent["idle_rss_kb"], agent["idle_pss_kb"]),
-              (f"agent with {agent['instances']} instances", agent["rss_kb"], agent["pss_kb"]))],
+        *[f"| {label} | {rss / 1024:.1f} | {pss / 1024:.1f} | "
+          + (f"{(rss - floor[0]) / 1024:+.1f} | {(pss - floor[1]) / 1024:+.1f} |" if floor else "| |")
+          for label, rss, pss, floor in (
+              ("floor: a bare libvirt connection (test:///default)", agent["floor_rss_kb"], agent["floor_pss_kb"],
+               None),
+              ("agent, idle", agent["idle_rss_kb"], agent["idle_pss_kb"],
+               (agent["floor_rss_kb"], agent["floor_pss_kb"])),
+              (f"floor holding {agent['instances']} of the agent's domains", agent["floor_busy_rss_kb"],
+               agent["floor_busy_pss_kb"], None),
+              (f"agent with {agent['instances']} instances", agent["rss_kb"], agent["pss_kb"],
+               (agent["floor_busy_rss_kb"], agent["floor_busy_pss_kb"])))],
         "",
         "| providers | candidates limit=50 p50 ms | no limit p50 ms | toyvm decision limit=50 ms | no limit ms |",
         "|---|---|---|---|---|",

@@ -8,6 +8,8 @@
 //   active     hands instances straight to one host through etcd and times until ACTIVE
 //   providers  creates N resource providers with inventory
 //   candidates times GET /allocation_candidates and toyvm's own decision on the answer
+//   domain-xml prints the domain an agent on the test driver defines for one of `active`'s
+//              instances, its uuid 00000000-0000-4000-8000-000000000000 (for libvirt-floor)
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
@@ -15,6 +17,7 @@
 #include "model/keys.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
+#include "virt/backend.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -46,6 +49,7 @@ struct Options {
   std::string etcd = "http://127.0.0.1:2379";
   std::string query = "resources=VCPU:1,MEMORY_MB:64";  // run.py's QUERY
   std::string host;
+  std::string instance_dir;
   int count = 100;
   int concurrency = 1;
   int limit = 50;
@@ -299,6 +303,22 @@ int run_candidates(const Options& o) {
   return 0;
 }
 
+int run_domain_xml(const Options& o) {
+  DomainSpec spec;
+  spec.uuid = "00000000-0000-4000-8000-000000000000";
+  spec.name = spec.uuid;
+  spec.vcpus = 1;
+  spec.memory_mb = 64;
+  spec.mac = instance_mac(spec.uuid);
+  LibvirtOptions options;  // a `compute` agent's defaults on the test driver
+  options.domain_type = "test";
+  options.network = "default";
+  options.instance_dir = o.instance_dir;
+  options.owner = o.host;
+  std::fputs(domain_xml(spec, options, "").c_str(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -319,6 +339,9 @@ int main(int argc, char** argv) {
   auto* providers = app.add_subcommand("providers", "create providers");
   auto* candidates = app.add_subcommand("candidates", "time candidates and toyvm's decision");
   auto* seed = app.add_subcommand("seed", "put instances for the metadata service into etcd");
+  auto* domain = app.add_subcommand("domain-xml", "print an agent's domain for libvirt-floor");
+  domain->add_option("--owner", o.host, "the agent's provider uuid")->required();
+  domain->add_option("--instance-dir", o.instance_dir, "the agent's instance directory")->required();
   for (auto* sub : {floor, exec, active, providers, candidates, seed}) common(sub);
   active->add_option("--host", o.host)->required();
   exec->add_option("command", o.command)->required();
@@ -330,6 +353,7 @@ int main(int argc, char** argv) {
   if (*providers) code = run_providers(o);
   if (*candidates) code = run_candidates(o);
   if (*seed) code = run_seed(o);
+  if (*domain) code = run_domain_xml(o);
   std::fflush(stdout);
   std::_Exit(code);
 }
