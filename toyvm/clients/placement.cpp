@@ -20,8 +20,10 @@ constexpr const char* mv_candidates = "1.39";
 constexpr const char* mv_allocations = "1.39";
 constexpr const char* mv_providers = "1.20";
 constexpr const char* mv_inventory = "1.26";
-constexpr const char* mv_traits = "1.6";
-constexpr const char* mv_aggregates = "1.19";  // aggregates with the provider generation
+// 1.23 at least wherever a generation can conflict: errors carry their code (e.g.
+// placement.concurrent_update, which is retried) only from 1.23 on.
+constexpr const char* mv_traits = "1.23";
+constexpr const char* mv_aggregates = "1.23";  // aggregates with the provider generation (1.19)
 
 json::object amounts_json(const ResourceAmounts& amounts) {
   json::object out;
