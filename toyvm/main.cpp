@@ -112,6 +112,10 @@ int main(int argc, char** argv) {
       ->needs(console_flag);
   show_cmd->add_flag("--follow", show.follow, "with --console: keep printing what the guest writes, until interrupted")
       ->needs(console_flag);
+  show_cmd->add_flag("--watch", show.watch,
+                     "print each change of an instance's state (or every instance's) as it happens, a line each "
+                     "(--json: an object each), until interrupted")
+      ->excludes(console_flag);
   show_cmd->add_option("--timeout", show.console_timeout_s, "with --console: seconds the instance's host has to answer")
       ->needs(console_flag)
       ->capture_default_str();
@@ -155,6 +159,24 @@ int main(int argc, char** argv) {
   audit_cmd->footer("Exit 0 when everything agrees, 1 when something does not (after --fix: is still not).\n"
                     "Example: toyvm audit --fix");
   audit_cmd->callback([&] { service = [&](const Config& c) { return run_audit(c, audit); }; });
+
+  HostOptions host;
+  auto* host_cmd = app.add_subcommand("host", "take a compute host out of service or bring it back");
+  host_cmd->require_subcommand(1);
+  auto* disable_cmd = host_cmd->add_subcommand("disable", "schedule nothing more to a host; kept across its agent's restarts");
+  disable_cmd->add_option("host", host.host, "host name or provider uuid")->required();
+  disable_cmd->add_option("--reason", host.reason, "why, shown by show --hosts");
+  disable_cmd->footer("Example: toyvm host disable compute-3 --reason 'disk replacement'");
+  disable_cmd->callback([&] {
+    host.disable = true;
+    service = [&](const Config& c) { return run_host(c, host); };
+  });
+  auto* enable_cmd = host_cmd->add_subcommand("enable", "let a disabled host take work again");
+  enable_cmd->add_option("host", host.host, "host name or provider uuid")->required();
+  enable_cmd->callback([&] {
+    host.disable = false;
+    service = [&](const Config& c) { return run_host(c, host); };
+  });
 
   MdserverOptions mdserver;
   auto* md = app.add_subcommand("mdserver", "serve cloud-init metadata to guests");

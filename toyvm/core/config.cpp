@@ -161,6 +161,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("workers", c.workers);
   compute.get("max_instances", c.max_instances);
   compute.get("resync_interval", c.resync_interval_s);
+  compute.get("stats_interval", c.stats_interval_s);
   compute.get("max_build_attempts", c.max_build_attempts);
   compute.get("image_dir", c.image_dir);
   compute.get("image_cache_dir", c.image_cache_dir);
@@ -217,8 +218,10 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   if (error.empty() && config.schedule.policy != "spread" && config.schedule.policy != "pack")
     error = "schedule.policy must be \"spread\" or \"pack\"";
   if (error.empty() && (config.compute.lease_ttl_s < 2 || config.compute.workers < 1 ||
-                        config.compute.resync_interval_s < 0.1 || config.compute.max_build_attempts < 1))
-    error = "compute.lease_ttl must be >= 2, workers and max_build_attempts >= 1, resync_interval >= 0.1";
+                        config.compute.resync_interval_s < 0.1 || config.compute.max_build_attempts < 1 ||
+                        config.compute.stats_interval_s < 1))
+    error = "compute.lease_ttl must be >= 2, workers and max_build_attempts >= 1, resync_interval >= 0.1, "
+            "stats_interval >= 1";
   if (!error.empty()) {
     if (detail) *detail = std::move(error);
     return errc::invalid_config;

@@ -56,6 +56,7 @@ struct ComputeConfig {
   int workers = 4;            // threads for blocking libvirt and disk work
   int max_instances = 0;      // the host reports FULL at this many; 0: no limit
   double resync_interval_s = 60;  // full re-list of this host's work
+  double stats_interval_s = 30;   // the host's figures (memory, disk, load) to etcd
   int max_build_attempts = 3;     // hosts an instance may try before no_valid_host
   // Guests: images, network, power.
   std::string image_dir;          // names and file:// images; default: <state_dir>/images

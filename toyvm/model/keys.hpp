@@ -7,6 +7,8 @@
 //   <prefix>/console/<instance>      the tail of the instance's serial console, while asked for
 //   <prefix>/console-requests/<rp>/<instance>  someone asks for it (under the asker's lease)
 //   <prefix>/domains/<rp>            the domains a host's agent has, under its lease
+//   <prefix>/stats/<rp>              the host's figures (memory, disk, load), under its lease
+//   <prefix>/disabled/<rp>           an operator took the host out of service, and why
 
 #include <optional>
 #include <string>
@@ -36,6 +38,10 @@ class KeyLayout {
   }
   std::string domains_prefix() const { return prefix_ + "/domains/"; }
   std::string domains(std::string_view rp) const { return domains_prefix() + std::string(rp); }
+  std::string stats_prefix() const { return prefix_ + "/stats/"; }
+  std::string stats(std::string_view rp) const { return stats_prefix() + std::string(rp); }
+  std::string disabled_prefix() const { return prefix_ + "/disabled/"; }
+  std::string disabled(std::string_view rp) const { return disabled_prefix() + std::string(rp); }
   std::string group_prefix(std::string_view group) const;
   std::string group_member(std::string_view group, std::string_view instance) const;
 

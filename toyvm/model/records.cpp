@@ -129,6 +129,22 @@ std::string encode(const HostRecord& r) {
   return json::serialize(o);
 }
 
+std::string encode(const HostStats& s) {
+  json::object o;
+  o["mem_total_mb"] = s.mem_total_mb;
+  o["mem_available_mb"] = s.mem_available_mb;
+  o["disk_total_mb"] = s.disk_total_mb;
+  o["disk_available_mb"] = s.disk_available_mb;
+  o["load"] = s.load;
+  o["cpus_online"] = s.cpus_online;
+  o["at"] = s.at;
+  return json::serialize(o);
+}
+
+std::string encode(const HostMaintenance& m) {
+  return json::serialize(json::object{{"reason", m.reason}, {"at", m.at}});
+}
+
 std::string encode(const WorkSpec& s) {
   json::object o;
   o["uuid"] = s.uuid;
@@ -187,6 +203,35 @@ result<HostRecord> decode_host(std::string_view text, std::string* detail) {
   if (!parsed) return parsed.error();
   if (auto ok = require(is_uuid(r.provider), detail, "provider"); !ok) return ok.error();
   return r;
+}
+
+result<HostStats> decode_host_stats(std::string_view text, std::string* detail) {
+  HostStats s;
+  Reader reader(text);
+  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+    if (key == "mem_total_mb") return read_int(v, s.mem_total_mb);
+    if (key == "mem_available_mb") return read_int(v, s.mem_available_mb);
+    if (key == "disk_total_mb") return read_int(v, s.disk_total_mb);
+    if (key == "disk_available_mb") return read_int(v, s.disk_available_mb);
+    if (key == "load") return !v.get_double().get(s.load);
+    if (key == "cpus_online") return read_int(v, s.cpus_online);
+    if (key == "at") return read_int(v, s.at);
+    return true;
+  });
+  if (!parsed) return parsed.error();
+  return s;
+}
+
+result<HostMaintenance> decode_maintenance(std::string_view text, std::string* detail) {
+  HostMaintenance m;
+  Reader reader(text);
+  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+    if (key == "reason") return read_string(v, m.reason);
+    if (key == "at") return read_int(v, m.at);
+    return true;
+  });
+  if (!parsed) return parsed.error();
+  return m;
 }
 
 result<WorkSpec> decode_work(std::string_view text, std::string* detail) {

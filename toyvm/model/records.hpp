@@ -25,6 +25,27 @@ struct HostRecord {
   bool operator==(const HostRecord&) const = default;
 };
 
+// What the host's agent measures every stats_interval (CIAO's STATS), under its lease.
+struct HostStats {
+  int64_t mem_total_mb = 0;
+  int64_t mem_available_mb = 0;   // MemFree + Active(file) + Inactive(file)
+  int64_t disk_total_mb = 0;      // the filesystem of the instance dir
+  int64_t disk_available_mb = 0;
+  double load = 0;                // the one-minute load average
+  int64_t cpus_online = 0;
+  int64_t at = 0;                 // unix seconds
+
+  bool operator==(const HostStats&) const = default;
+};
+
+// An operator took the host out of service (`toyvm host disable`); kept until enabled.
+struct HostMaintenance {
+  std::string reason;
+  int64_t at = 0;  // unix seconds
+
+  bool operator==(const HostMaintenance&) const = default;
+};
+
 enum class PowerState { running, stopped, deleted };
 
 struct WorkSpec {
@@ -68,10 +89,14 @@ std::string_view to_string(PowerState power) noexcept;
 std::string_view to_string(InstanceState state) noexcept;
 
 std::string encode(const HostRecord& record);
+std::string encode(const HostStats& stats);
+std::string encode(const HostMaintenance& maintenance);
 std::string encode(const WorkSpec& spec);
 std::string encode(const InstanceRecord& record);
 
 result<HostRecord> decode_host(std::string_view json, std::string* detail = nullptr);
+result<HostStats> decode_host_stats(std::string_view json, std::string* detail = nullptr);
+result<HostMaintenance> decode_maintenance(std::string_view json, std::string* detail = nullptr);
 result<WorkSpec> decode_work(std::string_view json, std::string* detail = nullptr);
 result<InstanceRecord> decode_instance(std::string_view json, std::string* detail = nullptr);
 // A host's domains: a JSON array of instance uuids.

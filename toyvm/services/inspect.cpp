@@ -16,7 +16,9 @@
 #include <boost/json/serialize.hpp>
 #include <spdlog/spdlog.h>
 
+#include <ctime>
 #include <map>
+#include <set>
 #include <variant>
 
 namespace toyvm {
@@ -131,6 +133,88 @@ awaitable<int> show_console(asio::io_context& io, EtcdClient& etcd, const KeyLay
   }
 }
 
+// What a watcher of instances is told about: a change of state, address or error. A record
+// rewritten with the same (a timestamp, a retry's attempt) is no news.
+bool same_news(const InstanceRecord& a, const InstanceRecord& b) {
+  return a.state == b.state && a.ip == b.ip && a.host == b.host && a.error_code == b.error_code &&
+         a.no_address == b.no_address;
+}
+
+std::string utc_time(int64_t unix_ms) {
+  std::time_t seconds = std::time_t(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", text, int(unix_ms % 1000));
+}
+
+void print_event(const InstanceRecord& r, bool deleted, bool as_json) {
+  const int64_t at = deleted || r.updated_at == 0 ? unix_millis() : r.updated_at;
+  if (as_json) {
+    json::object o = instance_json(r);
+    if (deleted) o["state"] = "DELETED";
+    o["time"] = utc_time(at);
+    std::printf("%s\n", json::serialize(o).c_str());
+  } else {
+    std::string line = fmt::format("{}  {}  {:<8}  host {}", utc_time(at), r.uuid,
+                                   deleted ? "DELETED" : to_string(r.state), r.host.empty() ? "-" : r.host);
+    if (!deleted && !r.ip.empty()) line += "  ip " + r.ip;
+    if (!deleted && !r.error_code.empty()) line += fmt::format("  error {}: {}", r.error_code, r.error_message);
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
+}
+
+// Follows instance records in etcd and prints each change as it happens, until interrupted
+// (or, for one instance, until it is deleted). After a lost watch the listing is compared
+// with what was last printed, so a change made meanwhile is still told, once.
+awaitable<int> show_watch(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+  const bool one = !options.uuid.empty();
+  const std::string key = one ? keys.instance(options.uuid) : keys.instances_prefix();
+  const std::string range_end = one ? std::string() : prefix_range_end(key);
+  auto first = co_await etcd.range(key, range_end);
+  if (!first) co_return etcd_failure(etcd, first.error());
+  if (one && first->kvs.empty()) co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
+  std::map<std::string, InstanceRecord> known;  // by key
+  bool gone = false;
+  auto changed = [&](const KeyValue& kv, bool erased) {
+    auto was = known.find(kv.key);
+    if (erased) {
+      if (was == known.end()) return;
+      print_event(was->second, true, options.json);
+      known.erase(was);
+      gone = one;
+      return;
+    }
+    auto record = decode_instance(kv.value);
+    if (!record) return;  // a corrupt record is `toyvm audit`'s business
+    if (was == known.end() || !same_news(was->second, *record)) print_event(*record, false, options.json);
+    known[kv.key] = std::move(*record);
+  };
+  for (const KeyValue& kv : first->kvs)
+    if (auto record = decode_instance(kv.value)) known[kv.key] = std::move(*record);
+  bool listed_once = false;
+  co_await follow_range(
+      etcd, key, range_end,
+      [&](const RangeResult& listing) {
+        if (!std::exchange(listed_once, true)) return;  // the first listing is the one just read
+        std::set<std::string> present;
+        for (const KeyValue& kv : listing.kvs) {
+          present.insert(kv.key);
+          changed(kv, false);
+        }
+        for (auto it = known.begin(); it != known.end();) {
+          auto next = std::next(it);
+          if (!present.count(it->first)) changed(KeyValue{it->first, {}, 0, 0, 0, 0}, true);
+          it = next;
+        }
+      },
+      [&](const WatchEvent& event) { changed(event.kv, event.type == WatchEvent::Type::erase); },
+      [&] { return gone; });
+  co_return 0;
+}
+
 awaitable<int> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
   auto listed = co_await etcd.range_prefix(keys.instances_prefix());
   if (!listed) co_return etcd_failure(etcd, listed.error());
@@ -154,16 +238,27 @@ awaitable<int> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
   co_return 0;
 }
 
+json::object stats_json(const HostStats& s) {
+  return json::object{{"mem_total_mb", s.mem_total_mb},   {"mem_available_mb", s.mem_available_mb},
+                      {"disk_total_mb", s.disk_total_mb}, {"disk_available_mb", s.disk_available_mb},
+                      {"load", s.load},                   {"cpus_online", s.cpus_online},
+                      {"at", s.at}};
+}
+
 // Hosts with a record are alive (the record lives on the agent's lease); hosts that still
-// have work but no record are listed as dead.
+// have work but no record are listed as dead. Beside Placement's capacity and the usage of
+// their work: the figures their agents measure, and an operator's disable.
 awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
-  // One transaction reads both at the same revision.
-  std::vector<EtcdOp> reads{EtcdOp::get(keys.hosts_prefix(), prefix_range_end(keys.hosts_prefix())),
-                            EtcdOp::get(keys.work_root(), prefix_range_end(keys.work_root()))};
+  // One transaction reads them all at the same revision.
+  auto all_of = [](std::string prefix) { return EtcdOp::get(prefix, prefix_range_end(prefix)); };
+  std::vector<EtcdOp> reads{all_of(keys.hosts_prefix()), all_of(keys.work_root()), all_of(keys.stats_prefix()),
+                            all_of(keys.disabled_prefix())};
   auto txn = co_await etcd.txn({}, std::move(reads));
   if (!txn) co_return etcd_failure(etcd, txn.error());
   struct Row {
     std::optional<HostRecord> record;
+    std::optional<HostStats> stats;
+    std::optional<HostMaintenance> disabled;
     ResourceAmounts usage;
     int instances = 0;
   };
@@ -180,27 +275,47 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
     row.instances += 1;
     for (auto& [rc, n] : spec->resources) row.usage[rc] += n;
   }
+  for (const KeyValue& kv : txn->ranges[2].kvs) {
+    auto provider = keys.leaf(kv.key, keys.stats_prefix());
+    auto stats = decode_host_stats(kv.value);
+    if (provider && stats && rows.count(*provider)) rows[*provider].stats = *stats;
+  }
+  for (const KeyValue& kv : txn->ranges[3].kvs) {
+    auto provider = keys.leaf(kv.key, keys.disabled_prefix());
+    if (!provider) continue;
+    auto disabled = decode_maintenance(kv.value);
+    rows[*provider].disabled = disabled ? *disabled : HostMaintenance{"(unreadable)", 0};
+  }
   json::array all;
   if (!options.json)
-    std::printf("%-20s  %-36s  %-5s  %-8s  %-9s  %-7s  %-40s  %s\n", "NAME", "PROVIDER", "ALIVE", "STATUS",
-                "INSTANCES", "DOMAINS", "CAPACITY", "USAGE");
+    std::printf("%-20s  %-36s  %-5s  %-8s  %-9s  %-7s  %-5s  %-13s  %-15s  %-40s  %s\n", "NAME", "PROVIDER", "ALIVE",
+                "STATUS", "INSTANCES", "DOMAINS", "LOAD", "MEM_AVAIL_MB", "DISK_AVAIL_MB", "CAPACITY", "USAGE");
   for (auto& [provider, row] : rows) {
     std::string name = row.record ? row.record->name : "-";
-    std::string status = row.record ? row.record->status : "-";
+    std::string status = row.record ? row.record->status : row.disabled ? "DISABLED" : "-";
     ResourceAmounts capacity = row.record ? row.record->capacity : ResourceAmounts{};
     if (options.json) {
       json::object cap, use;
       for (auto& [rc, n] : capacity) cap[rc] = n;
       for (auto& [rc, n] : row.usage) use[rc] = n;
-      all.push_back(json::object{{"provider", provider}, {"name", name}, {"alive", row.record.has_value()},
-                                 {"status", status}, {"instances", row.instances},
-                                 {"domains", row.record ? row.record->domains : 0},
-                                 {"capacity", cap}, {"usage", use}});
+      json::object o{{"provider", provider}, {"name", name}, {"alive", row.record.has_value()},
+                     {"status", status}, {"instances", row.instances},
+                     {"domains", row.record ? row.record->domains : 0},
+                     {"capacity", cap}, {"usage", use}};
+      o["stats"] = row.stats ? json::value(stats_json(*row.stats)) : json::value(nullptr);
+      o["disabled"] = row.disabled ? json::value(json::object{{"reason", row.disabled->reason}, {"at", row.disabled->at}})
+                                   : json::value(nullptr);
+      all.push_back(std::move(o));
     } else {
-      std::printf("%-20s  %-36s  %-5s  %-8s  %-9d  %-7lld  %-40s  %s\n", name.c_str(), provider.c_str(),
-                  row.record ? "yes" : "no", status.c_str(), row.instances,
-                  static_cast<long long>(row.record ? row.record->domains : 0),
-                  amounts_text(capacity).c_str(), amounts_text(row.usage).c_str());
+      std::string load = row.stats ? fmt::format("{:.2f}", row.stats->load) : "-";
+      std::string memory = row.stats ? fmt::format("{}/{}", row.stats->mem_available_mb, row.stats->mem_total_mb) : "-";
+      std::string disk = row.stats ? fmt::format("{}/{}", row.stats->disk_available_mb, row.stats->disk_total_mb) : "-";
+      std::string why = row.disabled ? fmt::format("  disabled: {}", row.disabled->reason.empty() ? "-" : row.disabled->reason)
+                                     : "";
+      std::printf("%-20s  %-36s  %-5s  %-8s  %-9d  %-7lld  %-5s  %-13s  %-15s  %-40s  %s%s\n", name.c_str(),
+                  provider.c_str(), row.record ? "yes" : "no", status.c_str(), row.instances,
+                  static_cast<long long>(row.record ? row.record->domains : 0), load.c_str(), memory.c_str(),
+                  disk.c_str(), amounts_text(capacity).c_str(), amounts_text(row.usage).c_str(), why.c_str());
     }
   }
   if (options.json) std::printf("%s\n", json::serialize(all).c_str());
@@ -302,6 +417,7 @@ int run_show(const Config& config, const ShowOptions& options) {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
     if (options.hosts) co_return co_await show_hosts(*etcd, keys, options);
+    if (options.watch) co_return co_await show_watch(*etcd, keys, options);
     if (options.uuid.empty()) co_return co_await show_all(*etcd, keys, options);
     if (options.console) co_return co_await show_console(io, *etcd, keys, options);
     co_return co_await show_one(*etcd, keys, options);

@@ -38,6 +38,7 @@ struct ShowOptions {
   bool console = false;  // the tail of the instance's serial console
   bool raw = false;      // ... with the guest's control characters left in
   bool follow = false;   // ... and what it prints next, until interrupted
+  bool watch = false;    // each change of state as it happens, until interrupted
   double console_timeout_s = 10;  // how long the instance's host has to answer
 };
 int run_show(const Config& config, const ShowOptions& options);
@@ -64,6 +65,13 @@ struct AuditOptions {
   double grace_s = 10;
 };
 int run_audit(const Config& config, const AuditOptions& options);
+
+struct HostOptions {
+  std::string host;     // its name or provider uuid
+  bool disable = true;  // false: enable
+  std::string reason;   // why it is disabled, shown by `show --hosts`
+};
+int run_host(const Config& config, const HostOptions& options);
 
 struct MdserverOptions {
   std::vector<std::string> listen;  // ADDRESS:PORT; empty: config's

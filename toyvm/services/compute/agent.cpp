@@ -12,6 +12,7 @@
 #include "services/compute/context.hpp"
 #include "services/compute/guest_metadata.hpp"
 #include "services/compute/guest_observer.hpp"
+#include "services/compute/maintenance.hpp"
 #include "services/compute/presence.hpp"
 #include "services/compute/reconciler.hpp"
 #include "services/compute/recorder.hpp"
@@ -71,10 +72,13 @@ class ComputeAgent {
     if (int code = prepare(); code != 0) co_return code;
     co_await ensure_network();
     spawn_detached(ctx_.io, metadata_.run(), "serving metadata");
+    co_await maintenance_->load();
     co_await registration_->register_until_done();
     presence_.set_capacity(capacity_of(registration_->inventory()));
     if (!ctx_.stopping) co_await presence_.announce();
     if (!ctx_.stopping) spawn_detached(ctx_.io, presence_.keep_alive(), "keeping the lease alive");
+    if (!ctx_.stopping) spawn_detached(ctx_.io, presence_.report_stats(), "reporting the host's figures");
+    if (!ctx_.stopping) spawn_detached(ctx_.io, maintenance_->follow(), "following the operator's disable");
     if (!ctx_.stopping) spawn_detached(ctx_.io, feed_->resync_periodically(), "resyncing");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.run(), "observing guests");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.watch_leases(), "watching leases");
@@ -82,7 +86,8 @@ class ComputeAgent {
     release_startup_pages();
     co_await feed_->follow();  // until a signal
     // The host record goes with the lease; the provider is marked disabled so that
-    // schedulers spend no candidate on it; the next start sets the traits afresh.
+    // schedulers spend no candidate on it; the next start sets the traits afresh (disabled
+    // again if an operator disabled the host).
     co_await presence_.revoke();
     co_await registration_->mark_disabled();
     co_return 0;
@@ -117,6 +122,7 @@ class ComputeAgent {
     std::ifstream cpuinfo("/proc/cpuinfo");
     std::string text((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
     registration_ = std::make_unique<ProviderRegistration>(ctx_, std::move(inventory), cpu_traits(text));
+    maintenance_ = std::make_unique<HostMaintenanceFollower>(ctx_, *registration_, presence_);
     ImageStoreOptions images;
     images.image_dir = c.image_dir.empty() ? (state_dir / "images").string() : c.image_dir;
     images.cache_dir = c.image_cache_dir.empty() ? (state_dir / "image-cache").string() : c.image_cache_dir;
@@ -155,6 +161,7 @@ class ComputeAgent {
   GuestObserver observer_;
   GuestMetadata metadata_;
   std::unique_ptr<ProviderRegistration> registration_;
+  std::unique_ptr<HostMaintenanceFollower> maintenance_;
   std::unique_ptr<ImageStore> images_;
   std::unique_ptr<Builder> builder_;
   std::unique_ptr<Reconciler> reconciler_;

@@ -1,5 +1,7 @@
 #include "services/compute/presence.hpp"
 
+#include "model/host_stats.hpp"
+
 #include <boost/asio/as_tuple.hpp>
 #include <spdlog/spdlog.h>
 
@@ -29,7 +31,7 @@ HostRecord HostPresence::host_record() const {
   record.agent_version = TOYVM_VERSION;
   record.started_at = started_at_;
   record.domains = domain_count_;
-  record.status = full() ? "FULL" : "READY";
+  record.status = maintenance_ ? "DISABLED" : full() ? "FULL" : "READY";
   return record;
 }
 
@@ -38,7 +40,9 @@ awaitable<void> HostPresence::announce() {
   while (!ctx_.stopping) {
     auto lease = co_await ctx_.etcd->lease_grant(ctx_.config.compute.lease_ttl_s);
     if (lease) {
-      auto put = co_await ctx_.etcd->put(ctx_.keys.host(ctx_.host.provider), encode(host_record()), *lease);
+      std::vector<EtcdOp> puts{EtcdOp::put(ctx_.keys.host(ctx_.host.provider), encode(host_record()), *lease)};
+      if (stats_) puts.push_back(EtcdOp::put(ctx_.keys.stats(ctx_.host.provider), encode(*stats_), *lease));
+      auto put = co_await ctx_.etcd->txn({}, std::move(puts));
       if (put) {
         lease_ = *lease;
         domains_published_.reset();  // a new lease: put the list again under it
@@ -94,6 +98,22 @@ awaitable<void> HostPresence::publish_loop() {
     if (written && domains) domains_published_ = std::move(domains.value);
   }
   publishing_ = false;
+}
+
+awaitable<void> HostPresence::report_stats() {
+  asio::steady_timer timer(ctx_.io);
+  const auto interval = std::chrono::milliseconds(int64_t(ctx_.config.compute.stats_interval_s * 1000));
+  while (!ctx_.stopping) {
+    auto stats = measure_host_stats(ctx_.host.instance_dir);
+    if (stats) {
+      stats_ = *stats;
+      if (lease_) co_await ctx_.etcd->put(ctx_.keys.stats(ctx_.host.provider), encode(*stats), lease_);
+    } else {
+      spdlog::warn("cannot measure this host's memory, disk and load");
+    }
+    timer.expires_after(interval);
+    co_await timer.async_wait(asio::as_tuple(use_awaitable));
+  }
 }
 
 awaitable<void> HostPresence::revoke() {

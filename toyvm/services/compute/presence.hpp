@@ -1,6 +1,7 @@
 #pragma once
 // The host's presence in etcd: a host record under a lease that the agent keeps alive, so
-// that it vanishes when the agent dies. Schedulers only pick hosts whose record is there.
+// that it vanishes when the agent dies. Schedulers only pick hosts whose record is there, and
+// READY. Beside it, under the same lease, the host's figures (CIAO's STATS).
 
 #include "services/compute/context.hpp"
 #include "services/compute/slots.hpp"
@@ -12,6 +13,8 @@ class HostPresence {
   HostPresence(AgentContext& ctx, const InstanceSlots& slots) : ctx_(ctx), slots_(slots) {}
 
   void set_capacity(ResourceAmounts capacity) { capacity_ = std::move(capacity); }
+  // An operator's disable makes the record DISABLED (call publish() to put it).
+  void set_maintenance(std::optional<HostMaintenance> maintenance) { maintenance_ = std::move(maintenance); }
   // Grants a lease and puts the host record under it; retried until etcd answers.
   awaitable<void> announce();
   // Keeps the lease alive until the agent stops; a lost lease is announced again.
@@ -20,6 +23,8 @@ class HostPresence {
   // changed (for `toyvm audit`). Calls coalesce: under a burst of builds one put is in
   // flight and at most one more follows it.
   void publish();
+  // Measures the host and puts its figures every stats_interval: one small write each.
+  awaitable<void> report_stats();
   // The record vanishes at once instead of when the lease expires.
   awaitable<void> revoke();
 
@@ -34,6 +39,8 @@ class HostPresence {
   AgentContext& ctx_;
   const InstanceSlots& slots_;
   ResourceAmounts capacity_;
+  std::optional<HostMaintenance> maintenance_;
+  std::optional<HostStats> stats_;  // as last measured, put again with a new lease
   int64_t lease_ = 0;
   int64_t started_at_ = unix_seconds();
   int64_t domain_count_ = 0;

@@ -85,6 +85,8 @@ awaitable<void> ProviderRegistration::register_until_done() {
   }
   spdlog::info("registered provider {} with inventory {}", ctx_.host.provider,
                format_amounts(capacity_of(inventory_)));
+  registered_ = true;
+  if (disabled_in_placement_ != operator_disabled_) set_operator_disabled(operator_disabled_);
 }
 
 // The provider, its inventory, traits and zone, each call idempotent.
@@ -101,19 +103,55 @@ awaitable<result<void>> ProviderRegistration::register_once() {
   traits_ = ctx_.config.compute.traits;
   for (const std::string& trait : cpu_traits_)
     if (std::find(known->begin(), known->end(), trait) != known->end()) traits_.push_back(trait);
-  auto traits_set = co_await placement.set_traits(provider, traits_);
+  const bool disabled = operator_disabled_;
+  std::vector<std::string> traits = traits_with_status(disabled);
+  auto traits_set = co_await placement.set_traits(provider, std::move(traits));
   if (!traits_set) co_return traits_set;
+  disabled_in_placement_ = disabled;
   std::vector<std::string> aggregates;
   if (!ctx_.config.compute.availability_zone.empty())
     aggregates.push_back(availability_zone_aggregate(ctx_.config.compute.availability_zone));
   co_return co_await placement.set_aggregates(provider, std::move(aggregates));
 }
 
+std::vector<std::string> ProviderRegistration::traits_with_status(bool disabled) const {
+  std::vector<std::string> traits = traits_;
+  if (disabled) traits.push_back("COMPUTE_STATUS_DISABLED");
+  return traits;
+}
+
 awaitable<void> ProviderRegistration::mark_disabled() {
-  std::vector<std::string> disabled = traits_;
-  disabled.push_back("COMPUTE_STATUS_DISABLED");
-  if (!co_await ctx_.placement.set_traits(ctx_.host.provider, std::move(disabled)))
+  // Named, not a temporary in the co_await: GCC 12 mishandles those in a condition.
+  std::vector<std::string> traits = traits_with_status(true);
+  auto marked = co_await ctx_.placement.set_traits(ctx_.host.provider, std::move(traits));
+  if (!marked)
     spdlog::warn("could not mark provider {} disabled: {}", ctx_.host.provider, ctx_.placement.last_error().detail);
+}
+
+void ProviderRegistration::set_operator_disabled(bool disabled) {
+  operator_disabled_ = disabled;
+  // Before registering, registering sets the traits; a running update loops until they agree.
+  if (!registered_ || updating_ || disabled_in_placement_ == disabled) return;
+  updating_ = true;
+  spawn_detached(ctx_.io, update_status(), "updating the provider's status");
+}
+
+awaitable<void> ProviderRegistration::update_status() {
+  std::chrono::milliseconds delay = 100ms;
+  while (!ctx_.stopping && disabled_in_placement_ != operator_disabled_) {
+    const bool disabled = operator_disabled_;
+    std::vector<std::string> traits = traits_with_status(disabled);
+    auto updated = co_await ctx_.placement.set_traits(ctx_.host.provider, std::move(traits));
+    if (updated) {
+      disabled_in_placement_ = disabled;
+      delay = 100ms;
+      continue;
+    }
+    spdlog::warn("setting provider {} {} in Placement: {}; retrying", ctx_.host.provider,
+                 disabled ? "disabled" : "enabled", ctx_.placement.last_error().detail);
+    co_await backoff(ctx_.io, delay);
+  }
+  updating_ = false;
 }
 
 }  // namespace toyvm::compute

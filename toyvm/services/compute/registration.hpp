@@ -33,14 +33,23 @@ class ProviderRegistration {
   // COMPUTE_STATUS_DISABLED, which every schedule forbids: no candidate is spent on a host
   // that is not running.
   awaitable<void> mark_disabled();
+  // An operator's disable (`toyvm host disable`): the provider carries COMPUTE_STATUS_DISABLED
+  // while it lasts. Once registered, the change goes to Placement in the background, retried.
+  void set_operator_disabled(bool disabled);
 
  private:
   awaitable<result<void>> register_once();
+  awaitable<void> update_status();
+  std::vector<std::string> traits_with_status(bool disabled) const;
 
   AgentContext& ctx_;
   Inventory inventory_;
   std::vector<std::string> cpu_traits_;
-  std::vector<std::string> traits_;  // as last set in Placement
+  std::vector<std::string> traits_;  // the host's own, as last set in Placement
+  bool operator_disabled_ = false;   // wanted
+  bool disabled_in_placement_ = false;
+  bool registered_ = false;
+  bool updating_ = false;
 };
 
 }  // namespace toyvm::compute

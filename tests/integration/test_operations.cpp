@@ -1,0 +1,233 @@
+// Operating hosts: their figures, and taking them out of service, against a real etcd and
+// Placement.
+
+#include "harness.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+
+#include "catch_result.hpp"
+
+#include <boost/json/parse.hpp>
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <algorithm>
+
+using namespace toyvm;
+using namespace toyvm::test;
+namespace json = boost::json;
+
+namespace {
+
+const std::string small = "resources=VCPU:1,MEMORY_MB:64";
+const std::string roomy = "VCPU:1000,DISK_GB:10000,MEMORY_MB:100000";
+
+std::optional<HostRecord> host_record(const Servers& servers, const std::string& rp) {
+  auto kvs = servers.etcd_prefix(KeyLayout().host(rp));
+  if (kvs.empty()) return std::nullopt;
+  auto record = decode_host(kvs.front().value);
+  return record ? std::optional<HostRecord>(*record) : std::nullopt;
+}
+
+std::optional<HostStats> host_stats(const Servers& servers, const std::string& rp) {
+  auto kvs = servers.etcd_prefix(KeyLayout().stats(rp));
+  if (kvs.empty()) return std::nullopt;
+  auto stats = decode_host_stats(kvs.front().value);
+  return stats ? std::optional<HostStats>(*stats) : std::nullopt;
+}
+
+bool has_status(const Servers& servers, const std::string& rp, const std::string& status) {
+  auto record = host_record(servers, rp);
+  return record && record->status == status;
+}
+
+bool provider_disabled(const Servers& servers, const std::string& rp) {
+  auto traits = run_sync<std::vector<std::string>>([&](asio::io_context& io) -> awaitable<std::vector<std::string>> {
+    PlacementClient placement(io.get_executor(), servers.config.placement);
+    auto t = co_await placement.traits(rp);
+    co_return t ? *t : std::vector<std::string>{};
+  });
+  return std::find(traits.begin(), traits.end(), "COMPUTE_STATUS_DISABLED") != traits.end();
+}
+
+// The host's object in `show --hosts --json`.
+json::object shown_host(const Servers& servers, const std::string& rp) {
+  auto shown = servers.toyvm({"show", "--hosts", "--json"});
+  REQUIRE(shown.exit_code == 0);
+  json::value hosts = json::parse(shown.out);
+  for (const json::value& host : hosts.as_array())
+    if (host.at("provider").as_string() == rp) return host.as_object();
+  FAIL("host " << rp << " is not in show --hosts");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("an agent reports its host's memory, disk and load, and show --hosts shows them", "[operations]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp, {}, "stats_interval = 1");
+  REQUIRE(wait_for([&] { return host_stats(servers, rp).has_value(); }, 20));
+  HostStats first = *host_stats(servers, rp);
+  CHECK(first.mem_total_mb > 0);
+  CHECK(first.mem_available_mb > 0);
+  CHECK(first.mem_available_mb <= first.mem_total_mb);
+  CHECK(first.disk_available_mb <= first.disk_total_mb);
+  CHECK(first.cpus_online >= 1);
+  // Measured again every stats_interval.
+  CHECK(wait_for([&] { auto s = host_stats(servers, rp); return s && s->at > first.at; }, 10));
+
+  json::object host = shown_host(servers, rp);
+  REQUIRE(host.at("stats").is_object());
+  CHECK(host.at("stats").at("mem_total_mb").as_int64() == first.mem_total_mb);
+  CHECK(host.at("stats").at("cpus_online").as_int64() == first.cpus_online);
+  CHECK(host.at("disabled").is_null());
+  auto table = servers.toyvm({"show", "--hosts"});
+  CHECK_THAT(table.out, Catch::Contains("MEM_AVAIL_MB") && Catch::Contains(fmt::format("/{}", first.mem_total_mb)));
+
+  // The figures live on the agent's lease: they go with a dead agent.
+  compute->signal(SIGKILL);
+  CHECK(wait_for([&] { return !host_stats(servers, rp).has_value(); }, 30));
+}
+
+TEST_CASE("a disabled host takes no work, across its agent's restarts, until it is enabled", "[operations]") {
+  Servers servers;
+  std::string rp, other;
+  auto compute = servers.start_compute("c1", roomy, &rp, {"--trait", "CUSTOM_C1"});
+  auto compute2 = servers.start_compute("c2", roomy, &other, {});
+  const std::string on_c1 = small + "&required=CUSTOM_C1";
+
+  auto disabled = servers.toyvm({"host", "disable", "c1", "--reason", "disk replacement"});
+  REQUIRE(disabled.exit_code == 0);
+  CHECK(disabled.out == fmt::format("DISABLED HOST c1 ({})\n", rp));
+  CHECK(wait_for([&] { return has_status(servers, rp, "DISABLED"); }, 10));
+  CHECK(provider_disabled(servers, rp));
+  CHECK(servers.toyvm({"schedule", on_c1}).out == "NO ALLOCATIONS LEFT\n");
+  CHECK(parse_notified(servers.toyvm({"schedule", small}).out).first == other);
+  json::object host = shown_host(servers, rp);
+  CHECK(host.at("status").as_string() == "DISABLED");
+  CHECK(host.at("disabled").at("reason").as_string() == "disk replacement");
+  CHECK_THAT(servers.toyvm({"show", "--hosts"}).out, Catch::Contains("disabled: disk replacement"));
+  CHECK_FALSE(provider_disabled(servers, other));
+
+  SECTION("a clean stop and a start keep the disable") {
+    compute->signal(SIGTERM);
+    REQUIRE(compute->wait(20) == 0);
+    compute = servers.start_compute("c1", roomy, &rp, {"--trait", "CUSTOM_C1"});
+    CHECK(has_status(servers, rp, "DISABLED"));
+    CHECK(provider_disabled(servers, rp));
+    CHECK(servers.toyvm({"schedule", on_c1}).out == "NO ALLOCATIONS LEFT\n");
+  }
+  SECTION("a crash and a start keep the disable") {
+    compute->signal(SIGKILL);
+    compute->wait(20);
+    REQUIRE(wait_for([&] { return !host_record(servers, rp).has_value(); }, 30));
+    compute = servers.start_compute("c1", roomy, &rp, {"--trait", "CUSTOM_C1"});
+    CHECK(has_status(servers, rp, "DISABLED"));
+    CHECK(provider_disabled(servers, rp));
+    CHECK(servers.toyvm({"schedule", on_c1}).out == "NO ALLOCATIONS LEFT\n");
+  }
+
+  auto enabled = servers.toyvm({"host", "enable", "c1"});
+  REQUIRE(enabled.exit_code == 0);
+  CHECK(enabled.out == fmt::format("ENABLED HOST c1 ({})\n", rp));
+  CHECK(wait_for([&] { return has_status(servers, rp, "READY"); }, 10));
+  CHECK(wait_for([&] { return !provider_disabled(servers, rp); }, 10));
+  CHECK(parse_notified(servers.toyvm({"schedule", on_c1}).out).first == rp);
+  CHECK(shown_host(servers, rp).at("disabled").is_null());
+}
+
+TEST_CASE("a host disabled while its agent is down comes back disabled", "[operations]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp, {"--trait", "CUSTOM_C1"});
+  compute->signal(SIGKILL);  // no clean stop: nothing marked the provider
+  compute->wait(20);
+  REQUIRE(wait_for([&] { return !host_record(servers, rp).has_value(); }, 30));
+  auto disabled = servers.toyvm({"host", "disable", rp});  // by provider uuid
+  REQUIRE(disabled.exit_code == 0);
+  CHECK(provider_disabled(servers, rp));
+  CHECK(shown_host(servers, rp).at("status").as_string() == "DISABLED");
+  compute = servers.start_compute("c1", roomy, &rp, {"--trait", "CUSTOM_C1"});
+  CHECK(has_status(servers, rp, "DISABLED"));
+  CHECK(provider_disabled(servers, rp));
+  CHECK(servers.toyvm({"schedule", small + "&required=CUSTOM_C1"}).out == "NO ALLOCATIONS LEFT\n");
+  // Enabling a host whose agent is down says so, and leaves the trait to the agent.
+  compute->signal(SIGTERM);
+  REQUIRE(compute->wait(20) == 0);
+  CHECK_FALSE(host_record(servers, rp).has_value());
+  auto enabled = servers.toyvm({"host", "enable", "c1"});
+  CHECK(enabled.exit_code == 0);
+  CHECK_THAT(enabled.err, Catch::Contains("no running agent"));
+  compute = servers.start_compute("c1", roomy, &rp, {"--trait", "CUSTOM_C1"});
+  CHECK(wait_for([&] { return !provider_disabled(servers, rp); }, 10));
+  CHECK(parse_notified(servers.toyvm({"schedule", small + "&required=CUSTOM_C1"}).out).first == rp);
+}
+
+TEST_CASE("host disable and enable refuse unknown hosts and say when Placement is down", "[operations]") {
+  Servers servers;
+  auto unknown = servers.toyvm({"host", "disable", "no-such-host"});
+  CHECK(unknown.exit_code == 3);
+  CHECK_THAT(unknown.err, Catch::Contains("no host no-such-host"));
+  CHECK(servers.toyvm({"host", "enable", "6a1f4a3e-8e4c-4a39-9a53-1d0f2b1f6f00"}).exit_code == 3);
+  CHECK(servers.toyvm({"host"}).exit_code == 2);
+  CHECK(servers.etcd_prefix(KeyLayout().disabled_prefix()).empty());
+  servers.stop_placement();
+  auto down = servers.toyvm({"host", "disable", "c1"});
+  CHECK(down.exit_code == 4);
+  CHECK_THAT(down.err, Catch::Contains("Placement"));
+  CHECK(servers.etcd_prefix(KeyLayout().disabled_prefix()).empty());
+}
+
+TEST_CASE("show --watch prints each change of state as it happens, for all instances or one", "[operations]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto all = servers.spawn_toyvm({"show", "--watch"}, "watch-all.log");
+  auto all_json = servers.spawn_toyvm({"show", "--watch", "--json"}, "watch-json.log");
+  // Both watch from now on: wait until each has its watch open (a first schedule shows up).
+  auto first = parse_notified(servers.toyvm({"schedule", small, "--wait"}).out).second;
+  REQUIRE(wait_for([&] { return all->output().find(first) != std::string::npos; }, 10));
+  REQUIRE(wait_for([&] { return all_json->output().find(first) != std::string::npos; }, 10));
+
+  // A watcher rides over etcd going away and coming back.
+  servers.stop_etcd();
+  servers.start_etcd_again();
+  auto placed = servers.toyvm({"schedule", small, "--wait"});
+  REQUIRE(placed.exit_code == 0);
+  const std::string uuid = parse_notified(placed.out).second;
+  auto one = servers.spawn_toyvm({"show", "--watch", uuid}, "watch-one.log");
+  REQUIRE(servers.toyvm({"stop", uuid}).exit_code == 0);
+  REQUIRE(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  // Following one instance ends with its deletion.
+  CHECK(one->wait(20) == 0);
+  CHECK_THAT(one->output(), Catch::Contains(uuid + "  STOPPED") && Catch::Contains(uuid + "  DELETED"));
+
+  auto lines_of = [&](const std::string& text) {
+    std::vector<std::string> lines;
+    size_t start = 0;
+    for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1) {
+      std::string line = text.substr(start, end - start);
+      if (line.find(uuid) != std::string::npos) lines.push_back(line);
+    }
+    return lines;
+  };
+  REQUIRE(wait_for([&] { return all->output().find(uuid + "  DELETED") != std::string::npos; }, 10));
+  auto lines = lines_of(all->output());
+  // In order, each state once: a rewrite of the same state is no news.
+  std::vector<std::string> states;
+  for (const std::string& line : lines) {
+    std::string rest = line.substr(line.find(uuid) + uuid.size() + 2);
+    states.push_back(rest.substr(0, rest.find(' ')));
+  }
+  CHECK(states == std::vector<std::string>{"SCHEDULED", "BUILDING", "ACTIVE", "ACTIVE", "STOPPED", "DELETED"});
+  CHECK_THAT(lines.at(3), Catch::Contains("  ip 192.168."));  // the second ACTIVE brings the address
+  REQUIRE(wait_for([&] { return lines_of(all_json->output()).size() == lines.size(); }, 10));
+  for (const std::string& line : lines_of(all_json->output())) {
+    json::value event = json::parse(line);
+    CHECK(event.at("uuid").as_string() == uuid);
+    CHECK(event.at("time").as_string().size() == 24);
+  }
+  CHECK(servers.toyvm({"show", "--watch", "6a1f4a3e-8e4c-4a39-9a53-1d0f2b1f6f00"}).exit_code == 3);
+  CHECK(all->running());
+}
