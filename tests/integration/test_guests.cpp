@@ -31,7 +31,8 @@ struct GuestHost {
   std::unique_ptr<Process> compute;
   std::unique_ptr<VirtBackend> libvirt;  // the tests' own view of qemu:///system
 
-  GuestHost() {
+  // `compute_toml`: more of the agent's [compute] settings.
+  explicit GuestHost(const std::string& compute_toml = "") {
     ensure_libvirtd();
     images = servers.dir() + "/images";
     instances = servers.dir() + "/c1/instances";
@@ -44,7 +45,7 @@ struct GuestHost {
                                     "image_dir = '" + images + "'\n"
                                     "network = 'default'\n"
                                     "stop_timeout = 20\n"
-                                    "console_interval = 0.5\n"
+                                    "console_interval = 0.5\n" + compute_toml +
                                     // The agent serves its guests' metadata on their bridge.
                                     "metadata_interface = 'virbr0'\n"
                                     "[mdserver]\nlisten = ['169.254.169.254:80']\n");
@@ -214,6 +215,76 @@ TEST_CASE("stop, start and destroy a real guest", "[guests]") {
   CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
   host.expect_nothing_left(uuid);
   CHECK(host.servers.usages(host.rp)["VCPU"] == 0);
+}
+
+// The pid of the instance's QEMU, as libvirt wrote it down.
+pid_t qemu_pid(const std::string& uuid) {
+  std::string text = read_file("/run/libvirt/qemu/" + domain_name(uuid) + ".pid");
+  return text.empty() ? 0 : pid_t(std::stol(text));
+}
+
+bool work_power_is(const GuestHost& host, const std::string& uuid, PowerState power) {
+  auto kvs = host.servers.etcd_prefix(KeyLayout().work(host.rp, uuid));
+  if (kvs.size() != 1) return false;
+  auto spec = decode_work(kvs.front().value);
+  return spec && spec->power == power;
+}
+
+TEST_CASE("a guest that powers itself off stays STOPPED; one whose QEMU dies is started again", "[guests]") {
+  GuestHost host;  // on_guest_crash = "restart", resync every 60 s
+  std::string uuid = host.schedule({"--image", "tiny"});
+  REQUIRE(host.console_shows(uuid, "toyvm-guest: address"));
+
+  // The power button pressed outside toyvm: the guest powers itself off. libvirt's event says
+  // so at once; the resync would take up to a minute.
+  REQUIRE(virsh({"shutdown", domain_name(uuid)}).exit_code == 0);
+  REQUIRE(wait_for([&] { return host.domain_state(uuid) == DomainState::stopped; }, 60));
+  auto stopped = wait_for_record(host.servers, uuid, [](const InstanceRecord& r) {
+    return r.state == InstanceState::stopped;
+  }, 15);
+  CHECK(stopped);
+  CHECK(work_power_is(host, uuid, PowerState::stopped));  // its desired power followed
+  CHECK(host.domain_state(uuid) == DomainState::stopped);
+  CHECK(host.servers.usages(host.rp)["VCPU"] == 1);       // it keeps its resources
+
+  auto started = host.servers.toyvm({"start", uuid, "--timeout", "60"}, 90);
+  CHECK(started.exit_code == 0);
+  REQUIRE(host.domain_state(uuid) == DomainState::running);
+
+  // QEMU killed: libvirt calls it a crash; the default policy starts the guest again.
+  pid_t first = qemu_pid(uuid);
+  REQUIRE(first > 0);
+  REQUIRE(::kill(first, SIGKILL) == 0);
+  // Started again: a new QEMU, through with starting up (not paused in its start any more).
+  CHECK(wait_for([&] {
+    pid_t now = qemu_pid(uuid);
+    return now > 0 && now != first && virsh({"domstate", "--reason", domain_name(uuid)}).out == "running (booted)\n";
+  }, 15));
+  CHECK(record_of(host.servers, uuid).state == InstanceState::active);
+  CHECK(work_power_is(host, uuid, PowerState::running));
+
+  // Killed outside toyvm with virsh destroy: STOPPED, as a guest that powered off.
+  REQUIRE(virsh({"destroy", domain_name(uuid)}).exit_code == 0);
+  CHECK(wait_for_record(host.servers, uuid, [](const InstanceRecord& r) { return r.state == InstanceState::stopped; }, 15));
+  CHECK(work_power_is(host, uuid, PowerState::stopped));
+  CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
+  host.expect_nothing_left(uuid);
+}
+
+TEST_CASE("with on_guest_crash = \"error\" a guest whose QEMU dies is ERROR launch_failure and holds nothing", "[guests]") {
+  GuestHost host("on_guest_crash = 'error'\n");
+  std::string uuid = host.schedule({"--image", "tiny"});
+  pid_t qemu = qemu_pid(uuid);
+  REQUIRE(qemu > 0);
+  REQUIRE(::kill(qemu, SIGKILL) == 0);
+  auto failed = wait_for_record(host.servers, uuid, [](const InstanceRecord& r) {
+    return r.state == InstanceState::error && !r.releasing;
+  }, 15);
+  REQUIRE(failed);
+  CHECK(failed->error_code == "launch_failure");
+  CHECK(wait_for([&] { return host.domain_state(uuid) == DomainState::absent; }, 15));
+  host.expect_nothing_held(uuid);
+  CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
 }
 
 TEST_CASE("destroy while building leaves nothing in libvirt, on disk or in Placement", "[guests]") {

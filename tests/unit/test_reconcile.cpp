@@ -55,3 +55,26 @@ TEST_CASE("domains without work are destroyed; nothing without either") {
   CHECK(decide(nullptr, D::stopped, S::stopped, false) == A::remove_domain);
   CHECK(decide(nullptr, D::absent, std::nullopt, false) == A::none);
 }
+
+TEST_CASE("a guest that stopped without toyvm stays stopped; a crash follows the policy") {
+  using C = StopCause;
+  WorkSpec spec = with_power(PowerState::running);
+  // It powered itself off, or someone pulled the plug outside toyvm: STOPPED, desired follows.
+  CHECK(decide(&spec, D::stopped, S::active, false, C::shutdown) == A::adopt_stop);
+  CHECK(decide(&spec, D::stopped, S::active, false, C::destroyed) == A::adopt_stop);
+  // Crashed: started again by default, ERROR if the policy says so.
+  CHECK(decide(&spec, D::stopped, S::active, false, C::crashed) == A::start);
+  CHECK(decide(&spec, D::stopped, S::active, false, C::crashed, CrashPolicy::error) == A::record_crash);
+  // libvirt cannot say why (it or the host restarted): started again, as before.
+  CHECK(decide(&spec, D::stopped, S::active, false, C::unknown) == A::start);
+  // Recorded STOPPED and the user asked for it to run (toyvm start): started, whatever the cause.
+  CHECK(decide(&spec, D::stopped, S::stopped, false, C::shutdown) == A::start);
+  // Still building, or never recorded: a stop is not news about the guest.
+  CHECK(decide(&spec, D::stopped, S::building, false, C::destroyed) == A::start);
+  CHECK(decide(&spec, D::stopped, std::nullopt, false, C::shutdown) == A::start);
+  // Work that should be stopped or deleted never reaches the policy.
+  WorkSpec stopped = with_power(PowerState::stopped);
+  CHECK(decide(&stopped, D::stopped, S::active, false, C::crashed, CrashPolicy::error) == A::record_stopped);
+  WorkSpec deleted = with_power(PowerState::deleted);
+  CHECK(decide(&deleted, D::stopped, S::active, false, C::crashed, CrashPolicy::error) == A::remove);
+}

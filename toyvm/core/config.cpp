@@ -162,6 +162,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("max_instances", c.max_instances);
   compute.get("resync_interval", c.resync_interval_s);
   compute.get("stats_interval", c.stats_interval_s);
+  compute.get("on_guest_crash", c.on_guest_crash);
   compute.get("max_build_attempts", c.max_build_attempts);
   compute.get("image_dir", c.image_dir);
   compute.get("image_cache_dir", c.image_cache_dir);
@@ -217,6 +218,8 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   if (error.empty() && config.etcd.endpoints.empty()) error = "etcd.endpoints is empty";
   if (error.empty() && config.schedule.policy != "spread" && config.schedule.policy != "pack")
     error = "schedule.policy must be \"spread\" or \"pack\"";
+  if (error.empty() && config.compute.on_guest_crash != "restart" && config.compute.on_guest_crash != "error")
+    error = "compute.on_guest_crash must be \"restart\" or \"error\"";
   if (error.empty() && (config.compute.lease_ttl_s < 2 || config.compute.workers < 1 ||
                         config.compute.resync_interval_s < 0.1 || config.compute.max_build_attempts < 1 ||
                         config.compute.stats_interval_s < 1))

@@ -19,13 +19,20 @@ enum class ReconcileAction {
   remove,         // destroy the domain, release the allocation, delete the keys
   remove_domain,  // the work key is gone, or the instance is ERROR: destroy the domain only
   release,        // an ERROR instance: give back its allocation and group membership
+  adopt_stop,     // the guest stopped without toyvm: record STOPPED, and its desired power follows
+  record_crash,   // the guest crashed: ERROR launch_failure, then it gives back what it holds
 };
+
+// What becomes of a running guest that crashed ([compute] on_guest_crash).
+enum class CrashPolicy { restart, error };
 
 // `desired` is empty when the work key no longer exists; `recorded` is what the instance key
 // says this host recorded, empty when nothing is recorded. `released`: this agent gave an
 // ERROR instance's allocation back since it started (releasing again is harmless, so after a
-// restart it is done once more).
+// restart it is done once more). `cause`: why a shut-off domain stopped, for work that should
+// run and was recorded ACTIVE.
 ReconcileAction decide(const WorkSpec* desired, DomainState actual, std::optional<InstanceState> recorded,
-                       bool released);
+                       bool released, StopCause cause = StopCause::unknown,
+                       CrashPolicy on_crash = CrashPolicy::restart);
 
 }  // namespace toyvm

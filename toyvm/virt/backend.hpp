@@ -6,6 +6,7 @@
 #include "model/image.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,14 @@ struct DomainSpec {
 };
 
 enum class DomainState { absent, running, stopped };
+
+// Why a domain is shut off, as libvirt tells it.
+enum class StopCause {
+  unknown,    // libvirt does not know (it restarted, the host rebooted), or it never ran
+  shutdown,   // the guest powered itself off
+  destroyed,  // someone pulled the plug (virsh destroy, or toyvm's own stop)
+  crashed,    // QEMU died, or the guest crashed
+};
 
 struct GuestAddress {
   std::string mac;
@@ -72,6 +81,11 @@ class VirtBackend {
   // The guest's IPv4 addresses as libvirt knows them (DHCP leases, or ARP on a bridge).
   virtual VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) = 0;
   virtual VirtResult<DomainState> state(const std::string& uuid) = 0;
+  // For a shut-off domain: why.
+  virtual VirtResult<StopCause> stop_cause(const std::string& uuid) = 0;
+  // `changed(uuid)` is called, on libvirt's event thread, whenever one of this agent's
+  // domains starts, stops, crashes or goes away.
+  virtual void on_lifecycle(std::function<void(const std::string& uuid)> changed) = 0;
   // The uuids of the domains this agent manages: named toyvm-<uuid> and, with an owner set,
   // made by that owner (several agents may share one libvirt).
   virtual VirtResult<std::vector<std::string>> list() = 0;

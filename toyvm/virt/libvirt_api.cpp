@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <thread>
 
 namespace toyvm {
 namespace {
@@ -32,6 +33,12 @@ const LibvirtApi* load_libvirt(std::string* detail) {
 #undef TOYVM_LIBVIRT_RESOLVE
     api.virInitialize();
     api.virSetErrorFunc(nullptr, silent_error_handler);
+    // Domain events (and the connection's keepalives) need an event loop, registered before
+    // the first connection: one thread for the process runs libvirt's own.
+    if (api.virEventRegisterDefaultImpl() == 0)
+      std::thread([] {
+        while (true) api.virEventRunDefaultImpl();
+      }).detach();
   });
   if (!error.empty()) {
     if (detail) *detail = error;

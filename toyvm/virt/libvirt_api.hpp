@@ -22,6 +22,11 @@ namespace toyvm {
   X(virDomainLookupByUUIDString)   \
   X(virDomainDefineXML)            \
   X(virDomainIsActive)             \
+  X(virDomainGetState)             \
+  X(virEventRegisterDefaultImpl)   \
+  X(virEventRunDefaultImpl)        \
+  X(virConnectDomainEventRegisterAny)   \
+  X(virConnectDomainEventDeregisterAny) \
   X(virDomainCreate)               \
   X(virDomainDestroy)              \
   X(virDomainUndefine)             \

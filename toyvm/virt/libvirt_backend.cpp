@@ -77,6 +77,7 @@ class LibvirtBackend final : public VirtBackend {
     // The pool is transient: stopping it forgets it in libvirt and leaves the files alone.
     PoolHandle pool(api->virStoragePoolLookupByName(conn_, pool_.c_str()));
     if (pool) api->virStoragePoolDestroy(pool.ptr);
+    for (auto [conn, id] : event_callbacks_) api->virConnectDomainEventDeregisterAny(conn, id);
     api->virConnectClose(conn_);
     for (virConnectPtr dead : retired_) api->virConnectClose(dead);
   }
@@ -97,6 +98,7 @@ class LibvirtBackend final : public VirtBackend {
     retired_.push_back(current);
     conn_.store(fresh);
     call_connection = fresh;
+    watch_lifecycle(fresh);
     spdlog::warn("libvirt {}: the connection was lost; connected again", options_.uri);
     return true;
   }
@@ -189,6 +191,30 @@ class LibvirtBackend final : public VirtBackend {
     return {active == 1 ? DomainState::running : DomainState::stopped, {}};
   }
 
+  VirtResult<StopCause> stop_cause(const std::string& uuid) override {
+    if (!revive()) return unavailable<StopCause>();
+    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
+    if (!dom) return fail<StopCause>("launch_failure");
+    int state = 0, reason = 0;
+    if (api->virDomainGetState(dom.ptr, &state, &reason, 0) < 0) return fail<StopCause>("launch_failure");
+    if (state == VIR_DOMAIN_CRASHED) return {StopCause::crashed, {}};
+    if (state != VIR_DOMAIN_SHUTOFF) return {StopCause::unknown, {}};
+    switch (reason) {
+      case VIR_DOMAIN_SHUTOFF_SHUTDOWN: return {StopCause::shutdown, {}};
+      case VIR_DOMAIN_SHUTOFF_DESTROYED: return {StopCause::destroyed, {}};
+      case VIR_DOMAIN_SHUTOFF_CRASHED: return {StopCause::crashed, {}};
+      default: return {StopCause::unknown, {}};
+    }
+  }
+
+  void on_lifecycle(std::function<void(const std::string& uuid)> changed) override {
+    {
+      std::lock_guard lock(events_mutex_);
+      lifecycle_ = std::move(changed);
+    }
+    watch_lifecycle(conn_.load());
+  }
+
   VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) override {
     if (!revive()) return unavailable<std::vector<GuestAddress>>();
     DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
@@ -258,6 +284,39 @@ class LibvirtBackend final : public VirtBackend {
   }
 
  private:
+  // Each connection needs its own registration; libvirt calls back on its event thread.
+  void watch_lifecycle(virConnectPtr conn) {
+    std::lock_guard lock(events_mutex_);
+    if (!lifecycle_) return;
+    int id = api->virConnectDomainEventRegisterAny(conn, nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                                   VIR_DOMAIN_EVENT_CALLBACK(&LibvirtBackend::lifecycle_event), this,
+                                                   nullptr);
+    if (id < 0) {
+      spdlog::warn("libvirt {}: no domain events ({}); guests that stop are seen at the next resync", options_.uri,
+                   last_virt_error());
+      return;
+    }
+    event_callbacks_.emplace_back(conn, id);
+  }
+
+  static int lifecycle_event(virConnectPtr, virDomainPtr domain, int event, int, void* opaque) {
+    // Defined, suspended, resumed and the like change nothing toyvm acts on.
+    if (event != VIR_DOMAIN_EVENT_STARTED && event != VIR_DOMAIN_EVENT_STOPPED && event != VIR_DOMAIN_EVENT_CRASHED &&
+        event != VIR_DOMAIN_EVENT_UNDEFINED)
+      return 0;
+    auto* self = static_cast<LibvirtBackend*>(opaque);
+    const char* name = api->virDomainGetName(domain);
+    char uuid[VIR_UUID_STRING_BUFLEN];
+    if (!name || api->virDomainGetUUIDString(domain, uuid) != 0 || domain_name(uuid) != name) return 0;
+    std::function<void(const std::string&)> changed;
+    {
+      std::lock_guard lock(self->events_mutex_);
+      changed = self->lifecycle_;
+    }
+    if (changed) changed(uuid);
+    return 0;
+  }
+
   // A failure carrying libvirt's own words, after what toyvm was doing when it has a say. A
   // connection that died meanwhile says nothing about the instance: libvirt_unavailable.
   template <class T>
@@ -365,6 +424,9 @@ class LibvirtBackend final : public VirtBackend {
   LibvirtOptions options_;
   std::string pool_;
   std::mutex owners_mutex_;  // list() may run on several worker threads
+  std::mutex events_mutex_;  // libvirt's event thread reads what the agent's threads set
+  std::function<void(const std::string&)> lifecycle_;
+  std::vector<std::pair<virConnectPtr, int>> event_callbacks_;
   std::set<std::string> mine_;
 };
 

@@ -22,6 +22,7 @@
 #include "services/services.hpp"
 #include "virt/images.hpp"
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <unistd.h>
 
@@ -135,6 +136,13 @@ class ComputeAgent {
                            c.guest_filter, host.provider};
     auto backend = open_libvirt(libvirt, &detail);
     if (!backend) return report_failure(backend.error(), detail);
+    // A guest that stops, crashes or is killed outside toyvm is looked at at once; the
+    // periodic resync remains the net for an event that is lost.
+    (*backend)->on_lifecycle([this](const std::string& uuid) {
+      asio::post(ctx_.io, [this, uuid] {
+        if (reconciler_) reconciler_->observe(uuid);
+      });
+    });
     virt_.attach(std::move(*backend));
     builder_ = std::make_unique<Builder>(ctx_, Builder::Parts{slots_, recorder_, *images_, placer_, presence_});
     reconciler_ = std::make_unique<Reconciler>(ctx_, Reconciler::Parts{slots_, recorder_, *builder_, presence_});

@@ -62,6 +62,10 @@ awaitable<void> Reconciler::apply_listing(RangeResult listed) {
   parts_.presence.publish();
 }
 
+void Reconciler::observe(const std::string& uuid) {
+  if (parts_.slots.count(uuid)) kick(uuid);  // others are the resync's business
+}
+
 void Reconciler::kick(const std::string& uuid) {
   InstanceSlot& slot = parts_.slots[uuid];
   if (slot.busy) {
@@ -107,9 +111,20 @@ awaitable<bool> Reconciler::reconcile_once(std::string uuid) {
     spdlog::error("instance {}: libvirt: {}", uuid, actual.failure->message);
     co_return false;
   }
+  // Why it is off matters only for a guest that should run and was running.
+  StopCause cause = StopCause::unknown;
+  if (const InstanceSlot& before = parts_.slots[uuid]; actual.value == DomainState::stopped && before.desired &&
+                                                        before.desired->power == PowerState::running &&
+                                                        before.recorded == InstanceState::active) {
+    auto why = co_await ctx_.virt(&VirtBackend::stop_cause, uuid);
+    if (why) cause = why.value;
+    if (cause == StopCause::crashed) spdlog::warn("instance {}: the guest crashed", uuid);
+  }
   const InstanceSlot& slot = parts_.slots[uuid];
   std::optional<WorkSpec> desired = slot.desired;
-  switch (decide(desired ? &*desired : nullptr, actual.value, slot.recorded, slot.released)) {
+  const int64_t revision = slot.revision;
+  const CrashPolicy on_crash = ctx_.config.compute.on_guest_crash == "error" ? CrashPolicy::error : CrashPolicy::restart;
+  switch (decide(desired ? &*desired : nullptr, actual.value, slot.recorded, slot.released, cause, on_crash)) {
     case ReconcileAction::none: co_return true;
     case ReconcileAction::build: co_return co_await parts_.builder.build(*desired);
     case ReconcileAction::start: co_return co_await power(*desired, true);
@@ -119,6 +134,8 @@ awaitable<bool> Reconciler::reconcile_once(std::string uuid) {
     case ReconcileAction::remove: co_return co_await remove(*desired);
     case ReconcileAction::release: co_return co_await parts_.builder.release_held(*desired);
     case ReconcileAction::remove_domain: co_return co_await remove_domain(uuid);
+    case ReconcileAction::adopt_stop: co_return co_await adopt_stop(*desired, revision);
+    case ReconcileAction::record_crash: co_return co_await record_crash(*desired);
   }
   co_return true;
 }
@@ -176,6 +193,40 @@ awaitable<bool> Reconciler::remove_domain(std::string uuid) {
   if (!gone) spdlog::error("instance {}: destroying: {}", uuid, gone.failure->message);
   parts_.presence.publish();
   co_return bool(gone);
+}
+
+// The guest stopped without toyvm (it powered itself off, or someone stopped it outside
+// toyvm): STOPPED, and its desired power with it, in one transaction guarded by the revision of
+// the work that was seen, so that a start or destroy asked meanwhile wins.
+awaitable<bool> Reconciler::adopt_stop(WorkSpec spec, int64_t revision) {
+  const std::string work_key = ctx_.keys.work(ctx_.host.provider, spec.uuid);
+  WorkSpec stopped = spec;
+  stopped.power = PowerState::stopped;
+  InstanceRecord record = parts_.recorder.make(spec, InstanceState::stopped);
+  std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(work_key, revision)};
+  std::vector<EtcdOp> ops{EtcdOp::put(work_key, encode(stopped)), EtcdOp::put(ctx_.keys.instance(spec.uuid), encode(record))};
+  auto txn = co_await ctx_.etcd->txn(std::move(unchanged), std::move(ops));
+  if (!txn) co_return false;
+  if (txn->succeeded) {
+    spdlog::info("instance {}: the guest stopped without toyvm; it is STOPPED until started", spec.uuid);
+    InstanceSlot& slot = parts_.slots[spec.uuid];
+    slot.recorded = InstanceState::stopped;
+    slot.ip.clear();
+  }
+  co_return true;  // refused: the work changed, and the watch brings what it is now
+}
+
+// on_guest_crash = "error": ERROR launch_failure, recorded as releasing first; then the domain
+// and its disk go and the allocation is given back (later rounds finish what fails here, as
+// for any ERROR instance).
+awaitable<bool> Reconciler::record_crash(WorkSpec spec) {
+  InstanceRecord failed = parts_.recorder.make(spec, InstanceState::error);
+  failed.error_code = "launch_failure";
+  failed.error_message = "the guest crashed";
+  failed.releasing = true;
+  if (!co_await parts_.recorder.write(failed)) co_return false;
+  if (!co_await remove_domain(spec.uuid)) co_return false;
+  co_return co_await parts_.builder.release_held(spec);
 }
 
 }  // namespace toyvm::compute

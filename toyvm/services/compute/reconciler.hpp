@@ -30,6 +30,9 @@ class Reconciler {
   // Everything under the work prefix: what is listed is applied, work that vanished since is
   // removed, and domains nobody asked for are destroyed.
   awaitable<void> apply_listing(RangeResult listed);
+  // libvirt says an instance's domain started, stopped or crashed: look at it now rather than
+  // at the next resync.
+  void observe(const std::string& uuid);
 
  private:
   // `listed`: from a listing, so the work may predate this agent and what it recorded must
@@ -42,6 +45,8 @@ class Reconciler {
   awaitable<void> shut_down_gracefully(std::string uuid);
   awaitable<bool> remove(WorkSpec spec);
   awaitable<bool> remove_domain(std::string uuid);
+  awaitable<bool> adopt_stop(WorkSpec spec, int64_t revision);
+  awaitable<bool> record_crash(WorkSpec spec);
 
   AgentContext& ctx_;
   Parts parts_;

@@ -86,7 +86,7 @@ awaitable<void> ProviderRegistration::register_until_done() {
   spdlog::info("registered provider {} with inventory {}", ctx_.host.provider,
                format_amounts(capacity_of(inventory_)));
   registered_ = true;
-  if (disabled_in_placement_ != operator_disabled_) set_operator_disabled(operator_disabled_);
+  set_operator_disabled(operator_disabled_);  // a disable that came while registering
 }
 
 // The provider, its inventory, traits and zone, each call idempotent.
