@@ -83,9 +83,9 @@ class VirtBackend {
   virtual VirtResult<DomainState> state(const std::string& uuid) = 0;
   // For a shut-off domain: why.
   virtual VirtResult<StopCause> stop_cause(const std::string& uuid) = 0;
-  // `changed(uuid)` is called, on libvirt's event thread, whenever one of this agent's
-  // domains starts, stops, crashes or goes away.
-  virtual void on_lifecycle(std::function<void(const std::string& uuid)> changed) = 0;
+  // `changed(uuid, started)` is called, on libvirt's event thread, whenever one of this
+  // agent's domains starts, stops, crashes or goes away.
+  virtual void on_lifecycle(std::function<void(const std::string& uuid, bool started)> changed) = 0;
   // The uuids of the domains this agent manages: named toyvm-<uuid> and, with an owner set,
   // made by that owner (several agents may share one libvirt).
   virtual VirtResult<std::vector<std::string>> list() = 0;

@@ -207,7 +207,7 @@ class LibvirtBackend final : public VirtBackend {
     }
   }
 
-  void on_lifecycle(std::function<void(const std::string& uuid)> changed) override {
+  void on_lifecycle(std::function<void(const std::string& uuid, bool started)> changed) override {
     {
       std::lock_guard lock(events_mutex_);
       lifecycle_ = std::move(changed);
@@ -308,12 +308,12 @@ class LibvirtBackend final : public VirtBackend {
     const char* name = api->virDomainGetName(domain);
     char uuid[VIR_UUID_STRING_BUFLEN];
     if (!name || api->virDomainGetUUIDString(domain, uuid) != 0 || domain_name(uuid) != name) return 0;
-    std::function<void(const std::string&)> changed;
+    std::function<void(const std::string&, bool)> changed;
     {
       std::lock_guard lock(self->events_mutex_);
       changed = self->lifecycle_;
     }
-    if (changed) changed(uuid);
+    if (changed) changed(uuid, event == VIR_DOMAIN_EVENT_STARTED);
     return 0;
   }
 
@@ -425,7 +425,7 @@ class LibvirtBackend final : public VirtBackend {
   std::string pool_;
   std::mutex owners_mutex_;  // list() may run on several worker threads
   std::mutex events_mutex_;  // libvirt's event thread reads what the agent's threads set
-  std::function<void(const std::string&)> lifecycle_;
+  std::function<void(const std::string&, bool)> lifecycle_;
   std::vector<std::pair<virConnectPtr, int>> event_callbacks_;
   std::set<std::string> mine_;
 };

@@ -138,9 +138,9 @@ class ComputeAgent {
     if (!backend) return report_failure(backend.error(), detail);
     // A guest that stops, crashes or is killed outside toyvm is looked at at once; the
     // periodic resync remains the net for an event that is lost.
-    (*backend)->on_lifecycle([this](const std::string& uuid) {
-      asio::post(ctx_.io, [this, uuid] {
-        if (reconciler_) reconciler_->observe(uuid);
+    (*backend)->on_lifecycle([this](const std::string& uuid, bool started) {
+      asio::post(ctx_.io, [this, uuid, started] {
+        if (reconciler_) reconciler_->observe(uuid, started);
       });
     });
     virt_.attach(std::move(*backend));

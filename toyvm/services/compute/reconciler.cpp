@@ -62,8 +62,13 @@ awaitable<void> Reconciler::apply_listing(RangeResult listed) {
   parts_.presence.publish();
 }
 
-void Reconciler::observe(const std::string& uuid) {
-  if (parts_.slots.count(uuid)) kick(uuid);  // others are the resync's business
+void Reconciler::observe(const std::string& uuid, bool started) {
+  auto slot = parts_.slots.find(uuid);
+  if (slot == parts_.slots.end()) return;  // others are the resync's business
+  // A domain that starts while a step runs for it is that step's own doing (builds and starts
+  // are toyvm's); a second round to look at it would cost every build a libvirt call.
+  if (started && slot->second.busy) return;
+  kick(uuid);
 }
 
 void Reconciler::kick(const std::string& uuid) {

@@ -32,7 +32,7 @@ class Reconciler {
   awaitable<void> apply_listing(RangeResult listed);
   // libvirt says an instance's domain started, stopped or crashed: look at it now rather than
   // at the next resync.
-  void observe(const std::string& uuid);
+  void observe(const std::string& uuid, bool started);
 
  private:
   // `listed`: from a listing, so the work may predate this agent and what it recorded must
