@@ -16,6 +16,8 @@ service_pkgs=(
   etcd-server etcd-client
   placement-api python3-placement uwsgi-core uwsgi-plugin-python3
   libvirt-clients openssl keystone
+  # The metrics test parses /metrics with the Prometheus client's own parser.
+  python3-prometheus-client
   # Real guests: libvirtd with QEMU, and what contrib/tiny-guest.sh builds the test guest with.
   libvirt-daemon-system qemu-system-x86 qemu-utils busybox-static xz-utils
   # What libvirtd runs that its packages only recommend (installed here without them):

@@ -635,6 +635,13 @@ std::string tiny_guest_dir() {
   return dir;
 }
 
+std::optional<HostRecord> host_record(const Servers& servers, const std::string& rp) {
+  auto kvs = servers.etcd_prefix(KeyLayout().host(rp));
+  if (kvs.empty()) return std::nullopt;
+  auto record = decode_host(kvs.front().value);
+  return record ? std::optional<HostRecord>(*record) : std::nullopt;
+}
+
 std::pair<std::string, std::string> parse_notified(const std::string& out) {
   static const std::regex line("NOTIFIED TARGET, ([0-9a-f-]{36}), OF INSTANCE ([0-9a-f-]{36})");
   std::smatch m;

@@ -217,6 +217,9 @@ inline size_t count_lines(const std::string& text) { return size_t(std::count(te
 // "NOTIFIED TARGET, <rp>, OF INSTANCE <uuid>" -> {rp, uuid}; empty strings otherwise.
 std::pair<std::string, std::string> parse_notified(const std::string& out);
 
+// The host record of provider `rp` in etcd (its agent is alive), or nothing.
+std::optional<HostRecord> host_record(const Servers& servers, const std::string& rp);
+
 }  // namespace toyvm::test
 
 #include "harness_impl.hpp"

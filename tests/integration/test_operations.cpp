@@ -12,6 +12,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <fstream>
 
 using namespace toyvm;
 using namespace toyvm::test;
@@ -21,13 +22,6 @@ namespace {
 
 const std::string small = "resources=VCPU:1,MEMORY_MB:64";
 const std::string roomy = "VCPU:1000,DISK_GB:10000,MEMORY_MB:100000";
-
-std::optional<HostRecord> host_record(const Servers& servers, const std::string& rp) {
-  auto kvs = servers.etcd_prefix(KeyLayout().host(rp));
-  if (kvs.empty()) return std::nullopt;
-  auto record = decode_host(kvs.front().value);
-  return record ? std::optional<HostRecord>(*record) : std::nullopt;
-}
 
 std::optional<HostStats> host_stats(const Servers& servers, const std::string& rp) {
   auto kvs = servers.etcd_prefix(KeyLayout().stats(rp));
@@ -230,4 +224,90 @@ TEST_CASE("show --watch prints each change of state as it happens, for all insta
   }
   CHECK(servers.toyvm({"show", "--watch", "6a1f4a3e-8e4c-4a39-9a53-1d0f2b1f6f00"}).exit_code == 3);
   CHECK(all->running());
+}
+
+namespace {
+
+// Scrapes `url` and parses it with the Prometheus client's own parser: one line per sample,
+// "name label=value,... value"; empty when the scrape or the parse fails.
+std::string scrape(const std::string& url) {
+  TempDir dir;
+  auto parsed = run_command({"/usr/bin/python3", "-c", R"(
+import sys, urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
+for family in text_string_to_metric_families(text):
+    for s in family.samples:
+        print(s.name, ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())), s.value)
+)", url}, dir.path());
+  INFO(parsed.err);
+  CHECK(parsed.exit_code == 0);
+  return parsed.exit_code == 0 ? parsed.out : "";
+}
+
+// The value of a sample in scrape()'s output; -1 when it is not there.
+double sample(const std::string& samples, const std::string& name, const std::string& labels = "") {
+  const std::string prefix = name + " " + labels + " ";
+  for (size_t at = 0; (at = samples.find(prefix, at)) != std::string::npos; at += prefix.size())
+    if (at == 0 || samples[at - 1] == '\n') return std::stod(samples.substr(at + prefix.size()));
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("the agent and the metadata service serve Prometheus metrics, never on the guests' address", "[operations]") {
+  Servers servers;
+  std::string rp;
+  const uint16_t port = free_port();
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/metrics";
+  auto compute = servers.start_compute("c1", roomy, &rp, {},
+                                       "metrics_listen = '127.0.0.1:" + std::to_string(port) + "'");
+  std::vector<std::string> uuids;
+  for (int i = 0; i < 2; ++i) uuids.push_back(parse_notified(servers.toyvm({"schedule", small, "--wait"}).out).second);
+  REQUIRE(servers.toyvm({"stop", uuids[1]}).exit_code == 0);
+  std::string samples = scrape(url);
+  CHECK(sample(samples, "toyvm_instances", "state=ACTIVE") == 1);
+  CHECK(sample(samples, "toyvm_instances", "state=STOPPED") == 1);
+  CHECK(sample(samples, "toyvm_instances", "state=ERROR") == 0);
+  CHECK(sample(samples, "toyvm_builds_total", "result=active") == 2);
+  CHECK(sample(samples, "toyvm_build_seconds_count") == 2);
+  CHECK(sample(samples, "toyvm_build_seconds_bucket", "le=+Inf") == 2);
+  CHECK(sample(samples, "toyvm_placement_requests_total", "code=200,method=GET") >= 1);
+  CHECK(sample(samples, "toyvm_placement_request_seconds_count") >= 1);
+  CHECK(sample(samples, "toyvm_etcd_requests_total", "code=ok") >= 1);
+  CHECK(sample(samples, "toyvm_etcd_request_seconds_count") >= 1);
+  // etcd going away and coming back ends the agent's watches: they are counted.
+  servers.stop_etcd();
+  servers.start_etcd_again();
+  CHECK(wait_for([&] { return sample(scrape(url), "toyvm_etcd_watch_restarts_total") >= 1; }, 30));
+
+  // The metadata service: requests by code, and those the rate limit refused.
+  const uint16_t md_port = free_port(), md_metrics = free_port();
+  const std::string config = servers.dir() + "/md.toml";
+  std::ofstream(config) << "[mdserver]\nrate_limit = 1\nrate_burst = 2\nmetrics_listen = '127.0.0.1:" << md_metrics
+                        << "'\n";
+  // Guests reach the metadata service at 127.0.0.2 here; metrics go on another address.
+  auto md = servers.spawn_toyvm({"--config", config, "mdserver", "--listen", "127.0.0.2:" + std::to_string(md_port)},
+                                "md.log");
+  REQUIRE(wait_for([&] { return accepts_connections(md_metrics); }, 20));
+  TempDir dir;
+  for (int i = 0; i < 5; ++i)
+    run_command({"/usr/bin/python3", "-c", "import urllib.request,sys\ntry: urllib.request.urlopen(sys.argv[1])\nexcept Exception: pass",
+                 "http://127.0.0.2:" + std::to_string(md_port) + "/latest/meta-data/"}, dir.path());
+  std::string md_samples = scrape("http://127.0.0.1:" + std::to_string(md_metrics) + "/metrics");
+  CHECK(sample(md_samples, "toyvm_mdserver_requests_total", "code=404") >= 1);  // the test is no guest
+  CHECK(sample(md_samples, "toyvm_mdserver_requests_total", "code=429") >= 1);
+  CHECK(sample(md_samples, "toyvm_mdserver_rate_limited_total") >= 1);
+  CHECK(sample(md_samples, "toyvm_mdserver_request_seconds_count") == 5);
+
+  // Never where guests reach: the metadata address, or the metadata service's own.
+  const std::string bad = servers.dir() + "/bad.toml";
+  std::ofstream(bad) << "[compute]\nmetrics_listen = '169.254.169.254:9100'\n";
+  auto refused = servers.toyvm({"--config", bad, "compute", "--state-dir", servers.dir() + "/bad", "--libvirt-uri",
+                                "test:///default", "--inventory", roomy});
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.err, Catch::Contains("guests reach"));
+  std::ofstream(bad) << "[mdserver]\nmetrics_listen = '127.0.0.1:" << free_port() << "'\n";
+  auto same = servers.toyvm({"--config", bad, "mdserver", "--listen", "127.0.0.1:" + std::to_string(free_port())});
+  CHECK(same.exit_code == 2);
 }

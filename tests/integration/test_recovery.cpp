@@ -22,13 +22,6 @@ namespace {
 const std::string small = "resources=VCPU:1,DISK_GB:1,MEMORY_MB:64";
 const std::string roomy = "VCPU:1000,DISK_GB:10000,MEMORY_MB:100000";
 
-std::optional<HostRecord> host_record(const Servers& servers, const std::string& rp) {
-  auto kvs = servers.etcd_prefix(KeyLayout().host(rp));
-  if (kvs.empty()) return std::nullopt;
-  auto record = decode_host(kvs.front().value);
-  return record ? std::optional<HostRecord>(*record) : std::nullopt;
-}
-
 int active_instances(const Servers& servers) {
   int n = 0;
   for (const KeyValue& kv : servers.etcd_prefix(KeyLayout().instances_prefix())) {

@@ -1,5 +1,6 @@
 #include "clients/etcd.hpp"
 
+#include "core/metrics.hpp"
 #include "model/keys.hpp"
 #include "rpc.grpc.pb.h"
 
@@ -29,6 +30,18 @@ error_code from_status(const grpc::Status& status) {
     case grpc::StatusCode::DEADLINE_EXCEEDED: return errc::etcd_unavailable;
     case grpc::StatusCode::CANCELLED: return errc::cancelled;
     default: return errc::etcd_error;
+  }
+}
+
+// For metrics: the few outcomes worth telling apart.
+std::string status_name(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "ok";
+    case grpc::StatusCode::UNAVAILABLE: return "unavailable";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "deadline_exceeded";
+    case grpc::StatusCode::CANCELLED: return "cancelled";
+    case grpc::StatusCode::UNAUTHENTICATED: return "unauthenticated";
+    default: return "error";
   }
 }
 
@@ -507,9 +520,13 @@ class GrpcEtcdClient final : public EtcdClient {
     call->request = request;
     call->context.set_deadline(std::chrono::system_clock::now() + timeout_);
     if (!token.empty()) call->context.AddMetadata("token", token);
+    const auto started = std::chrono::steady_clock::now();
     start(&call->context, &call->request, &call->response,
           [call](grpc::Status status) { call->done.push(std::move(status)); });
     grpc::Status status = co_await call->done.async_pop();
+    metrics::observe("toyvm_etcd_request_seconds",
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    metrics::count("toyvm_etcd_requests_total", {{"code", status_name(status.error_code())}});
     co_return std::pair{std::move(status), std::move(call->response)};
   }
 
@@ -571,7 +588,10 @@ awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string rang
         delay = std::chrono::milliseconds(100);
         for (const WatchEvent& event : batch.events) changed(event);
       }
-      if (!stopping()) spdlog::warn("watch on {} ended; listing again", key);
+      if (!stopping()) {
+        spdlog::warn("watch on {} ended; listing again", key);
+        metrics::count("toyvm_etcd_watch_restarts_total");
+      }
     } else {
       spdlog::warn("etcd at {}: {}; retrying", etcd.endpoints_text(), listing.error().message());
     }

@@ -1,5 +1,7 @@
 #include "clients/placement.hpp"
 
+#include "core/metrics.hpp"
+
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
@@ -110,10 +112,15 @@ awaitable<result<HttpResponse>> PlacementClient::send(const HttpRequest& request
   // restarting Placement refuses connections: a few quick retries ride over both.
   asio::steady_timer timer(co_await asio::this_coro::executor);
   std::chrono::milliseconds backoff{50};
+  const auto started = std::chrono::steady_clock::now();
   for (int attempt = 1;; ++attempt) {
     auto response = co_await http_.request(request);
     bool retry = attempt < 4 && (!response || response->status >= 500);
     if (!retry) {
+      metrics::observe("toyvm_placement_request_seconds",
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+      metrics::count("toyvm_placement_requests_total",
+                     {{"method", request.method}, {"code", response ? std::to_string(response->status) : "unavailable"}});
       if (!response) {
         last_error_ = {errc::placement_unavailable, {},
                        fmt::format("cannot reach Placement at {}: {}", http_.url(),

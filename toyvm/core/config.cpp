@@ -163,6 +163,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("resync_interval", c.resync_interval_s);
   compute.get("stats_interval", c.stats_interval_s);
   compute.get("on_guest_crash", c.on_guest_crash);
+  compute.get("metrics_listen", c.metrics_listen);
   compute.get("max_build_attempts", c.max_build_attempts);
   compute.get("image_dir", c.image_dir);
   compute.get("image_cache_dir", c.image_cache_dir);
@@ -197,6 +198,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
 
   TableReader mdserver(section("mdserver"), "mdserver", &error);
   mdserver.get("listen", config.mdserver.listen);
+  mdserver.get("metrics_listen", config.mdserver.metrics_listen);
   mdserver.get("max_connections", config.mdserver.max_connections);
   mdserver.get("idle_timeout", config.mdserver.idle_timeout_s);
   mdserver.get("availability_zone", config.mdserver.availability_zone);

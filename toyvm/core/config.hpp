@@ -71,6 +71,7 @@ struct ComputeConfig {
   std::string guest_filter = "clean-traffic";  // nwfilter on each guest NIC; empty: none
   double address_timeout_s = 300; // how long to look for a new guest's IP
   double stop_timeout_s = 30;     // a guest asked to power off is forced off after this
+  std::string metrics_listen;     // ADDRESS:PORT for Prometheus' /metrics; empty: off
   std::string on_guest_crash = "restart";  // or "error": ERROR launch_failure, resources given back
   double console_interval_s = 2;  // how often a grown console log is published to etcd
 };
@@ -87,6 +88,7 @@ struct ScheduleConfig {
 
 struct MdserverConfig {
   std::vector<std::string> listen{"169.254.169.254:80"};
+  std::string metrics_listen;  // ADDRESS:PORT for Prometheus' /metrics; empty: off
   int max_connections = 4096;
   double idle_timeout_s = 10.0;  // a connection that sends nothing for this long is closed
   std::string availability_zone = "nova";

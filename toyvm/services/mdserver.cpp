@@ -10,6 +10,7 @@
 #include "model/records.hpp"
 #include "services/common.hpp"
 #include "services/metadata_http.hpp"
+#include "services/metrics_http.hpp"
 #include "services/services.hpp"
 
 #include <boost/asio/signal_set.hpp>
@@ -105,6 +106,7 @@ class MetadataServer {
         keys_(config.etcd.prefix),
         etcd_(EtcdClient::create(config.etcd)),
         index_(keys_, config.mdserver.availability_zone),
+        metrics_listen_(config.mdserver.metrics_listen),
         http_(io, config.mdserver, [this](const std::string& ip) { return index_.find(ip); }) {}
 
   awaitable<int> run(std::vector<std::string> listen) {
@@ -116,6 +118,11 @@ class MetadataServer {
     }
     for (const std::string& address : listen) {
       if (!http_.listen(address, "", &error)) co_return report_failure(ExitCode::failed, error);
+    }
+    if (const std::string& metrics = metrics_listen_; !metrics.empty()) {
+      if (std::string problem = metrics_address_problem(metrics, listen); !problem.empty())
+        co_return report_failure(ExitCode::usage, problem);
+      if (!serve_metrics(io_, metrics, &error)) co_return report_failure(ExitCode::failed, error);
     }
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     signals.async_wait([this](const error_code& ec, int) {
@@ -144,6 +151,7 @@ class MetadataServer {
   KeyLayout keys_;
   std::shared_ptr<EtcdClient> etcd_;
   MetadataIndex index_;
+  std::string metrics_listen_;
   MetadataHttpServer http_;
 };
 

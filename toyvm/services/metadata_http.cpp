@@ -1,5 +1,7 @@
 #include "services/metadata_http.hpp"
 
+#include "core/metrics.hpp"
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -140,11 +142,13 @@ awaitable<void> MetadataHttpServer::serve(tcp::socket socket) {
       break;
     }
     const auto& request = parser.get();
+    const auto started = std::chrono::steady_clock::now();
     MetadataResponse answer;
     if (!from_guest_network(ip)) {
       answer = {403, "text/plain", "Forbidden\n"};
-    } else if (!limiter_.allow(ip, std::chrono::steady_clock::now())) {
+    } else if (!limiter_.allow(ip, started)) {
       answer = {429, "text/plain", "Too Many Requests\n"};
+      metrics::count("toyvm_mdserver_rate_limited_total");
     } else {
       std::shared_ptr<const GuestView> guest = lookup_(ip);
       answer = route_metadata(request.method_string(), request.target(), guest.get());
@@ -157,6 +161,9 @@ awaitable<void> MetadataHttpServer::serve(tcp::socket socket) {
     response.prepare_payload();
     if (request.method() == http::verb::head) response.body().clear();  // length stays
     auto [write_ec, written] = co_await http::async_write(stream, response, no_throw);
+    metrics::count("toyvm_mdserver_requests_total", {{"code", std::to_string(answer.status)}});
+    metrics::observe("toyvm_mdserver_request_seconds",
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     if (write_ec || !response.keep_alive()) break;
   }
   error_code ignored;

@@ -5,6 +5,7 @@
 // them together.
 
 #include "core/log.hpp"
+#include "core/metrics.hpp"
 #include "core/startup_pages.hpp"
 #include "model/inventory.hpp"
 #include "services/common.hpp"
@@ -18,6 +19,7 @@
 #include "services/compute/recorder.hpp"
 #include "services/compute/registration.hpp"
 #include "services/compute/work_feed.hpp"
+#include "services/metrics_http.hpp"
 #include "services/placer.hpp"
 #include "services/services.hpp"
 #include "virt/images.hpp"
@@ -71,6 +73,7 @@ class ComputeAgent {
     co_await adopt_provider_by_name(ctx_, config_.compute.state_dir, name);
     if (ctx_.stopping) co_return 0;
     if (int code = prepare(); code != 0) co_return code;
+    if (int code = serve_agent_metrics(); code != 0) co_return code;
     co_await ensure_network();
     spawn_detached(ctx_.io, metadata_.run(), "serving metadata");
     co_await maintenance_->load();
@@ -148,6 +151,27 @@ class ComputeAgent {
     reconciler_ = std::make_unique<Reconciler>(ctx_, Reconciler::Parts{slots_, recorder_, *builder_, presence_});
     feed_ = std::make_unique<WorkFeed>(ctx_, *reconciler_);
     spdlog::info("provider {} ({}), libvirt {}", host.provider, host.name, c.libvirt_uri);
+    return 0;
+  }
+
+  // Prometheus' /metrics, when asked for, with the instances by the state recorded here.
+  int serve_agent_metrics() {
+    const std::string& address = config_.compute.metrics_listen;
+    if (address.empty()) return 0;
+    if (std::string problem = metrics_address_problem(address, config_.mdserver.listen); !problem.empty())
+      return report_failure(ExitCode::usage, problem);
+    metrics::on_render([this] {
+      std::map<std::string, int> by_state;
+      for (InstanceState state : {InstanceState::scheduled, InstanceState::building, InstanceState::active,
+                                  InstanceState::stopped, InstanceState::error, InstanceState::deleting})
+        by_state[std::string(to_string(state))] = 0;
+      // Scrapes are answered on the event loop's thread, which the slots belong to.
+      for (auto& [uuid, slot] : slots_)
+        if (slot.recorded) by_state[std::string(to_string(*slot.recorded))] += 1;
+      for (auto& [state, n] : by_state) metrics::set("toyvm_instances", n, {{"state", state}});
+    });
+    std::string error;
+    if (!serve_metrics(ctx_.io, address, &error)) return report_failure(ExitCode::failed, error);
     return 0;
   }
 

@@ -1,6 +1,7 @@
 #include "services/compute/builder.hpp"
 
 #include "core/failpoint.hpp"
+#include "core/metrics.hpp"
 #include "model/groups.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -27,6 +28,7 @@ awaitable<bool> Builder::build(WorkSpec spec) {
                               fmt::format("server group {} ({}) does not allow this host", spec.group, spec.group_policy));
   }
   spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image, format_amounts(spec.resources));
+  const auto started = std::chrono::steady_clock::now();
   co_await failpoint::pass("build.begin");
   // BUILDING is recorded while the image is found and the domain made: one etcd commit less
   // before ACTIVE. Nothing else is recorded until etcd has answered, so records land in order.
@@ -43,10 +45,14 @@ awaitable<bool> Builder::build(WorkSpec spec) {
       co_return false;
     case Made::Outcome::failed:
       parts_.presence.publish();
+      metrics::count("toyvm_builds_total", {{"result", "failed"}});
       co_return co_await fail(spec, made.reason, made.message);
     case Made::Outcome::made: break;
   }
   spdlog::info("instance {}: active", spec.uuid);
+  metrics::count("toyvm_builds_total", {{"result", "active"}});
+  metrics::observe("toyvm_build_seconds",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   parts_.presence.publish();
   co_return co_await parts_.recorder.record(spec, InstanceState::active);
 }
@@ -136,6 +142,7 @@ awaitable<bool> Builder::fail(WorkSpec spec, std::string reason, std::string mes
   failed.error_message = std::move(message);
   failed.releasing = true;
   if (!co_await parts_.recorder.write(failed)) co_return false;
+  metrics::count("toyvm_instance_failures_total", {{"reason", failed.error_code}});
   co_return co_await release_held(spec);
 }
 

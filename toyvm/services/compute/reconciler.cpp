@@ -1,6 +1,7 @@
 #include "services/compute/reconciler.hpp"
 
 #include "core/failpoint.hpp"
+#include "core/metrics.hpp"
 #include "model/reconcile.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -124,6 +125,8 @@ awaitable<bool> Reconciler::reconcile_once(std::string uuid) {
     auto why = co_await ctx_.virt(&VirtBackend::stop_cause, uuid);
     if (why) cause = why.value;
     if (cause == StopCause::crashed) spdlog::warn("instance {}: the guest crashed", uuid);
+    if (cause == StopCause::crashed && ctx_.config.compute.on_guest_crash == "restart")
+      metrics::count("toyvm_guest_events_total", {{"outcome", "restarted"}});
   }
   const InstanceSlot& slot = parts_.slots[uuid];
   std::optional<WorkSpec> desired = slot.desired;
@@ -214,6 +217,7 @@ awaitable<bool> Reconciler::adopt_stop(WorkSpec spec, int64_t revision) {
   if (!txn) co_return false;
   if (txn->succeeded) {
     spdlog::info("instance {}: the guest stopped without toyvm; it is STOPPED until started", spec.uuid);
+    metrics::count("toyvm_guest_events_total", {{"outcome", "stopped"}});
     InstanceSlot& slot = parts_.slots[spec.uuid];
     slot.recorded = InstanceState::stopped;
     slot.ip.clear();
@@ -230,6 +234,8 @@ awaitable<bool> Reconciler::record_crash(WorkSpec spec) {
   failed.error_message = "the guest crashed";
   failed.releasing = true;
   if (!co_await parts_.recorder.write(failed)) co_return false;
+  metrics::count("toyvm_guest_events_total", {{"outcome", "error"}});
+  metrics::count("toyvm_instance_failures_total", {{"reason", "launch_failure"}});
   if (!co_await remove_domain(spec.uuid)) co_return false;
   co_return co_await parts_.builder.release_held(spec);
 }

@@ -1,6 +1,7 @@
 #include "services/compute/work_feed.hpp"
 
 #include "core/failpoint.hpp"
+#include "core/metrics.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <spdlog/spdlog.h>
@@ -25,9 +26,11 @@ awaitable<void> WorkFeed::follow() {
     while (!ctx_.stopping) {
       WatchBatch batch = co_await watch_->next();
       if (batch.error || batch.canceled || batch.compact_revision) {
-        if (!ctx_.stopping)
+        if (!ctx_.stopping) {
           spdlog::warn("watch on {} ended ({}); listing again", prefix,
                        batch.compact_revision ? "compacted" : batch.error.message());
+          metrics::count("toyvm_etcd_watch_restarts_total");
+        }
         break;
       }
       delay = 100ms;
