@@ -35,9 +35,9 @@ static int define_domains(virConnectPtr conn, const char *xml_template, long cou
   const size_t length = sizeof placeholder - 1;
   for (long i = 0; i < count; ++i) {
     char *xml = strdup(xml_template);
-    char digits[13];
-    snprintf(digits, sizeof digits, "%012lx", i + 1);
-    for (char *at = xml; (at = strstr(at, placeholder)) != NULL; at += length) memcpy(at + length - 12, digits, 12);
+    char digits[17];  // a long's hex digits; the copy's number is the last twelve
+    snprintf(digits, sizeof digits, "%016lx", (unsigned long)(i + 1));
+    for (char *at = xml; (at = strstr(at, placeholder)) != NULL; at += length) memcpy(at + length - 12, digits + 4, 12);
     virDomainPtr domain = virDomainDefineXML(conn, xml);
     free(xml);
     if (!domain) return -1;
