@@ -74,6 +74,18 @@ Labels sorted(Labels labels) {
   return labels;
 }
 
+// A label value or help text as the text format wants it escaped.
+std::string escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
 std::string label_text(const Labels& labels, const std::string& extra = {}) {
   std::string text;
   for (const auto& [key, value] : labels) text += fmt::format("{}{}=\"{}\"", text.empty() ? "" : ",", key, escape(value));
@@ -87,17 +99,6 @@ std::string number(double value) {
 }
 
 }  // namespace
-
-std::string escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
-  }
-  return out;
-}
 
 void count(std::string_view name, const Labels& labels, double by) {
   if (!find(name)) return;

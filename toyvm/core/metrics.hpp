@@ -24,7 +24,4 @@ void on_render(std::function<void()> refresh);
 // Every metric with at least one series, in the text format.
 std::string render();
 
-// A label value or help text as the text format wants it escaped.
-std::string escape(std::string_view text);
-
 }  // namespace toyvm::metrics

@@ -119,10 +119,8 @@ class MetadataServer {
     for (const std::string& address : listen) {
       if (!http_.listen(address, "", &error)) co_return report_failure(ExitCode::failed, error);
     }
-    if (const std::string& metrics = metrics_listen_; !metrics.empty()) {
-      if (std::string problem = metrics_address_problem(metrics, listen); !problem.empty())
-        co_return report_failure(ExitCode::usage, problem);
-      if (!serve_metrics(io_, metrics, &error)) co_return report_failure(ExitCode::failed, error);
+    if (!metrics_listen_.empty()) {
+      if (auto failed = serve_metrics(io_, metrics_listen_, listen)) co_return report_failure(failed->code, failed->detail);
     }
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     signals.async_wait([this](const error_code& ec, int) {

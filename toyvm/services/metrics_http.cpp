@@ -56,9 +56,11 @@ awaitable<void> accept_loop(std::shared_ptr<tcp::acceptor> acceptor) {
 
 }  // namespace
 
-std::string metrics_address_problem(const std::string& address, const std::vector<std::string>& guest_listens) {
+std::optional<Failure> serve_metrics(asio::io_context& io, const std::string& address,
+                                     const std::vector<std::string>& guest_listens) {
   auto endpoint = MetadataHttpServer::parse_listen(address);
-  if (!endpoint) return fmt::format("bad metrics_listen '{}' (expected ADDRESS:PORT)", address);
+  if (!endpoint)
+    return Failure{errc::invalid_config, fmt::format("bad metrics_listen '{}' (expected ADDRESS:PORT)", address)};
   const auto ip = endpoint->address();
   bool guests_reach = ip.is_v4() && ip.to_v4() == asio::ip::make_address_v4("169.254.169.254");
   for (const std::string& listen : guest_listens) {
@@ -66,30 +68,18 @@ std::string metrics_address_problem(const std::string& address, const std::vecto
     if (guest && guest->address() == ip) guests_reach = true;
   }
   if (guests_reach)
-    return fmt::format("metrics_listen {} is an address guests reach (the metadata service's); choose another",
-                       address);
-  return {};
-}
-
-bool serve_metrics(asio::io_context& io, const std::string& address, std::string* error) {
-  auto endpoint = MetadataHttpServer::parse_listen(address);
-  if (!endpoint) {
-    *error = fmt::format("bad metrics_listen '{}' (expected ADDRESS:PORT)", address);
-    return false;
-  }
+    return Failure{errc::invalid_config, fmt::format("metrics_listen {} is an address guests reach (the metadata "
+                                                     "service's); choose another", address)};
   auto acceptor = std::make_shared<tcp::acceptor>(io);
   error_code ec;
   acceptor->open(endpoint->protocol(), ec);
   if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor->bind(*endpoint, ec);
   if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    *error = fmt::format("cannot serve metrics on {}: {}", address, ec.message());
-    return false;
-  }
+  if (ec) return Failure{ec, fmt::format("cannot serve metrics on {}: {}", address, ec.message())};
   spdlog::info("serving metrics on http://{}/metrics", address);
   asio::co_spawn(io, accept_loop(std::move(acceptor)), asio::detached);
-  return true;
+  return std::nullopt;
 }
 
 }  // namespace toyvm

@@ -158,8 +158,8 @@ class ComputeAgent {
   int serve_agent_metrics() {
     const std::string& address = config_.compute.metrics_listen;
     if (address.empty()) return 0;
-    if (std::string problem = metrics_address_problem(address, config_.mdserver.listen); !problem.empty())
-      return report_failure(ExitCode::usage, problem);
+    if (auto failed = serve_metrics(ctx_.io, address, config_.mdserver.listen))
+      return report_failure(failed->code, failed->detail);
     metrics::on_render([this] {
       std::map<std::string, int> by_state;
       for (InstanceState state : {InstanceState::scheduled, InstanceState::building, InstanceState::active,
@@ -170,8 +170,6 @@ class ComputeAgent {
         if (slot.recorded) by_state[std::string(to_string(*slot.recorded))] += 1;
       for (auto& [state, n] : by_state) metrics::set("toyvm_instances", n, {{"state", state}});
     });
-    std::string error;
-    if (!serve_metrics(ctx_.io, address, &error)) return report_failure(ExitCode::failed, error);
     return 0;
   }
 

@@ -117,6 +117,7 @@ awaitable<bool> Reconciler::reconcile_once(std::string uuid) {
     spdlog::error("instance {}: libvirt: {}", uuid, actual.failure->message);
     co_return false;
   }
+  const CrashPolicy on_crash = ctx_.config.compute.on_guest_crash == "error" ? CrashPolicy::error : CrashPolicy::restart;
   // Why it is off matters only for a guest that should run and was running.
   StopCause cause = StopCause::unknown;
   if (const InstanceSlot& before = parts_.slots[uuid]; actual.value == DomainState::stopped && before.desired &&
@@ -125,13 +126,12 @@ awaitable<bool> Reconciler::reconcile_once(std::string uuid) {
     auto why = co_await ctx_.virt(&VirtBackend::stop_cause, uuid);
     if (why) cause = why.value;
     if (cause == StopCause::crashed) spdlog::warn("instance {}: the guest crashed", uuid);
-    if (cause == StopCause::crashed && ctx_.config.compute.on_guest_crash == "restart")
+    if (cause == StopCause::crashed && on_crash == CrashPolicy::restart)
       metrics::count("toyvm_guest_events_total", {{"outcome", "restarted"}});
   }
   const InstanceSlot& slot = parts_.slots[uuid];
   std::optional<WorkSpec> desired = slot.desired;
   const int64_t revision = slot.revision;
-  const CrashPolicy on_crash = ctx_.config.compute.on_guest_crash == "error" ? CrashPolicy::error : CrashPolicy::restart;
   switch (decide(desired ? &*desired : nullptr, actual.value, slot.recorded, slot.released, cause, on_crash)) {
     case ReconcileAction::none: co_return true;
     case ReconcileAction::build: co_return co_await parts_.builder.build(*desired);
