@@ -116,8 +116,7 @@ int main(int argc, char** argv) {
                      "print each change of an instance's state (or every instance's) as it happens, a line each "
                      "(--json: an object each), until interrupted")
       ->excludes(console_flag);
-  show_cmd->add_option("--timeout", show.console_timeout_s, "with --console: seconds the instance's host has to answer")
-      ->needs(console_flag)
+  show_cmd->add_option("--timeout", show.timeout_s, "seconds the instance's host has to answer (its usage, its console)")
       ->capture_default_str();
   show_cmd->footer("Example: toyvm show d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --json");
   show_cmd->callback([&] { service = [&](const Config& c) { return run_show(c, show); }; });
@@ -168,13 +167,23 @@ int main(int argc, char** argv) {
   disable_cmd->add_option("--reason", host.reason, "why, shown by show --hosts");
   disable_cmd->footer("Example: toyvm host disable compute-3 --reason 'disk replacement'");
   disable_cmd->callback([&] {
-    host.disable = true;
+    host.action = HostOptions::Action::disable;
     service = [&](const Config& c) { return run_host(c, host); };
   });
   auto* enable_cmd = host_cmd->add_subcommand("enable", "let a disabled host take work again");
   enable_cmd->add_option("host", host.host, "host name or provider uuid")->required();
   enable_cmd->callback([&] {
-    host.disable = false;
+    host.action = HostOptions::Action::enable;
+    service = [&](const Config& c) { return run_host(c, host); };
+  });
+  auto* evacuate_cmd = app.add_subcommand("evacuate", "rebuild a dead host's instances on other hosts");
+  evacuate_cmd->add_option("host", host.host, "host name or provider uuid")->required();
+  evacuate_cmd->footer(
+      "Only for a host whose agent is down, and which will not run its guests meanwhile (powered off\n"
+      "or cut off): each instance is rebuilt elsewhere from its image with a fresh disk.\n"
+      "Example: toyvm evacuate compute-3");
+  evacuate_cmd->callback([&] {
+    host.action = HostOptions::Action::evacuate;
     service = [&](const Config& c) { return run_host(c, host); };
   });
 

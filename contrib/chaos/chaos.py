@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A seeded fault campaign: several agents on libvirt's test driver, a random mix of
 operations (schedule, --count, server groups, bad images, stop, start, destroy) and faults
-(agents killed -9 or stopped and restarted, an agent restarted with its state dir wiped,
+(agents killed -9 or stopped and restarted, an agent killed and its host evacuated before it
+comes back, an agent restarted with its state dir wiped,
 etcd restarted, Placement's uWSGI restarted). Then it lets things settle and requires:
 `toyvm audit` clean, every instance ACTIVE, STOPPED, ERROR or gone, no provider over its
 capacity. The seed fixes the sequence of operations and faults (what they meet depends on
@@ -96,8 +97,20 @@ class Campaign:
 
     def fault(self):
         rng, cloud = self.rng, self.cloud
-        kind = rng.choices(["kill_agent", "term_agent", "wipe_agent", "restart_etcd", "restart_placement"],
-                           weights=[4, 3, 1, 1, 1])[0]
+        kind = rng.choices(["kill_agent", "term_agent", "wipe_agent", "evacuate_agent", "restart_etcd",
+                            "restart_placement"], weights=[4, 3, 1, 1, 1, 1])[0]
+        if kind == "evacuate_agent":
+            # A host that dies and is evacuated while the operations go on; then it comes back.
+            name = rng.choice(cloud.agents)
+            cloud.stop(name, signal.SIGKILL)
+            try:
+                wait_until(f"agent {name} gone", lambda: not cloud.agent_alive(name), 30)
+                result = cloud.run("evacuate", name, timeout=120)
+                self.note(kind, f"exit {result.returncode}")
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                self.note(kind, f"not done: {e}")
+            cloud.start_agent(name)
+            return
         if kind in ("kill_agent", "term_agent", "wipe_agent"):
             name = rng.choice(cloud.agents)
             cloud.stop(name, signal.SIGKILL if kind == "kill_agent" else signal.SIGTERM)

@@ -11,6 +11,8 @@
 
 #include "catch_result.hpp"
 
+#include <boost/json/parse.hpp>
+
 #include <filesystem>
 #include <fstream>
 
@@ -30,15 +32,28 @@ struct GuestHost {
   std::string instances;
   std::unique_ptr<Process> compute;
   std::unique_ptr<VirtBackend> libvirt;  // the tests' own view of qemu:///system
+  std::string compute_toml;
 
   // `compute_toml`: more of the agent's [compute] settings.
-  explicit GuestHost(const std::string& compute_toml = "") {
+  explicit GuestHost(const std::string& compute_toml = "") : compute_toml(compute_toml) {
     ensure_libvirtd();
     images = servers.dir() + "/images";
     instances = servers.dir() + "/c1/instances";
     fs::create_directories(images + "/tiny");
     for (const char* file : {"kernel", "initrd", "cmdline", "disk.raw"})
       fs::copy_file(tiny_guest_dir() + "/" + file, images + "/tiny/" + file);
+    start_agent();
+    std::string detail;
+    LibvirtOptions system;
+    system.uri = "qemu:///system";
+    system.network = "default";
+    auto opened = open_libvirt(system, &detail);
+    if (!opened) throw std::runtime_error(detail);
+    libvirt = std::move(*opened);
+  }
+
+  // The agent of c1 on qemu:///system (again, after it was stopped).
+  void start_agent() {
     compute = servers.start_compute("c1", "VCPU:4,MEMORY_MB:2048,DISK_GB:20", &rp,
                                     {"--libvirt-uri", "qemu:///system"},
                                     "domain_type = 'qemu'\n"
@@ -49,13 +64,6 @@ struct GuestHost {
                                     // The agent serves its guests' metadata on their bridge.
                                     "metadata_interface = 'virbr0'\n"
                                     "[mdserver]\nlisten = ['169.254.169.254:80']\n");
-    std::string detail;
-    LibvirtOptions system;
-    system.uri = "qemu:///system";
-    system.network = "default";
-    auto opened = open_libvirt(system, &detail);
-    if (!opened) throw std::runtime_error(detail);
-    libvirt = std::move(*opened);
   }
 
   std::string schedule(std::vector<std::string> args, int expected_exit = 0) {
@@ -195,6 +203,19 @@ TEST_CASE("stop, start and destroy a real guest", "[guests]") {
   REQUIRE(host.domain_state(uuid) == DomainState::running);
   REQUIRE(host.console_shows(uuid, "toyvm-guest: address"));
 
+  // What it uses, from libvirt: its QEMU's memory on the host, its overlay's allocation.
+  auto shown = host.servers.toyvm({"show", uuid, "--json"});
+  INFO(shown.out << shown.err);
+  boost::json::value usage = boost::json::parse(shown.out).at("usage");
+  REQUIRE(usage.is_object());
+  CHECK(usage.at("running").as_bool());
+  CHECK(usage.at("memory_mb").as_int64() == 128);
+  CHECK(usage.at("rss_mb").as_int64() > 0);
+  CHECK(usage.at("cpu_time_s").as_double() > 0);
+  CHECK(usage.at("disk_capacity").as_int64() >= int64_t(1) << 30);  // DISK_GB:1
+  CHECK(usage.at("disk_allocation").as_int64() >= 0);
+  CHECK_THAT(host.servers.toyvm({"show", uuid}).out, Catch::Contains("held on the host") && Catch::Contains("(its overlay)"));
+
   auto stopped = host.servers.toyvm({"stop", uuid, "--timeout", "60"}, 90);
   INFO(stopped.err);
   CHECK(stopped.exit_code == 0);
@@ -214,6 +235,40 @@ TEST_CASE("stop, start and destroy a real guest", "[guests]") {
 
   CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
   host.expect_nothing_left(uuid);
+  CHECK(host.servers.usages(host.rp)["VCPU"] == 0);
+}
+
+TEST_CASE("an evacuated guest is rebuilt elsewhere, and removed by its old host's agent when it comes back",
+          "[guests]") {
+  GuestHost host;
+  std::string uuid = host.schedule({"--image", "tiny"});
+  REQUIRE(host.domain_state(uuid) == DomainState::running);
+  // The other host is on the test driver, with the same images.
+  std::string other;
+  auto compute2 = host.servers.start_compute("c2", "VCPU:4,MEMORY_MB:2048,DISK_GB:20", &other, {},
+                                             "image_dir = '" + host.images + "'\n");
+  host.compute->signal(SIGKILL);
+  host.compute->wait(20);
+  REQUIRE(wait_for([&] { return !host_record(host.servers, host.rp).has_value(); }, 30));
+  auto evacuated = host.servers.toyvm({"evacuate", "c1"});
+  INFO(evacuated.out << evacuated.err);
+  CHECK(evacuated.exit_code == 0);
+  CHECK(evacuated.out == "EVACUATED INSTANCE " + uuid + " TO " + other + "\n");
+  CHECK(wait_for_record(host.servers, uuid, [&](const InstanceRecord& r) {
+    return r.host == other && r.state == InstanceState::active;
+  }));
+  // The dead host's guest was never seen to stop (the host is cut off, not powered off here).
+  CHECK(host.domain_state(uuid) == DomainState::running);
+
+  host.start_agent();
+  CHECK(wait_for([&] { return host.domain_state(uuid) == DomainState::absent; }, 60));
+  CHECK_FALSE(fs::exists(host.overlay(uuid)));
+  Allocations held = host.servers.allocations(uuid);
+  CHECK(held.size() == 1);
+  CHECK(held.count(other) == 1);
+  InstanceRecord record = record_of(host.servers, uuid);
+  CHECK(record.host == other);
+  CHECK(record.state == InstanceState::active);
   CHECK(host.servers.usages(host.rp)["VCPU"] == 0);
 }
 

@@ -311,3 +311,109 @@ TEST_CASE("the agent and the metadata service serve Prometheus metrics, never on
   auto same = servers.toyvm({"--config", bad, "mdserver", "--listen", "127.0.0.1:" + std::to_string(free_port())});
   CHECK(same.exit_code == 2);
 }
+
+namespace {
+
+json::object shown_instance(const Servers& servers, const std::string& uuid) {
+  auto shown = servers.toyvm({"show", uuid, "--json"});
+  INFO(shown.err);
+  REQUIRE(shown.exit_code == 0);
+  return json::parse(shown.out).as_object();
+}
+
+}  // namespace
+
+TEST_CASE("show tells what an instance uses, asked of its agent, and leaves nothing in etcd", "[operations]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  const std::string uuid = parse_notified(servers.toyvm({"schedule", small, "--wait"}).out).second;
+  REQUIRE(!uuid.empty());
+
+  json::object usage = shown_instance(servers, uuid).at("usage").as_object();
+  CHECK(usage.at("running").as_bool());
+  CHECK(usage.at("vcpus").as_int64() == 1);
+  CHECK(usage.at("memory_mb").as_int64() == 64);
+  CHECK(usage.at("cpu_time_s").as_double() > 0);
+  CHECK(usage.at("cpu_share").as_double() >= 0);
+  CHECK(usage.at("cpu_share").as_double() <= 1);
+  CHECK(usage.at("window_s").as_double() >= 0.9);  // two samples a second apart
+  CHECK(usage.at("disk_capacity").is_null());      // no DISK_GB: no overlay
+  auto text = servers.toyvm({"show", uuid});
+  CHECK_THAT(text.out, Catch::Contains("cpu:    ") && Catch::Contains("of 1 vCPU(s) over the last") &&
+                           Catch::Contains("memory: 64 MB"));
+  // The request and the answer went with the asker's lease.
+  CHECK(servers.etcd_prefix(KeyLayout().usage(uuid)).empty());
+  CHECK(servers.etcd_prefix(KeyLayout().usage_requests_prefix(rp)).empty());
+
+  REQUIRE(servers.toyvm({"stop", uuid}).exit_code == 0);
+  json::object stopped = shown_instance(servers, uuid).at("usage").as_object();
+  CHECK_FALSE(stopped.at("running").as_bool());
+  CHECK(stopped.at("cpu_share").as_double() == 0);
+
+  // No agent, no figures: the record is shown all the same, at once.
+  compute->signal(SIGKILL);
+  compute->wait(20);
+  REQUIRE(wait_for([&] { return !host_record(servers, rp).has_value(); }, 30));
+  auto without = servers.toyvm({"show", uuid, "--json"});
+  CHECK(without.exit_code == 0);
+  CHECK_THAT(without.err, Catch::Contains("no running agent"));
+  CHECK(json::parse(without.out).at("usage").is_null());
+  CHECK(json::parse(without.out).at("state").as_string() == "STOPPED");
+}
+
+TEST_CASE("evacuate rebuilds a dead host's instances elsewhere, moving their allocations, and only a dead host's",
+          "[operations]") {
+  Servers servers;
+  std::string rp, other;
+  auto compute = servers.start_compute("c1", roomy, &rp, {"--trait", "CUSTOM_C1"});
+  const std::string running = parse_notified(servers.toyvm({"schedule", small, "--wait"}).out).second;
+  const std::string stopped = parse_notified(servers.toyvm({"schedule", small, "--wait"}).out).second;
+  // Only c1 has the trait it asks for: nowhere else to go.
+  const std::string pinned = parse_notified(servers.toyvm({"schedule", small + "&required=CUSTOM_C1", "--wait"}).out).second;
+  REQUIRE_FALSE(pinned.empty());
+  REQUIRE(servers.toyvm({"stop", stopped}).exit_code == 0);
+  auto compute2 = servers.start_compute("c2", roomy, &other, {});
+
+  auto alive = servers.toyvm({"evacuate", "c1"});
+  CHECK(alive.exit_code == 5);
+  CHECK_THAT(alive.err, Catch::Contains("alive"));
+  CHECK(servers.allocations(running).count(rp) == 1);
+  CHECK(servers.toyvm({"evacuate", "no-such-host"}).exit_code == 3);
+
+  compute->signal(SIGKILL);
+  compute->wait(20);
+  REQUIRE(wait_for([&] { return !host_record(servers, rp).has_value(); }, 30));
+  auto evacuated = servers.toyvm({"evacuate", "c1"});
+  INFO(evacuated.out << evacuated.err);
+  CHECK(evacuated.exit_code == 1);  // one found no room
+  CHECK_THAT(evacuated.out, Catch::Contains(fmt::format("EVACUATED INSTANCE {} TO {}\n", running, other)) &&
+                                Catch::Contains(fmt::format("EVACUATED INSTANCE {} TO {}\n", stopped, other)) &&
+                                Catch::Contains(fmt::format("NO ALLOCATIONS LEFT FOR INSTANCE {}\n", pinned)));
+
+  // Built again on c2, in the power state it had; each allocation moved whole.
+  auto on_other = [&](const std::string& uuid, InstanceState state) {
+    return wait_for_record(servers, uuid, [&](const InstanceRecord& r) { return r.host == other && r.state == state; });
+  };
+  CHECK(on_other(running, InstanceState::active));
+  CHECK(on_other(stopped, InstanceState::stopped));
+  for (const std::string& uuid : {running, stopped}) {
+    Allocations held = servers.allocations(uuid);
+    CHECK(held.size() == 1);
+    CHECK(held.count(other) == 1);
+    CHECK(servers.etcd_prefix(KeyLayout().work(rp, uuid)).empty());
+  }
+  CHECK(servers.allocations(pinned).count(rp) == 1);
+  CHECK(servers.usages(rp).at("MEMORY_MB") == 64);
+
+  // c1 comes back: what was evacuated stays where it went, what was left runs here again.
+  compute = servers.start_compute("c1", roomy, &rp, {"--trait", "CUSTOM_C1"});
+  CHECK(wait_for_record(servers, pinned, [&](const InstanceRecord& r) {
+    return r.host == rp && r.state == InstanceState::active;
+  }));
+  CHECK(servers.allocations(running).count(other) == 1);
+  CHECK(wait_for_record(servers, running, [&](const InstanceRecord& r) { return r.host == other; }));
+  auto audit = servers.toyvm({"audit"});
+  INFO(audit.out);
+  CHECK(audit.exit_code == 0);
+}

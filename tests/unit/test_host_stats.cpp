@@ -1,4 +1,5 @@
 #include "model/host_stats.hpp"
+#include "model/usage.hpp"
 
 #include "catch_result.hpp"
 
@@ -68,4 +69,42 @@ TEST_CASE("host stats and an operator's disable survive a round trip; garbage do
   CHECK_FALSE(decode_host_stats("{\"load\": \"high\"}"));
   CHECK_FALSE(decode_maintenance("not json"));
   CHECK_FALSE(decode_maintenance("{\"reason\": 5}"));
+}
+
+TEST_CASE("an instance's CPU share is its busy time over the window, across all its vCPUs") {
+  DomainUsage first{.running = true, .vcpus = 2, .cpu_time_ns = 10'000'000'000, .memory_kib = 262144};
+  DomainUsage second = first;
+  second.cpu_time_ns += 500'000'000;  // half a second of CPU in one second, on two vCPUs
+  second.rss_kib = 180 * 1024;
+  second.disk_capacity = int64_t(1) << 30;
+  second.disk_allocation = 3 << 20;
+  InstanceUsage usage = usage_between(first, second, 1.0);
+  CHECK(usage.running);
+  CHECK(usage.cpu_time_s == Approx(10.5));
+  CHECK(usage.cpu_share == Approx(0.25));
+  CHECK(usage.memory_mb == 256);
+  CHECK(usage.rss_mb == 180);
+  CHECK(usage.disk_allocation == 3 << 20);
+  CHECK(decode_usage(encode(usage)).value() == usage);
+}
+
+TEST_CASE("a stopped instance, or one whose counter went back (it restarted), has no CPU share") {
+  DomainUsage first{.running = true, .vcpus = 1, .cpu_time_ns = 9'000'000'000};
+  DomainUsage restarted{.running = true, .vcpus = 1, .cpu_time_ns = 1'000'000};
+  CHECK(usage_between(first, restarted, 1.0).cpu_share == 0);
+  DomainUsage stopped{.running = false, .vcpus = 1};
+  InstanceUsage off = usage_between(stopped, stopped, 0);
+  CHECK_FALSE(off.running);
+  CHECK(off.cpu_share == 0);
+  CHECK(off.rss_mb == -1);
+  CHECK(off.disk_capacity == -1);
+  // More busy time than the window holds (the samples' clocks differ) is capped at all of them.
+  DomainUsage busy = first;
+  busy.cpu_time_ns += 3'000'000'000;
+  CHECK(usage_between(first, busy, 1.0).cpu_share == 1.0);
+}
+
+TEST_CASE("a usage record from etcd that is not an object is an error, not a crash") {
+  CHECK_FALSE(decode_usage("[1,2]"));
+  CHECK_FALSE(decode_usage("{\"vcpus\": \"two\"}"));
 }

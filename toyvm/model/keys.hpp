@@ -6,6 +6,8 @@
 //   <prefix>/groups/<name>/<instance> server group membership: the member's host
 //   <prefix>/console/<instance>      the tail of the instance's serial console, while asked for
 //   <prefix>/console-requests/<rp>/<instance>  someone asks for it (under the asker's lease)
+//   <prefix>/usage/<instance>        what the instance uses (CPU, memory, disk), while asked for
+//   <prefix>/usage-requests/<rp>/<instance>  someone asks for it (under the asker's lease)
 //   <prefix>/domains/<rp>            the domains a host's agent has, under its lease
 //   <prefix>/stats/<rp>              the host's figures (memory, disk, load), under its lease
 //   <prefix>/disabled/<rp>           an operator took the host out of service, and why
@@ -35,6 +37,13 @@ class KeyLayout {
   }
   std::string console_request(std::string_view rp, std::string_view uuid) const {
     return console_requests_prefix(rp) + std::string(uuid);
+  }
+  std::string usage(std::string_view uuid) const { return prefix_ + "/usage/" + std::string(uuid); }
+  std::string usage_requests_prefix(std::string_view rp) const {
+    return prefix_ + "/usage-requests/" + std::string(rp) + "/";
+  }
+  std::string usage_request(std::string_view rp, std::string_view uuid) const {
+    return usage_requests_prefix(rp) + std::string(uuid);
   }
   std::string domains_prefix() const { return prefix_ + "/domains/"; }
   std::string domains(std::string_view rp) const { return domains_prefix() + std::string(rp); }

@@ -13,7 +13,7 @@ ReconcileAction decide(const WorkSpec* desired, DomainState actual, std::optiona
     if (actual != DomainState::absent) return A::remove_domain;
     return released ? A::none : A::release;
   }
-  if (actual == DomainState::absent) return A::build;  // stopped work is stopped next round
+  if (actual == DomainState::absent) return A::build;  // stopped work is made and left off
   if (desired->power == PowerState::running) {
     if (actual == DomainState::stopped) {
       // A guest that ran and stopped without toyvm, as Nova treats it: one that powered itself

@@ -141,6 +141,21 @@ std::string encode(const HostStats& s) {
   return json::serialize(o);
 }
 
+std::string encode(const InstanceUsage& u) {
+  json::object o;
+  o["running"] = u.running;
+  o["vcpus"] = u.vcpus;
+  o["cpu_time_s"] = u.cpu_time_s;
+  o["cpu_share"] = u.cpu_share;
+  o["window_s"] = u.window_s;
+  o["memory_mb"] = u.memory_mb;
+  o["rss_mb"] = u.rss_mb;
+  o["disk_capacity"] = u.disk_capacity;
+  o["disk_allocation"] = u.disk_allocation;
+  o["at"] = u.at;
+  return json::serialize(o);
+}
+
 std::string encode(const HostMaintenance& m) {
   return json::serialize(json::object{{"reason", m.reason}, {"at", m.at}});
 }
@@ -220,6 +235,26 @@ result<HostStats> decode_host_stats(std::string_view text, std::string* detail) 
   });
   if (!parsed) return parsed.error();
   return s;
+}
+
+result<InstanceUsage> decode_usage(std::string_view text, std::string* detail) {
+  InstanceUsage u;
+  Reader reader(text);
+  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+    if (key == "running") return !v.get_bool().get(u.running);
+    if (key == "vcpus") return read_int(v, u.vcpus);
+    if (key == "cpu_time_s") return !v.get_double().get(u.cpu_time_s);
+    if (key == "cpu_share") return !v.get_double().get(u.cpu_share);
+    if (key == "window_s") return !v.get_double().get(u.window_s);
+    if (key == "memory_mb") return read_int(v, u.memory_mb);
+    if (key == "rss_mb") return read_int(v, u.rss_mb);
+    if (key == "disk_capacity") return read_int(v, u.disk_capacity);
+    if (key == "disk_allocation") return read_int(v, u.disk_allocation);
+    if (key == "at") return read_int(v, u.at);
+    return true;
+  });
+  if (!parsed) return parsed.error();
+  return u;
 }
 
 result<HostMaintenance> decode_maintenance(std::string_view text, std::string* detail) {

@@ -38,6 +38,22 @@ struct HostStats {
   bool operator==(const HostStats&) const = default;
 };
 
+// What an instance uses, measured by its agent when asked (`toyvm show <uuid>`).
+struct InstanceUsage {
+  bool running = false;
+  int64_t vcpus = 0;
+  double cpu_time_s = 0;         // all its vCPUs together, since its guest started
+  double cpu_share = 0;          // busy share of its vCPUs over `window_s` (1 = all of them)
+  double window_s = 0;
+  int64_t memory_mb = 0;         // what the guest has
+  int64_t rss_mb = -1;           // what its process holds in host RAM; -1: unknown
+  int64_t disk_capacity = -1;    // the overlay's virtual size in bytes; -1: no disk
+  int64_t disk_allocation = -1;  // what of it is allocated on the host, in bytes
+  int64_t at = 0;                // unix milliseconds
+
+  bool operator==(const InstanceUsage&) const = default;
+};
+
 // An operator took the host out of service (`toyvm host disable`); kept until enabled.
 struct HostMaintenance {
   std::string reason;
@@ -91,12 +107,14 @@ std::string_view to_string(InstanceState state) noexcept;
 std::string encode(const HostRecord& record);
 std::string encode(const HostStats& stats);
 std::string encode(const HostMaintenance& maintenance);
+std::string encode(const InstanceUsage& usage);
 std::string encode(const WorkSpec& spec);
 std::string encode(const InstanceRecord& record);
 
 result<HostRecord> decode_host(std::string_view json, std::string* detail = nullptr);
 result<HostStats> decode_host_stats(std::string_view json, std::string* detail = nullptr);
 result<HostMaintenance> decode_maintenance(std::string_view json, std::string* detail = nullptr);
+result<InstanceUsage> decode_usage(std::string_view json, std::string* detail = nullptr);
 result<WorkSpec> decode_work(std::string_view json, std::string* detail = nullptr);
 result<InstanceRecord> decode_instance(std::string_view json, std::string* detail = nullptr);
 // A host's domains: a JSON array of instance uuids.

@@ -3,6 +3,12 @@
 // host record says DISABLED, the provider carries COMPUTE_STATUS_DISABLED) and keeps it
 // across restarts. Disabling also sets the trait here, for a host whose agent is not
 // running; enabling leaves the trait to the agent, the only one that takes it off.
+//
+// toyvm evacuate: Nova's evacuate for a dead host (no agent holds its lease). Each instance
+// is rebuilt on another live host from its image with a fresh disk: its allocation moves in
+// one Placement step, then its work moves in one etcd transaction guarded by the work's
+// revision and by the host still being dead. An agent that comes back finds no work for
+// those guests and removes their domains, leaving the allocations where they now are.
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
@@ -10,6 +16,7 @@
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
+#include "services/placer.hpp"
 #include "services/services.hpp"
 
 #include <algorithm>
@@ -25,7 +32,8 @@ class HostAdmin {
       : options_(options),
         keys_(config.etcd.prefix),
         etcd_(EtcdClient::create(config.etcd)),
-        placement_(io.get_executor(), config.placement) {}
+        placement_(io.get_executor(), config.placement),
+        placer_(placement_, *etcd_, config) {}
 
   awaitable<int> run() {
     // A name (the agent's --name, Placement's provider name) or the provider's uuid.
@@ -39,8 +47,12 @@ class HostAdmin {
     }
     if (provider.empty())
       co_return report_failure(errc::not_found, fmt::format("no host {} in Placement", options_.host));
-    if (options_.disable) co_return co_await disable(provider);
-    co_return co_await enable(provider);
+    switch (options_.action) {
+      case HostOptions::Action::disable: co_return co_await disable(provider);
+      case HostOptions::Action::enable: co_return co_await enable(provider);
+      case HostOptions::Action::evacuate: co_return co_await evacuate(provider);
+    }
+    co_return 0;
   }
 
  private:
@@ -71,6 +83,117 @@ class HostAdmin {
     co_return 0;
   }
 
+  awaitable<int> evacuate(const std::string& provider) {
+    auto alive = co_await etcd_->range(keys_.host(provider));
+    if (!alive) co_return etcd_failure(*etcd_, alive.error());
+    if (!alive->kvs.empty())
+      co_return report_failure(ExitCode::failed,
+                               fmt::format("host {} is alive (its agent holds its lease): only a dead host is "
+                                           "evacuated; stop its agent first, or `toyvm host disable` it",
+                                           options_.host));
+    auto works = co_await etcd_->range_prefix(keys_.work_prefix(provider));
+    if (!works) co_return etcd_failure(*etcd_, works.error());
+    int no_room = 0, changed = 0;
+    for (const KeyValue& kv : works->kvs) {
+      auto work = decode_work(kv.value);
+      if (!work) {
+        std::fprintf(stderr, "toyvm: %s holds a corrupt record; left as it is\n", kv.key.c_str());
+        continue;
+      }
+      auto held = co_await etcd_->range(keys_.instance(work->uuid));
+      if (!held) co_return etcd_failure(*etcd_, held.error());
+      bool failed = false;
+      if (!held->kvs.empty()) {
+        auto record = decode_instance(held->kvs.front().value);
+        failed = record && record->state == InstanceState::error;
+      }
+      // ERROR holds nothing to move, and a destroyed one should not come back.
+      if (work->power == PowerState::deleted || failed) {
+        std::fprintf(stderr, "toyvm: instance %s is %s; left on the host (`toyvm destroy --force` removes it)\n",
+                     work->uuid.c_str(), work->power == PowerState::deleted ? "being destroyed" : "ERROR");
+        continue;
+      }
+      auto moved = co_await evacuate_one(provider, *work, kv.mod_revision);
+      if (!moved) {
+        if (is_etcd_error(moved.error())) co_return etcd_failure(*etcd_, moved.error());
+        co_return placement_failure();
+      }
+      switch (moved->outcome) {
+        case Evacuation::Outcome::moved:
+          std::printf("EVACUATED INSTANCE %s TO %s\n", work->uuid.c_str(), moved->host.c_str());
+          break;
+        case Evacuation::Outcome::no_room:
+          std::printf("NO ALLOCATIONS LEFT FOR INSTANCE %s\n", work->uuid.c_str());
+          ++no_room;
+          break;
+        case Evacuation::Outcome::changed:
+          std::fprintf(stderr, "toyvm: instance %s changed while it was evacuated (or its host came back); left\n",
+                       work->uuid.c_str());
+          ++changed;
+          break;
+      }
+      std::fflush(stdout);
+    }
+    if (changed > 0) co_return int(ExitCode::failed);
+    co_return no_room > 0 ? int(ExitCode::no_allocations) : 0;
+  }
+
+  struct Evacuation {
+    enum class Outcome { moved, no_room, changed };
+    Outcome outcome = Outcome::no_room;
+    std::string host;  // moved: where to
+  };
+
+  // no_room: no other host has room for it; changed: its work changed since it was read (a
+  // stop, start or destroy) or the host came back. Either way it stays, holding what it held.
+  awaitable<result<Evacuation>> evacuate_one(const std::string& provider, WorkSpec work, int64_t revision) {
+    Evacuation evacuation;  // no room, unless it moves
+    auto query = parse_placement_query(work.query, nullptr);
+    if (!query) co_return evacuation;
+    auto view = co_await placer_.look(std::move(*query), work.group, work.uuid);
+    if (!view) co_return view.error();
+    view->live.erase(provider);
+    std::optional<GroupPolicy> policy;
+    if (!work.group.empty()) policy = parse_group_policy(work.group_policy);
+    for (const Choice& choice : placer_.rank(*view, placer_.weigh_policy(), 0.0, policy)) {
+      auto moved = co_await placer_.move_allocation(work.uuid, *choice.allocations);
+      if (!moved) co_return moved.error();
+      if (!*moved) continue;  // no room there after all
+      WorkSpec next = work;
+      next.attempt = 1;
+      next.resources = choice.allocations->at(choice.host);
+      InstanceRecord record;
+      record.uuid = work.uuid;
+      record.name = work.name;
+      record.host = choice.host;
+      record.updated_at = unix_millis();
+      const std::string there = keys_.work(provider, work.uuid);
+      std::vector<EtcdCompare> guard{EtcdCompare::mod_revision_is(there, revision),
+                                     EtcdCompare::absent(keys_.host(provider))};
+      std::vector<EtcdOp> leave{EtcdOp::erase(there)};
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      std::vector<Placed> placed{Placed{next, record}};
+      Placer::Probe gone{there, false};
+      auto txn = co_await placer_.hand_over(std::move(placed), std::move(guard), std::move(leave), std::move(gone),
+                                            deadline);
+      if (txn.outcome == HandOverResult::Outcome::committed) {
+        evacuation.outcome = Evacuation::Outcome::moved;
+        evacuation.host = choice.host;
+        co_return evacuation;
+      }
+      // Not moved: the allocation goes back to the dead host while the work is still there.
+      auto still = co_await etcd_->range(there);
+      if (still && !still->kvs.empty()) {
+        Allocations back{{provider, work.resources}};
+        co_await placer_.move_allocation(work.uuid, std::move(back));
+      }
+      if (txn.outcome == HandOverResult::Outcome::unknown) co_return txn.error;
+      evacuation.outcome = Evacuation::Outcome::changed;
+      co_return evacuation;
+    }
+    co_return evacuation;
+  }
+
   int placement_failure() {
     const PlacementError& error = placement_.last_error();
     return report_failure(make_error_code(error.code),
@@ -81,6 +204,7 @@ class HostAdmin {
   KeyLayout keys_;
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;
+  Placer placer_;
 };
 
 }  // namespace

@@ -44,7 +44,73 @@ json::object instance_json(const InstanceRecord& r) {
   return o;
 }
 
-awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+json::object usage_json(const InstanceUsage& u) {
+  return json::object{{"running", u.running},
+                      {"vcpus", u.vcpus},
+                      {"cpu_time_s", u.cpu_time_s},
+                      {"cpu_share", u.cpu_share},
+                      {"window_s", u.window_s},
+                      {"memory_mb", u.memory_mb},
+                      {"rss_mb", u.rss_mb < 0 ? json::value(nullptr) : json::value(u.rss_mb)},
+                      {"disk_capacity", u.disk_capacity < 0 ? json::value(nullptr) : json::value(u.disk_capacity)},
+                      {"disk_allocation", u.disk_allocation < 0 ? json::value(nullptr) : json::value(u.disk_allocation)},
+                      {"at", u.at}};
+}
+
+void print_usage(const InstanceUsage& u) {
+  if (u.running)
+    std::printf("cpu:    %.2f s; %.1f%% of %lld vCPU(s) over the last %.1f s\n", u.cpu_time_s, u.cpu_share * 100,
+                (long long)u.vcpus, u.window_s);
+  else
+    std::printf("cpu:    %.2f s (not running)\n", u.cpu_time_s);
+  if (u.running)
+    std::printf("memory: %lld MB%s\n", (long long)u.memory_mb,
+                u.rss_mb < 0 ? "" : fmt::format("; {} MB held on the host", u.rss_mb).c_str());
+  if (u.disk_capacity >= 0)
+    std::printf("disk:   %.1f MB allocated of %.1f MB (its overlay)\n", double(u.disk_allocation) / 1048576,
+                double(u.disk_capacity) / 1048576);
+}
+
+// What the instance uses, asked of its agent the way a console is (a request under a short
+// lease of our own, answered under it); nothing, and a line on stderr, when the host has no
+// running agent or it does not answer within `timeout_s`.
+awaitable<result<std::optional<InstanceUsage>>> ask_usage(asio::io_context& io, EtcdClient& etcd,
+                                                          const KeyLayout& keys, const InstanceRecord& record,
+                                                          double timeout_s) {
+  std::optional<InstanceUsage> none;
+  if (record.state != InstanceState::active && record.state != InstanceState::stopped) co_return none;
+  auto alive = co_await etcd.range(keys.host(record.host));
+  if (!alive) co_return alive.error();
+  if (alive->kvs.empty()) {
+    std::fprintf(stderr, "toyvm: the host of instance %s has no running agent: no usage figures\n",
+                 record.uuid.c_str());
+    co_return none;
+  }
+  auto lease = co_await etcd.lease_grant(int64_t(timeout_s) + 5);
+  if (!lease) co_return lease.error();
+  auto asked = co_await etcd.put(keys.usage_request(record.host, record.uuid), "", *lease);
+  if (!asked) co_return asked.error();
+  auto watch = etcd.watch(WatchOptions{keys.usage(record.uuid), {}, *asked + 1, false});
+  WatchDeadline deadline(io.get_executor(), *watch, std::chrono::milliseconds(int64_t(timeout_s * 1000)));
+  while (!deadline.fired()) {
+    WatchBatch batch = co_await watch->next();
+    if (deadline.fired()) break;
+    if (batch.error || batch.canceled) co_return batch.error ? batch.error : make_error_code(errc::etcd_error);
+    for (const WatchEvent& event : batch.events) {
+      if (event.type != WatchEvent::Type::put) continue;
+      auto usage = decode_usage(event.kv.value);
+      if (!usage) continue;
+      co_await etcd.lease_revoke(*lease);  // the request and the answer go with it
+      co_return std::optional<InstanceUsage>(*usage);
+    }
+  }
+  co_await etcd.lease_revoke(*lease);
+  std::fprintf(stderr, "toyvm: the host of instance %s did not tell its usage within %g s\n", record.uuid.c_str(),
+               timeout_s);
+  co_return none;
+}
+
+awaitable<int> show_one(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
   auto found = co_await etcd.range(keys.instance(options.uuid));
   if (!found) co_return etcd_failure(etcd, found.error());
   if (found->kvs.empty())
@@ -54,8 +120,12 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
   if (!record)
     co_return report_failure(record.error(), fmt::format("instance {} has a corrupt record in etcd: {}",
                                                          options.uuid, detail));
+  auto usage = co_await ask_usage(io, etcd, keys, *record, options.timeout_s);
+  if (!usage) co_return etcd_failure(etcd, usage.error());
   if (options.json) {
-    std::printf("%s\n", json::serialize(instance_json(*record)).c_str());
+    json::object shown = instance_json(*record);
+    shown["usage"] = *usage ? json::value(usage_json(**usage)) : json::value(nullptr);
+    std::printf("%s\n", json::serialize(shown).c_str());
     co_return 0;
   }
   std::printf("uuid:   %s\n", record->uuid.c_str());
@@ -68,6 +138,7 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
   if (!record->error_code.empty())
     std::printf("error:  %s: %s%s\n", record->error_code.c_str(), record->error_message.c_str(),
                 record->releasing ? " (its allocation is being released)" : "");
+  if (*usage) print_usage(**usage);
   co_return 0;
 }
 
@@ -95,12 +166,12 @@ awaitable<int> show_console(asio::io_context& io, EtcdClient& etcd, const KeyLay
   std::string shown;
   bool answered = false;
   while (true) {
-    // Until answered, the host has console_timeout_s; then (following) the watch wakes every
+    // Until answered, the host has timeout_s; then (following) the watch wakes every
     // 3 s to renew the 10 s lease.
     auto watch = etcd.watch(WatchOptions{keys.console(options.uuid), {}, revision + 1, false});
     WatchDeadline deadline(io.get_executor(), *watch,
                            answered ? std::chrono::milliseconds(3000)
-                                    : std::chrono::milliseconds(int64_t(options.console_timeout_s * 1000)));
+                                    : std::chrono::milliseconds(int64_t(options.timeout_s * 1000)));
     while (true) {
       WatchBatch batch = co_await watch->next();
       if (deadline.fired()) break;
@@ -125,7 +196,7 @@ awaitable<int> show_console(asio::io_context& io, EtcdClient& etcd, const KeyLay
     if (!answered)
       co_return report_failure(ExitCode::failed, fmt::format("the host of instance {} did not publish its console "
                                                              "within {} s; it may be down",
-                                                             options.uuid, options.console_timeout_s));
+                                                             options.uuid, options.timeout_s));
     if (!keeper) keeper = etcd.keep_alive(*lease);
     auto ttl = co_await keeper->ping();
     if (!ttl) co_return etcd_failure(etcd, ttl.error());
@@ -420,7 +491,7 @@ int run_show(const Config& config, const ShowOptions& options) {
     if (options.watch) co_return co_await show_watch(*etcd, keys, options);
     if (options.uuid.empty()) co_return co_await show_all(*etcd, keys, options);
     if (options.console) co_return co_await show_console(io, *etcd, keys, options);
-    co_return co_await show_one(*etcd, keys, options);
+    co_return co_await show_one(io, *etcd, keys, options);
   });
 }
 

@@ -57,6 +57,20 @@ awaitable<result<Claim>> Placer::claim_first_fit(std::string uuid, std::vector<C
   co_return make_error_code(errc::no_allocations_left);
 }
 
+awaitable<result<bool>> Placer::move_allocation(std::string uuid, Allocations allocations) {
+  for (int attempt = 1; attempt <= config_.schedule.max_claim_attempts; ++attempt) {
+    auto held = co_await placement_.consumer_allocations(uuid);
+    if (!held) co_return result<bool>(boost::system::in_place_error, held.error());
+    // It holds nothing: released meanwhile (destroy --force), and nothing is to be made anew.
+    if (!held->generation || held->allocations.empty()) co_return false;
+    auto put = co_await placement_.replace(uuid, allocations, *held->generation);
+    if (put) co_return true;
+    if (put.error() == errc::placement_capacity) co_return false;
+    if (put.error() != errc::placement_concurrent_update) co_return result<bool>(boost::system::in_place_error, put.error());
+  }
+  co_return false;
+}
+
 awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vector<EtcdCompare> guard,
                                             std::vector<EtcdOp> also, Probe committed_if,
                                             std::chrono::steady_clock::time_point deadline) {

@@ -71,6 +71,11 @@ class Placer {
   // conflict moves on to the next; no_allocations_left when none fits.
   awaitable<result<Claim>> claim_first_fit(std::string uuid, std::vector<Choice> choices);
 
+  // The consumer's allocations replaced by `allocations` in one step (Placement's consumer
+  // generation guards it): true when moved; false when they do not fit or the consumer holds
+  // nothing (released meanwhile); retried while the generation moves under it.
+  awaitable<result<bool>> move_allocation(std::string uuid, Allocations allocations);
+
   // Hands instances over in one transaction under `guard`: their work keys, records and
   // group memberships are written along with `also`. A transaction that failed with an error
   // may have committed anyway: `committed_if` is read back, and a transaction that did not

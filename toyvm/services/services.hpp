@@ -39,7 +39,7 @@ struct ShowOptions {
   bool raw = false;      // ... with the guest's control characters left in
   bool follow = false;   // ... and what it prints next, until interrupted
   bool watch = false;    // each change of state as it happens, until interrupted
-  double console_timeout_s = 10;  // how long the instance's host has to answer
+  double timeout_s = 10;  // how long the instance's host has to answer (usage, console)
 };
 int run_show(const Config& config, const ShowOptions& options);
 
@@ -67,8 +67,9 @@ struct AuditOptions {
 int run_audit(const Config& config, const AuditOptions& options);
 
 struct HostOptions {
+  enum class Action { disable, enable, evacuate };
   std::string host;     // its name or provider uuid
-  bool disable = true;  // false: enable
+  Action action = Action::disable;
   std::string reason;   // why it is disabled, shown by `show --hosts`
 };
 int run_host(const Config& config, const HostOptions& options);

@@ -32,6 +32,7 @@ struct DomainSpec {
   int64_t disk_gb = 0;
   BootImage image;
   std::string mac;           // the NIC's address; empty: no NIC
+  bool start = true;         // false: defined and left off
 };
 
 enum class DomainState { absent, running, stopped };
@@ -42,6 +43,17 @@ enum class StopCause {
   shutdown,   // the guest powered itself off
   destroyed,  // someone pulled the plug (virsh destroy, or toyvm's own stop)
   crashed,    // QEMU died, or the guest crashed
+};
+
+// What a domain uses at one moment, as libvirt tells it.
+struct DomainUsage {
+  bool running = false;
+  int64_t vcpus = 0;
+  uint64_t cpu_time_ns = 0;   // all its vCPUs together, since its guest started
+  uint64_t memory_kib = 0;    // what the guest has now
+  int64_t rss_kib = -1;       // what its process holds in host RAM; -1: libvirt does not say
+  int64_t disk_capacity = -1;    // the overlay's virtual size in bytes; -1: no disk
+  int64_t disk_allocation = -1;  // what of it is allocated on the host, in bytes
 };
 
 struct GuestAddress {
@@ -66,8 +78,8 @@ struct VirtResult {
 class VirtBackend {
  public:
   virtual ~VirtBackend() = default;
-  // Makes the disk overlay, defines and starts the domain; a domain that already exists is
-  // started if needed.
+  // Makes the disk overlay, defines and starts the domain (unless the spec says not to); a
+  // domain that already exists is started if needed.
   virtual VirtResult<bool> create(const DomainSpec& spec) = 0;
   virtual VirtResult<bool> start(const std::string& uuid) = 0;
   // Asks the guest to power off (ACPI); stop() pulls the plug.
@@ -81,6 +93,7 @@ class VirtBackend {
   // The guest's IPv4 addresses as libvirt knows them (DHCP leases, or ARP on a bridge).
   virtual VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) = 0;
   virtual VirtResult<DomainState> state(const std::string& uuid) = 0;
+  virtual VirtResult<DomainUsage> usage(const std::string& uuid) = 0;
   // For a shut-off domain: why.
   virtual VirtResult<StopCause> stop_cause(const std::string& uuid) = 0;
   // `changed(uuid, started)` is called, on libvirt's event thread, whenever one of this

@@ -23,6 +23,9 @@ namespace toyvm {
   X(virDomainDefineXML)            \
   X(virDomainIsActive)             \
   X(virDomainGetState)             \
+  X(virDomainGetInfo)              \
+  X(virDomainMemoryStats)          \
+  X(virDomainGetBlockInfo)         \
   X(virEventRegisterDefaultImpl)   \
   X(virEventRunDefaultImpl)        \
   X(virConnectDomainEventRegisterAny)   \

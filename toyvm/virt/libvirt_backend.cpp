@@ -134,6 +134,7 @@ class LibvirtBackend final : public VirtBackend {
                           "libvirt refused the domain");
       define_ms = since();
     }
+    if (!spec.start) return {true, {}};
     int active = api->virDomainIsActive(dom.ptr);
     if (active == 1) return {true, {}};
     since();
@@ -189,6 +190,32 @@ class LibvirtBackend final : public VirtBackend {
     int active = api->virDomainIsActive(dom.ptr);
     if (active < 0) return fail<DomainState>("launch_failure");
     return {active == 1 ? DomainState::running : DomainState::stopped, {}};
+  }
+
+  VirtResult<DomainUsage> usage(const std::string& uuid) override {
+    if (!revive()) return unavailable<DomainUsage>();
+    DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
+    if (!dom) return fail<DomainUsage>("launch_failure");
+    virDomainInfo info{};
+    if (api->virDomainGetInfo(dom.ptr, &info) < 0) return fail<DomainUsage>("launch_failure");
+    DomainUsage usage;
+    usage.running = info.state == VIR_DOMAIN_RUNNING || info.state == VIR_DOMAIN_BLOCKED ||
+                    info.state == VIR_DOMAIN_PAUSED;
+    usage.vcpus = info.nrVirtCpu;
+    usage.cpu_time_ns = info.cpuTime;
+    usage.memory_kib = usage.running ? info.memory : 0;
+    if (usage.running) {
+      virDomainMemoryStatStruct stats[VIR_DOMAIN_MEMORY_STAT_NR];
+      int n = api->virDomainMemoryStats(dom.ptr, stats, VIR_DOMAIN_MEMORY_STAT_NR, 0);
+      for (int i = 0; i < n; ++i)
+        if (stats[i].tag == VIR_DOMAIN_MEMORY_STAT_RSS) usage.rss_kib = int64_t(stats[i].val);
+    }
+    virDomainBlockInfo block{};
+    if (api->virDomainGetBlockInfo(dom.ptr, "vda", &block, 0) == 0) {
+      usage.disk_capacity = int64_t(block.capacity);
+      usage.disk_allocation = int64_t(block.allocation);
+    }
+    return {usage, {}};
   }
 
   VirtResult<StopCause> stop_cause(const std::string& uuid) override {

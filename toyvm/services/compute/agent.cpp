@@ -87,6 +87,7 @@ class ComputeAgent {
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.run(), "observing guests");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.watch_leases(), "watching leases");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.follow_console_requests(), "following console requests");
+    if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.follow_usage_requests(), "following usage requests");
     release_startup_pages();
     co_await feed_->follow();  // until a signal
     // The host record goes with the lease; the provider is marked disabled so that

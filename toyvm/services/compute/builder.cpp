@@ -49,12 +49,14 @@ awaitable<bool> Builder::build(WorkSpec spec) {
       co_return co_await fail(spec, made.reason, made.message);
     case Made::Outcome::made: break;
   }
-  spdlog::info("instance {}: active", spec.uuid);
+  // Work that should be off (an evacuated STOPPED instance) is made and left off.
+  const bool running = spec.power == PowerState::running;
+  spdlog::info("instance {}: {}", spec.uuid, running ? "active" : "made, and stopped as its work says");
   metrics::count("toyvm_builds_total", {{"result", "active"}});
   metrics::observe("toyvm_build_seconds",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   parts_.presence.publish();
-  co_return co_await parts_.recorder.record(spec, InstanceState::active);
+  co_return co_await parts_.recorder.record(spec, running ? InstanceState::active : InstanceState::stopped);
 }
 
 awaitable<Builder::Made> Builder::make_domain(WorkSpec spec) {
@@ -116,6 +118,7 @@ DomainSpec Builder::domain_spec(const WorkSpec& spec, const BootImage& image) co
   d.disk_gb = amount("DISK_GB", 0);
   d.image = image;
   d.mac = instance_mac(spec.uuid);  // the NIC itself only with a network or bridge
+  d.start = spec.power == PowerState::running;
   return d;
 }
 
@@ -182,7 +185,7 @@ awaitable<result<bool>> Builder::move_elsewhere(WorkSpec spec) {
   if (!spec.group.empty()) policy = parse_group_policy(spec.group_policy);
   std::vector<Choice> choices = parts_.placer.rank(*view, parts_.placer.weigh_policy(), 0.0, policy);
   for (const Choice& choice : choices) {
-    auto moved = co_await move_allocation(spec.uuid, *choice.allocations);
+    auto moved = co_await parts_.placer.move_allocation(spec.uuid, *choice.allocations);
     if (!moved) co_return result<bool>(boost::system::in_place_error, moved.error());
     if (!*moved) continue;  // no room there after all
     const InstanceSlot& slot = parts_.slots[spec.uuid];
@@ -222,25 +225,9 @@ awaitable<bool> Builder::take_allocation_back(WorkSpec spec) {
   if (!work) co_return false;
   if (work->kvs.empty()) co_return true;
   Allocations here{{ctx_.host.provider, spec.resources}};
-  auto returned = co_await move_allocation(spec.uuid, here);
+  auto returned = co_await parts_.placer.move_allocation(spec.uuid, here);
   if (returned) co_return true;  // back, or nothing left to take back
   spdlog::warn("instance {}: cannot take its allocation back yet: {}", spec.uuid, ctx_.placement.last_error().detail);
-  co_return false;
-}
-
-// The consumer's allocations replaced by `allocations` in one step; false when they do not
-// fit, retried while the consumer's generation moves under it.
-awaitable<result<bool>> Builder::move_allocation(std::string uuid, Allocations allocations) {
-  for (int attempt = 1; attempt <= ctx_.config.schedule.max_claim_attempts; ++attempt) {
-    auto held = co_await ctx_.placement.consumer_allocations(uuid);
-    if (!held) co_return result<bool>(boost::system::in_place_error, held.error());
-    // It holds nothing: released meanwhile (destroy --force), and nothing is to be made anew.
-    if (!held->generation || held->allocations.empty()) co_return false;
-    auto put = co_await ctx_.placement.replace(uuid, allocations, *held->generation);
-    if (put) co_return true;
-    if (put.error() == errc::placement_capacity) co_return false;
-    if (put.error() != errc::placement_concurrent_update) co_return result<bool>(boost::system::in_place_error, put.error());
-  }
   co_return false;
 }
 

@@ -47,7 +47,6 @@ class Builder {
   DomainSpec domain_spec(const WorkSpec& spec, const BootImage& image) const;
   awaitable<bool> fail(WorkSpec spec, std::string reason, std::string message);
   awaitable<result<bool>> move_elsewhere(WorkSpec spec);
-  awaitable<result<bool>> move_allocation(std::string uuid, Allocations allocations);
   awaitable<bool> take_allocation_back(WorkSpec spec);
   awaitable<result<bool>> group_allows_here(WorkSpec spec);
 

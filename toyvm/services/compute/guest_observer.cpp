@@ -1,6 +1,7 @@
 #include "services/compute/guest_observer.hpp"
 
 #include "core/dir_watch.hpp"
+#include "model/usage.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <spdlog/spdlog.h>
@@ -144,6 +145,47 @@ awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) 
     auto it = slots_.find(tail.uuid);
     if (put && put->succeeded && it != slots_.end()) it->second.console_published = tail.size;
   }
+}
+
+awaitable<void> GuestObserver::follow_usage_requests() {
+  const std::string prefix = ctx_.keys.usage_requests_prefix(ctx_.host.provider);
+  co_await follow_range(
+      *ctx_.etcd, prefix, prefix_range_end(prefix),
+      [this](const RangeResult& listing) {
+        for (const KeyValue& kv : listing.kvs) take_usage_request(kv);
+      },
+      [this](const WatchEvent& event) {
+        if (event.type == WatchEvent::Type::put) take_usage_request(event.kv);
+      },
+      [this] { return ctx_.stopping; });
+}
+
+void GuestObserver::take_usage_request(const KeyValue& kv) {
+  auto uuid = ctx_.keys.leaf(kv.key, ctx_.keys.usage_requests_prefix(ctx_.host.provider));
+  auto slot = uuid ? slots_.find(*uuid) : slots_.end();
+  if (slot == slots_.end() || !slot->second.desired) return;  // not an instance of this host
+  spawn_detached(ctx_.io, answer_usage(*uuid, kv.lease), "answering a usage request");
+}
+
+awaitable<void> GuestObserver::answer_usage(std::string uuid, int64_t lease) {
+  auto first = co_await ctx_.virt(&VirtBackend::usage, uuid);
+  if (!first) co_return;  // no domain (yet, or any more): the asker sees no answer
+  auto first_at = std::chrono::steady_clock::now();
+  DomainUsage last = first.value;
+  double window_s = 0;
+  if (first.value.running) {
+    asio::steady_timer timer(ctx_.io, 1s);
+    co_await timer.async_wait(asio::as_tuple(use_awaitable));
+    auto second = co_await ctx_.virt(&VirtBackend::usage, uuid);
+    if (!second) co_return;
+    last = second.value;
+    window_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_at).count();
+  }
+  InstanceUsage usage = usage_between(first.value, last, window_s);
+  usage.at = unix_millis();
+  std::vector<EtcdCompare> here{EtcdCompare::present(ctx_.keys.work(ctx_.host.provider, uuid))};
+  std::vector<EtcdOp> put{EtcdOp::put(ctx_.keys.usage(uuid), encode(usage), lease)};
+  co_await ctx_.etcd->txn(std::move(here), std::move(put));  // a lease gone meanwhile: nobody is asking
 }
 
 }  // namespace toyvm::compute

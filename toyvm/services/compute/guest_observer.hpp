@@ -3,7 +3,8 @@
 // a lease, so it looks twice a second, and at once when libvirt's dnsmasq records a lease)
 // and the tail of their serial consoles, published only
 // while someone asks for one (`toyvm show --console`), under the asker's lease: a guest that
-// talks to its console costs etcd nothing unless someone reads it.
+// talks to its console costs etcd nothing unless someone reads it. Usage (CPU, memory, disk)
+// is answered the same way, for `toyvm show <uuid>`.
 
 #include "services/compute/context.hpp"
 #include "services/compute/recorder.hpp"
@@ -29,11 +30,16 @@ class GuestObserver {
   awaitable<void> watch_leases();
   // Follows the console requests for this host's instances, until the agent stops.
   awaitable<void> follow_console_requests();
+  // Follows the usage requests for this host's instances, until the agent stops: each is
+  // answered once, with two samples a second apart (the CPU's share needs two).
+  awaitable<void> follow_usage_requests();
 
  private:
   awaitable<void> find_address(std::string uuid);
   awaitable<void> give_up_address(std::string uuid);
   awaitable<void> publish_consoles(std::vector<std::string> uuids);
+  awaitable<void> answer_usage(std::string uuid, int64_t lease);
+  void take_usage_request(const KeyValue& kv);
 
   void apply_request(const KeyValue& kv, bool erased);
   void wake();
