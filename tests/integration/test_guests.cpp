@@ -261,8 +261,9 @@ TEST_CASE("an evacuated guest is rebuilt elsewhere, and removed by its old host'
   CHECK(host.domain_state(uuid) == DomainState::running);
 
   host.start_agent();
+  // The domain goes first, then its disk.
   CHECK(wait_for([&] { return host.domain_state(uuid) == DomainState::absent; }, 60));
-  CHECK_FALSE(fs::exists(host.overlay(uuid)));
+  CHECK(wait_for([&] { return !fs::exists(host.overlay(uuid)); }, 30));
   Allocations held = host.servers.allocations(uuid);
   CHECK(held.size() == 1);
   CHECK(held.count(other) == 1);
