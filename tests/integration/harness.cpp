@@ -381,8 +381,10 @@ void Servers::stop_etcd_member(size_t index) {
   etcd_.at(index).process->wait();
 }
 
+// uWSGI's master and workers at once: a graceful stop waits up to a minute for a worker
+// that is still loading the application (lazy-apps), and a crash is what the tests mean.
 void Servers::stop_placement() {
-  placement_->signal(SIGTERM);
+  placement_->signal(SIGKILL);
   placement_->wait();
 }
 
