@@ -98,6 +98,7 @@ TEST_CASE("a stopped instance, or one whose counter went back (it restarted), ha
   CHECK(off.cpu_share == 0);
   CHECK(off.rss_mb == -1);
   CHECK(off.disk_capacity == -1);
+  CHECK(decode_usage(encode(off)).value() == off);  // unknown figures travel as null
   // More busy time than the window holds (the samples' clocks differ) is capped at all of them.
   DomainUsage busy = first;
   busy.cpu_time_ns += 3'000'000'000;

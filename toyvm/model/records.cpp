@@ -70,6 +70,15 @@ bool read_string(od::value& value, std::string& out) {
 
 bool read_int(od::value& value, int64_t& out) { return !value.get_int64().get(out); }
 
+// A figure that may be unknown: null is -1.
+bool read_known(od::value& value, int64_t& out) {
+  if (value.is_null()) {
+    out = -1;
+    return true;
+  }
+  return read_int(value, out);
+}
+
 bool read_amounts(od::value& value, ResourceAmounts& out) {
   od::object object;
   if (value.get_object().get(object)) return false;
@@ -149,9 +158,10 @@ std::string encode(const InstanceUsage& u) {
   o["cpu_share"] = u.cpu_share;
   o["window_s"] = u.window_s;
   o["memory_mb"] = u.memory_mb;
-  o["rss_mb"] = u.rss_mb;
-  o["disk_capacity"] = u.disk_capacity;
-  o["disk_allocation"] = u.disk_allocation;
+  auto known = [](int64_t n) { return n < 0 ? json::value(nullptr) : json::value(n); };
+  o["rss_mb"] = known(u.rss_mb);
+  o["disk_capacity"] = known(u.disk_capacity);
+  o["disk_allocation"] = known(u.disk_allocation);
   o["at"] = u.at;
   return json::serialize(o);
 }
@@ -247,9 +257,9 @@ result<InstanceUsage> decode_usage(std::string_view text, std::string* detail) {
     if (key == "cpu_share") return !v.get_double().get(u.cpu_share);
     if (key == "window_s") return !v.get_double().get(u.window_s);
     if (key == "memory_mb") return read_int(v, u.memory_mb);
-    if (key == "rss_mb") return read_int(v, u.rss_mb);
-    if (key == "disk_capacity") return read_int(v, u.disk_capacity);
-    if (key == "disk_allocation") return read_int(v, u.disk_allocation);
+    if (key == "rss_mb") return read_known(v, u.rss_mb);
+    if (key == "disk_capacity") return read_known(v, u.disk_capacity);
+    if (key == "disk_allocation") return read_known(v, u.disk_allocation);
     if (key == "at") return read_int(v, u.at);
     return true;
   });

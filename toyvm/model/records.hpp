@@ -46,8 +46,8 @@ struct InstanceUsage {
   double cpu_share = 0;          // busy share of its vCPUs over `window_s` (1 = all of them)
   double window_s = 0;
   int64_t memory_mb = 0;         // what the guest has
-  int64_t rss_mb = -1;           // what its process holds in host RAM; -1: unknown
-  int64_t disk_capacity = -1;    // the overlay's virtual size in bytes; -1: no disk
+  int64_t rss_mb = -1;           // what its process holds in host RAM; -1 (null in JSON): unknown
+  int64_t disk_capacity = -1;    // the overlay's virtual size in bytes; -1 (null): no disk
   int64_t disk_allocation = -1;  // what of it is allocated on the host, in bytes
   int64_t at = 0;                // unix milliseconds
 

@@ -13,6 +13,7 @@
 
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 #include <spdlog/spdlog.h>
 
@@ -42,19 +43,6 @@ json::object instance_json(const InstanceRecord& r) {
   if (r.releasing) o["releasing"] = true;
   o["updated_at"] = r.updated_at;
   return o;
-}
-
-json::object usage_json(const InstanceUsage& u) {
-  return json::object{{"running", u.running},
-                      {"vcpus", u.vcpus},
-                      {"cpu_time_s", u.cpu_time_s},
-                      {"cpu_share", u.cpu_share},
-                      {"window_s", u.window_s},
-                      {"memory_mb", u.memory_mb},
-                      {"rss_mb", u.rss_mb < 0 ? json::value(nullptr) : json::value(u.rss_mb)},
-                      {"disk_capacity", u.disk_capacity < 0 ? json::value(nullptr) : json::value(u.disk_capacity)},
-                      {"disk_allocation", u.disk_allocation < 0 ? json::value(nullptr) : json::value(u.disk_allocation)},
-                      {"at", u.at}};
 }
 
 void print_usage(const InstanceUsage& u) {
@@ -124,7 +112,7 @@ awaitable<int> show_one(asio::io_context& io, EtcdClient& etcd, const KeyLayout&
   if (!usage) co_return etcd_failure(etcd, usage.error());
   if (options.json) {
     json::object shown = instance_json(*record);
-    shown["usage"] = *usage ? json::value(usage_json(**usage)) : json::value(nullptr);
+    shown["usage"] = *usage ? json::parse(encode(**usage)) : json::value(nullptr);  // as the agent put it
     std::printf("%s\n", json::serialize(shown).c_str());
     co_return 0;
   }
