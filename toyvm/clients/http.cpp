@@ -48,6 +48,9 @@ struct HttpClient::Impl {
       endpoints = std::move(results);
     }
     auto connection = std::make_unique<Connection>();
+    // Beast reads as much as the buffer has room for, at least 512 bytes: without room, a
+    // 20 KB answer of candidates took forty reads.
+    connection->buffer.reserve(64 << 10);
     connection->plain.emplace(executor);
     connection->plain->expires_after(options.timeout);
     auto [ec, endpoint] = co_await connection->plain->async_connect(endpoints, no_throw);
