@@ -53,6 +53,7 @@ struct Options {
   int count = 100;
   int concurrency = 1;
   int limit = 50;
+  bool new_connections = false;  // floor: a Placement connection per instance, as a process has
   std::vector<std::string> command;
 };
 
@@ -78,12 +79,15 @@ void run_loop(Fn make_task) {
 
 // One worker: its own Placement connection, `n` instances one after another.
 awaitable<void> floor_worker(asio::io_context& io, const Config& config, std::shared_ptr<EtcdClient> etcd,
-                             std::string query, int n, std::vector<double>& latencies, int& failures) {
-  PlacementClient placement(io.get_executor(), config.placement);
+                             std::string query, int n, bool new_connections, std::vector<double>& latencies,
+                             int& failures) {
+  std::optional<PlacementClient> placement_client(std::in_place, io.get_executor(), config.placement);
   KeyLayout keys("/toyvm-bench");
   for (int i = 0; i < n; ++i) {
     std::string uuid = new_uuid();
     auto start = Clock::now();
+    if (new_connections) placement_client.emplace(io.get_executor(), config.placement);
+    PlacementClient& placement = *placement_client;
     auto candidates = co_await placement.allocation_candidates(query);
     if (!candidates || candidates->allocation_requests.empty()) {
       ++failures;
@@ -115,7 +119,7 @@ int run_floor(const Options& o) {
   run_loop([&](asio::io_context& io) -> awaitable<void> {
     for (int w = 0; w < o.concurrency; ++w) {
       int n = o.count / o.concurrency + (w < o.count % o.concurrency ? 1 : 0);
-      asio::co_spawn(io, floor_worker(io, config, etcd, query, n, latencies[size_t(w)], failures), asio::detached);
+      asio::co_spawn(io, floor_worker(io, config, etcd, query, n, o.new_connections, latencies[size_t(w)], failures), asio::detached);
     }
     co_return;
   });
@@ -334,6 +338,7 @@ int main(int argc, char** argv) {
     sub->add_option("--limit", o.limit, "0: no limit");
   };
   auto* floor = app.add_subcommand("floor", "raw GET candidates + PUT allocations + etcd Txn");
+  floor->add_flag("--new-connections", o.new_connections, "a new Placement connection per instance");
   auto* exec = app.add_subcommand("exec", "time a command");
   auto* active = app.add_subcommand("active", "time work -> ACTIVE on one host");
   auto* providers = app.add_subcommand("providers", "create providers");
