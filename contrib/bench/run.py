@@ -298,7 +298,7 @@ def run(args):
             # The agent on its own: idle memory, then 1,000 instances handed over through etcd.
             floor_rss, floor_pss = libvirt_floor(args.build, "test:///default")
             agent, agent_rp = bench.start_compute("agent", BIG)
-            time.sleep(2)  # it hands its start-up pages back once up
+            time.sleep(6)  # it hands its start-up pages back 3 s after it is up
             idle_cpu, idle_rss, idle_peak = proc_stat(agent.pid)
             idle_pss = pss_kb(agent.pid)
             active = bench.measure("active", "--host", agent_rp, "--count", str(n_active))

@@ -9,30 +9,70 @@
 #include <sstream>
 #include <string>
 #include <sys/mman.h>
+#include <vector>
 
 namespace toyvm {
+namespace {
+
+struct Mapping {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+  bool writable = false;
+  bool ours = false;              // toyvm's own executable
+  bool private_copies = false;    // pages written since mapped (relocations) or swapped out
+};
+
+std::vector<Mapping> read_mappings(const std::string& self) {
+  std::vector<Mapping> mappings;
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  while (std::getline(smaps, line)) {
+    std::istringstream fields(line);
+    std::string first;
+    fields >> first;
+    if (first.empty()) continue;
+    if (first.back() != ':') {  // "begin-end perms offset device inode path": a new mapping
+      std::string perms, offset, device, inode, path;
+      fields >> perms >> offset >> device >> inode >> path;
+      auto dash = first.find('-');
+      if (dash == std::string::npos || perms.size() < 2) continue;
+      Mapping m;
+      m.begin = std::stoull(first.substr(0, dash), nullptr, 16);
+      m.end = std::stoull(first.substr(dash + 1), nullptr, 16);
+      m.writable = perms[1] == 'w';
+      m.ours = path == self;
+      mappings.push_back(m);
+    } else if ((first == "Anonymous:" || first == "Swap:") && !mappings.empty()) {
+      uint64_t kb = 0;
+      fields >> kb;
+      if (kb > 0) mappings.back().private_copies = true;
+    }
+  }
+  return mappings;
+}
+
+}  // namespace
 
 void release_startup_pages() {
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) return;
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  size_t released = 0;
-  while (std::getline(maps, line)) {
-    std::istringstream fields(line);
-    std::string range, perms, offset, device, inode, path;
-    fields >> range >> perms >> offset >> device >> inode >> path;
-    // Code and constants: the mappings that are not writable. MADV_PAGEOUT loses no data in
-    // any case: the relocated read-only pages (RELRO) are private copies, kept without swap.
-    if (path != self || perms.size() < 2 || perms[1] == 'w') continue;
-    auto dash = range.find('-');
-    uintptr_t begin = std::stoull(range.substr(0, dash), nullptr, 16);
-    uintptr_t end = std::stoull(range.substr(dash + 1), nullptr, 16);
-    if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT) == 0) released += end - begin;
+  size_t paged_out = 0, unmapped = 0;
+  for (const Mapping& m : read_mappings(self)) {
+    if (!m.ours || m.writable) continue;
+    void* start = reinterpret_cast<void*>(m.begin);
+    const size_t length = m.end - m.begin;
+    // Pages no other process maps leave memory. MADV_PAGEOUT loses no data in any case: the
+    // relocated read-only pages (RELRO) are private copies, kept without swap.
+    if (madvise(start, length, MADV_PAGEOUT) == 0) paged_out += length;
+    // Pages other processes map too (other agents, a `toyvm schedule` running) stay in memory
+    // for them; this process lets go of its mappings of them. Only where it holds no private
+    // copy: MADV_DONTNEED would put a relocated page back to the file's bytes.
+    if (!m.private_copies && madvise(start, length, MADV_DONTNEED) == 0) unmapped += length;
   }
   malloc_trim(0);  // the heap's start-up garbage, too
-  spdlog::debug("start-up pages released ({} KiB of mappings)", released / 1024);
+  spdlog::debug("start-up pages released ({} KiB of mappings paged out, {} KiB let go of)", paged_out / 1024,
+                unmapped / 1024);
 }
 
 }  // namespace toyvm

@@ -25,7 +25,9 @@
 #include "virt/images.hpp"
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <unistd.h>
 
 #include <csignal>
@@ -88,7 +90,7 @@ class ComputeAgent {
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.watch_leases(), "watching leases");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.follow_console_requests(), "following console requests");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.follow_usage_requests(), "following usage requests");
-    release_startup_pages();
+    spawn_detached(ctx_.io, release_startup_pages_when_settled(), "releasing start-up pages");
     co_await feed_->follow();  // until a signal
     // The host record goes with the lease; the provider is marked disabled so that
     // schedulers spend no candidate on it; the next start sets the traits afresh (disabled
@@ -96,6 +98,14 @@ class ComputeAgent {
     co_await presence_.revoke();
     co_await registration_->mark_disabled();
     co_return 0;
+  }
+
+  // Start-up (registration, the first listing and reconcile, the first host record) is over
+  // within a few seconds; then its pages are given back and only what runs after comes back.
+  awaitable<void> release_startup_pages_when_settled() {
+    asio::steady_timer timer(ctx_.io, 3s);
+    co_await timer.async_wait(asio::as_tuple(use_awaitable));
+    if (!ctx_.stopping) release_startup_pages();
   }
 
  private:
