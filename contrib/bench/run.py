@@ -72,14 +72,22 @@ def merged(samples):
 def paired(bench, count, concurrency, toyvm_command):
     """The raw floor and `toyvm schedule` at one concurrency, `count` each, measured in the order
     floor, toyvm, toyvm, floor (half the count each time). Placement slows down as allocations
-    pile up; in this order a drift that is linear in time weighs on both sides alike."""
+    pile up; in this order a drift that is linear in time weighs on both sides alike. Each side
+    also gets `cpu_ms`: CPU per instance of Placement, etcd, the agents and the client processes."""
     runs = {"floor": [], "exec": []}
     for mode in ("floor", "exec", "exec", "floor"):
         args = ["--count", str(count // 2), "--concurrency", str(concurrency)]
         if mode == "exec":
             args += ["--", *toyvm_command]
-        runs[mode].append(bench.measure(mode, *args))
-    return merged(runs["floor"]), merged(runs["exec"])
+        before = bench.cpu_seconds()
+        sample = bench.measure(mode, *args)
+        after = bench.cpu_seconds()
+        sample["cpu_s"] = {k: after[k] - before[k] for k in after}
+        runs[mode].append(sample)
+    out = merged(runs["floor"]), merged(runs["exec"])
+    for side in out:
+        side["cpu_ms"] = {k: v * 1000 / max(1, side.get("ok", count)) for k, v in side.pop("cpu_s").items()}
+    return out
 
 
 def wait_until(what, check, timeout=30.0):
@@ -154,6 +162,27 @@ class Bench:
                               placement or self.placement_url, *args],
                              capture_output=True, text=True, check=True).stdout
         return json.loads(out)
+
+    def cpu_seconds(self):
+        """CPU used so far by Placement (uWSGI's master and workers), etcd, the compute agents, and
+        the processes this driver ran and waited for (toyvm-bench and what it ran)."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        groups = {"placement": 0.0, "etcd": 0.0, "agents": 0.0}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_text()
+                fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if str(self.dir) not in cmdline:
+                continue
+            group = ("placement" if cmdline.startswith("uwsgi") else "etcd" if cmdline.startswith("etcd")
+                     else "agents" if "\0compute\0" in cmdline else None)
+            if group:
+                groups[group] += (int(fields[11]) + int(fields[12])) / ticks
+        own = os.times()
+        groups["client"] = own.children_user + own.children_system
+        return groups
 
     def conflicts(self):
         """409 answers to claims so far, from Placement's request log."""
@@ -260,7 +289,8 @@ def run(args):
                        "floor_latency_ms": summary(ceiling["latencies_ms"]),
                        "succeeded": ok, "failed": n_throughput - ok,
                        "conflicts_409": conflicts,
-                       "extra_attempts_per_success": conflicts / ok if ok else float("nan")}
+                       "extra_attempts_per_success": conflicts / ok if ok else float("nan"),
+                       "cpu_ms_per_instance": {"floor": ceiling["cpu_ms"], "toyvm": run_["cpu_ms"]}}
                 row["fraction_of_ceiling"] = row["toyvm_per_s"] / row["ceiling_per_s"]
                 results["throughput"].append(row)
                 print(f"bench: throughput at concurrency {concurrency} done", file=sys.stderr)
@@ -304,6 +334,8 @@ def run(args):
             active = bench.measure("active", "--host", agent_rp, "--count", str(n_active))
             busy_cpu, busy_rss, busy_peak = proc_stat(agent.pid)
             busy_pss = pss_kb(agent.pid)
+            time.sleep(6)  # quiet for 3 s, it hands the pages of the burst back
+            settled_rss, settled_pss = proc_stat(agent.pid)[1], pss_kb(agent.pid)
             # The floor with as many domains, the agent's own XML.
             domain_xml = bench.dir / "domain.xml"
             domain_xml.write_text(subprocess.run(
@@ -316,7 +348,7 @@ def run(args):
                                 "floor_busy_rss_kb": floor_busy_rss, "floor_busy_pss_kb": floor_busy_pss,
                                 "idle_rss_kb": idle_rss, "idle_pss_kb": idle_pss, "idle_peak_rss_kb": idle_peak,
                                 "instances": n_active, "rss_kb": busy_rss, "pss_kb": busy_pss,
-                                "peak_rss_kb": busy_peak,
+                                "peak_rss_kb": busy_peak, "settled_rss_kb": settled_rss, "settled_pss_kb": settled_pss,
                                 "cpu_ms_per_instance": (busy_cpu - idle_cpu) * 1000 / n_active}
             print("bench: agent done", file=sys.stderr)
         finally:
@@ -558,6 +590,15 @@ def report_scheduling(results):
         lines.append(f"| {row['concurrency']} | {row['toyvm_per_s']:.1f} | {row['ceiling_per_s']:.1f} | "
                      f"{row['fraction_of_ceiling'] * 100:.0f}% | {lat['p50']:.1f} / {lat['p99']:.1f} | "
                      f"{row['conflicts_409']} | {row['extra_attempts_per_success']:.3f} |")
+    groups = ("placement", "etcd", "agents", "client")
+    lines += [
+        "",
+        "| concurrency | CPU ms per instance | Placement | etcd | agents | client processes | all |",
+        "|---|---|---|---|---|---|---|",
+        *[f"| {row['concurrency']} | {side} | " + " | ".join(f"{row['cpu_ms_per_instance'][side][g]:.1f}" for g in groups)
+          + f" | {sum(row['cpu_ms_per_instance'][side][g] for g in groups):.1f} |"
+          for row in results["throughput"] for side in ("floor", "toyvm")],
+    ]
     agent, batch = results["agent"], results["batch"]
     lines += [
         "",
@@ -580,8 +621,10 @@ def report_scheduling(results):
                (agent["floor_rss_kb"], agent["floor_pss_kb"])),
               (f"floor holding {agent['instances']} of the agent's domains", agent["floor_busy_rss_kb"],
                agent["floor_busy_pss_kb"], None),
-              (f"agent with {agent['instances']} instances", agent["rss_kb"], agent["pss_kb"],
-               (agent["floor_busy_rss_kb"], agent["floor_busy_pss_kb"])))],
+              (f"agent with {agent['instances']} instances, right after building them", agent["rss_kb"],
+               agent["pss_kb"], (agent["floor_busy_rss_kb"], agent["floor_busy_pss_kb"])),
+              (f"agent with {agent['instances']} instances, quiet for a few seconds", agent["settled_rss_kb"],
+               agent["settled_pss_kb"], (agent["floor_busy_rss_kb"], agent["floor_busy_pss_kb"])))],
         "",
         "| providers | candidates limit=50 p50 ms | no limit p50 ms | toyvm decision limit=50 ms | no limit ms |",
         "|---|---|---|---|---|",

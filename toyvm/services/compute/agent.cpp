@@ -6,7 +6,7 @@
 
 #include "core/log.hpp"
 #include "core/metrics.hpp"
-#include "core/startup_pages.hpp"
+#include "core/idle_pages.hpp"
 #include "model/inventory.hpp"
 #include "services/common.hpp"
 #include "services/compute/builder.hpp"
@@ -90,7 +90,7 @@ class ComputeAgent {
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.watch_leases(), "watching leases");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.follow_console_requests(), "following console requests");
     if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.follow_usage_requests(), "following usage requests");
-    spawn_detached(ctx_.io, release_startup_pages_when_settled(), "releasing start-up pages");
+    spawn_detached(ctx_.io, release_pages_when_quiet(), "releasing idle pages");
     co_await feed_->follow();  // until a signal
     // The host record goes with the lease; the provider is marked disabled so that
     // schedulers spend no candidate on it; the next start sets the traits afresh (disabled
@@ -100,12 +100,25 @@ class ComputeAgent {
     co_return 0;
   }
 
-  // Start-up (registration, the first listing and reconcile, the first host record) is over
-  // within a few seconds; then its pages are given back and only what runs after comes back.
-  awaitable<void> release_startup_pages_when_settled() {
-    asio::steady_timer timer(ctx_.io, 3s);
-    co_await timer.async_wait(asio::as_tuple(use_awaitable));
-    if (!ctx_.stopping) release_startup_pages();
+  // Start-up (registration, the first listing and reconcile, the first host record) and each
+  // burst of work (builds, deletions) run code that then lies idle. Once the agent has had no new
+  // work for a few seconds, its executable's pages are given back; what runs after comes back.
+  awaitable<void> release_pages_when_quiet() {
+    asio::steady_timer timer(ctx_.io);
+    uint64_t seen = ctx_.work_events;
+    std::optional<uint64_t> released_at;
+    while (!ctx_.stopping) {
+      timer.expires_after(3s);
+      co_await timer.async_wait(asio::as_tuple(use_awaitable));
+      if (ctx_.stopping) break;
+      if (ctx_.work_events != seen) {
+        seen = ctx_.work_events;  // still busy
+        continue;
+      }
+      if (released_at == seen) continue;  // nothing ran since the last time
+      release_idle_pages();
+      released_at = seen;
+    }
   }
 
  private:

@@ -54,6 +54,7 @@ struct AgentContext {
   VirtCalls& virt;
   HostIdentity host;
   bool stopping = false;  // SIGTERM: loops end, nothing new starts
+  uint64_t work_events = 0;  // changes to this host's work seen through the watch
 
   bool has_nic() const { return !config.compute.network.empty() || !config.compute.bridge.empty(); }
 };

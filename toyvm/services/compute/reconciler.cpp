@@ -38,6 +38,7 @@ std::optional<std::string> Reconciler::apply(const WatchEvent& event, bool liste
     slot.desired = std::move(*spec);
   }
   if (slot.waiting && slot.cancelled()) slot.waiting->cancel();
+  if (!listed) ++ctx_.work_events;
   kick(key->instance);
   return key->instance;
 }

@@ -1,6 +1,7 @@
 #pragma once
 // A long-running service's start-up code (gRPC's and protobuf's static initialisation,
-// registration) runs once, but its pages stay mapped and counted in the process's memory.
+// registration) runs once, and a burst of work runs code that then lies idle, but their pages
+// stay mapped and counted in the process's memory.
 
 namespace toyvm {
 
@@ -8,6 +9,6 @@ namespace toyvm {
 // constants; relocated data stays), and lets go of the mappings of those that other processes
 // keep in memory. What the service runs afterwards is faulted in again from the page cache or
 // the file. Best effort: kernels before 5.4 lack MADV_PAGEOUT.
-void release_startup_pages();
+void release_idle_pages();
 
 }  // namespace toyvm

@@ -1,4 +1,4 @@
-#include "core/startup_pages.hpp"
+#include "core/idle_pages.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -53,7 +53,7 @@ std::vector<Mapping> read_mappings(const std::string& self) {
 
 }  // namespace
 
-void release_startup_pages() {
+void release_idle_pages() {
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) return;
@@ -70,8 +70,8 @@ void release_startup_pages() {
     // copy: MADV_DONTNEED would put a relocated page back to the file's bytes.
     if (!m.private_copies && madvise(start, length, MADV_DONTNEED) == 0) unmapped += length;
   }
-  malloc_trim(0);  // the heap's start-up garbage, too
-  spdlog::debug("start-up pages released ({} KiB of mappings paged out, {} KiB let go of)", paged_out / 1024,
+  malloc_trim(0);  // the heap's free pages, too
+  spdlog::debug("idle pages released ({} KiB of mappings paged out, {} KiB let go of)", paged_out / 1024,
                 unmapped / 1024);
 }
 
