@@ -18,8 +18,8 @@ struct Mapping {
   uintptr_t begin = 0;
   uintptr_t end = 0;
   bool writable = false;
-  bool ours = false;              // toyvm's own executable
-  bool private_copies = false;    // pages written since mapped (relocations) or swapped out
+  bool ours = false;            // toyvm's own executable
+  bool private_copies = false;  // pages written since mapped (relocations) or swapped out
 };
 
 std::vector<Mapping> read_mappings(const std::string& self) {

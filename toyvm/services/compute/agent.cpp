@@ -24,8 +24,8 @@
 #include "services/services.hpp"
 #include "virt/images.hpp"
 
-#include <boost/asio/post.hpp>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <unistd.h>
