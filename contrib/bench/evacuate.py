@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Evacuation at scale: AGENTS agents on libvirt's test driver (etcd and Placement on sqlite as
 in the fault campaign), INSTANCES instances packed onto one host, that host's agent killed -9,
 then `toyvm evacuate` timed, the instances waited for ACTIVE elsewhere, the host brought back
@@ -28,9 +28,9 @@ def main():
     parser.add_argument("--agents", type=int, default=200)
     parser.add_argument("--instances", type=int, default=16)
     args = parser.parse_args()
-    dir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-evacuate-"))
-    cloud = Cloud(pathlib.Path(args.build), dir)
-    config = dir / "agent.toml"
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-evacuate-"))
+    cloud = Cloud(pathlib.Path(args.build), workdir)
+    config = workdir / "agent.toml"
     config.write_text("[compute]\nlease_ttl = 3\n")
     names = [f"h{i}" for i in range(args.agents)]
     ok = False
@@ -67,9 +67,9 @@ def main():
     finally:
         cloud.shutdown()
     if ok:
-        shutil.rmtree(dir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
     else:
-        print(f"logs in {dir}")
+        print(f"logs in {workdir}")
     return 0 if ok else 1
 
 

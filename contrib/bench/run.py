@@ -166,20 +166,18 @@ class Bench:
     def cpu_seconds(self):
         """CPU used so far by Placement (uWSGI's master and workers), etcd, the compute agents, and
         the processes this driver ran and waited for (toyvm-bench and what it ran)."""
-        ticks = os.sysconf("SC_CLK_TCK")
         groups = {"placement": 0.0, "etcd": 0.0, "agents": 0.0}
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_text()
-                fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                if str(self.dir) not in cmdline:
+                    continue
+                group = ("placement" if cmdline.startswith("uwsgi") else "etcd" if cmdline.startswith("etcd")
+                         else "agents" if "\0compute\0" in cmdline else None)
+                if group:
+                    groups[group] += cpu_seconds(pid)
             except OSError:
-                continue
-            if str(self.dir) not in cmdline:
-                continue
-            group = ("placement" if cmdline.startswith("uwsgi") else "etcd" if cmdline.startswith("etcd")
-                     else "agents" if "\0compute\0" in cmdline else None)
-            if group:
-                groups[group] += (int(fields[11]) + int(fields[12])) / ticks
+                continue  # it ended meanwhile
         own = os.times()
         groups["client"] = own.children_user + own.children_system
         return groups
@@ -209,11 +207,15 @@ class Bench:
                 proc.kill()
 
 
+def cpu_seconds(pid):
+    """User and system CPU of a process so far."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def proc_stat(pid):
     """(cpu seconds, rss kB, peak rss kB) of a process."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    cpu = cpu_seconds(pid)
     status = dict(line.split(":", 1) for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines()
                   if ":" in line)
     return cpu, int(status["VmRSS"].split()[0]), int(status["VmHWM"].split()[0])
@@ -328,7 +330,7 @@ def run(args):
             # The agent on its own: idle memory, then 1,000 instances handed over through etcd.
             floor_rss, floor_pss = libvirt_floor(args.build, "test:///default")
             agent, agent_rp = bench.start_compute("agent", BIG)
-            time.sleep(6)  # it hands its start-up pages back 3 s after it is up
+            time.sleep(6)  # 3 s without new work, it hands its start-up pages back
             idle_cpu, idle_rss, idle_peak = proc_stat(agent.pid)
             idle_pss = pss_kb(agent.pid)
             active = bench.measure("active", "--host", agent_rp, "--count", str(n_active))
