@@ -2,7 +2,10 @@
 // optionally the domains an agent would have on it (on the test driver they live in this
 // process). Prints "ready" once done and keeps the connection until its stdin closes.
 //
-//   libvirt-floor URI [DOMAIN_XML_FILE COUNT]
+//   libvirt-floor [--release] URI [DOMAIN_XML_FILE COUNT]
+//
+// --release: first let go of the clean read-only pages of every file it maps, as an idle
+// `toyvm compute` does (core/idle_pages.cpp), so that the two are compared alike.
 //
 // The file's XML is defined and started COUNT times, each copy with its own uuid: every
 // occurrence of the uuid 00000000-0000-4000-8000-000000000000 gets the copy's number in its
@@ -12,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static const char placeholder[] = "00000000-0000-4000-8000-000000000000";
@@ -48,9 +52,45 @@ static int define_domains(virConnectPtr conn, const char *xml_template, long cou
   return 0;
 }
 
+struct mapping {
+  unsigned long begin, end;
+  int clean_file;  // read-only, backed by a file, no private copy
+};
+
+// The read-only file mappings without private copies (relocated pages), from smaps.
+static size_t clean_file_mappings(struct mapping *out, size_t cap) {
+  FILE *smaps = fopen("/proc/self/smaps", "r");
+  if (!smaps) return 0;
+  size_t n = 0;
+  char line[4096];
+  while (fgets(line, sizeof line, smaps)) {
+    unsigned long begin, end, kb;
+    char perms[8], path[3000] = "";
+    if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %2999s", &begin, &end, perms, path) >= 3) {
+      if (n == cap) break;
+      out[n++] = (struct mapping){begin, end, perms[1] != 'w' && path[0] == '/'};
+    } else if (n > 0 && (sscanf(line, "Anonymous: %lu kB", &kb) == 1 || sscanf(line, "Swap: %lu kB", &kb) == 1) &&
+               kb > 0) {
+      out[n - 1].clean_file = 0;
+    }
+  }
+  fclose(smaps);
+  return n;
+}
+
+static void release_pages(void) {
+  static struct mapping mappings[4096];
+  size_t n = clean_file_mappings(mappings, sizeof mappings / sizeof mappings[0]);
+  for (size_t i = 0; i < n; ++i)
+    if (mappings[i].clean_file) madvise((void *)mappings[i].begin, mappings[i].end - mappings[i].begin, MADV_DONTNEED);
+}
+
 int main(int argc, char **argv) {
+  int release = argc > 1 && strcmp(argv[1], "--release") == 0;
+  argc -= release;
+  argv += release;
   if (argc != 2 && argc != 4) {
-    fputs("usage: libvirt-floor URI [DOMAIN_XML_FILE COUNT]\n", stderr);
+    fputs("usage: libvirt-floor [--release] URI [DOMAIN_XML_FILE COUNT]\n", stderr);
     return 2;
   }
   virConnectPtr conn = virConnectOpen(argv[1]);
@@ -60,6 +100,7 @@ int main(int argc, char **argv) {
     if (!xml || define_domains(conn, xml, atol(argv[3])) < 0) return 1;
     free(xml);
   }
+  if (release) release_pages();
   puts("ready");
   fflush(stdout);
   char buffer[64];

@@ -18,6 +18,7 @@ struct Mapping {
   uintptr_t begin = 0;
   uintptr_t end = 0;
   bool writable = false;
+  bool file = false;            // backed by a file: the executable or a library
   bool ours = false;            // toyvm's own executable
   bool private_copies = false;  // pages written since mapped (relocations) or swapped out
 };
@@ -40,6 +41,7 @@ std::vector<Mapping> read_mappings(const std::string& self) {
       m.begin = std::stoull(first.substr(0, dash), nullptr, 16);
       m.end = std::stoull(first.substr(dash + 1), nullptr, 16);
       m.writable = perms[1] == 'w';
+      m.file = path.starts_with('/');
       m.ours = path == self;
       mappings.push_back(m);
     } else if ((first == "Anonymous:" || first == "Swap:") && !mappings.empty()) {
@@ -59,15 +61,17 @@ void release_idle_pages() {
   if (ec) return;
   size_t paged_out = 0, unmapped = 0;
   for (const Mapping& m : read_mappings(self)) {
-    if (!m.ours || m.writable) continue;
+    if (!m.file || m.writable) continue;
     void* start = reinterpret_cast<void*>(m.begin);
     const size_t length = m.end - m.begin;
-    // Pages no other process maps leave memory. MADV_PAGEOUT loses no data in any case: the
-    // relocated read-only pages (RELRO) are private copies, kept without swap.
-    if (madvise(start, length, MADV_PAGEOUT) == 0) paged_out += length;
-    // Pages other processes map too (other agents, a `toyvm schedule` running) stay in memory
-    // for them; this process lets go of its mappings of them. Only where it holds no private
-    // copy: MADV_DONTNEED would put a relocated page back to the file's bytes.
+    // The executable's pages no other process maps leave memory. MADV_PAGEOUT loses no data in
+    // any case: the relocated read-only pages (RELRO) are private copies, kept without swap.
+    // Libraries' pages stay in the page cache, where the next process to load them finds them.
+    if (m.ours && madvise(start, length, MADV_PAGEOUT) == 0) paged_out += length;
+    // Pages other processes map too (other agents, a `toyvm schedule` running, any user of
+    // libc or libvirt) stay in memory for them; this process lets go of its mappings of them.
+    // Only where it holds no private copy: MADV_DONTNEED would put a relocated page back to
+    // the file's bytes.
     if (!m.private_copies && madvise(start, length, MADV_DONTNEED) == 0) unmapped += length;
   }
   malloc_trim(0);  // the heap's free pages, too

@@ -6,9 +6,10 @@
 namespace toyvm {
 
 // Hands the pages of toyvm's own executable back to the kernel, read-only ones only (code and
-// constants; relocated data stays), and lets go of the mappings of those that other processes
-// keep in memory. What the service runs afterwards is faulted in again from the page cache or
-// the file. Best effort: kernels before 5.4 lack MADV_PAGEOUT.
+// constants; relocated data stays), and lets go of its mappings of the read-only pages of every
+// file it maps (the executable's that other processes keep in memory, the libraries'). What the
+// service runs afterwards is faulted in again from the page cache or the file. Best effort:
+// kernels before 5.4 lack MADV_PAGEOUT.
 void release_idle_pages();
 
 }  // namespace toyvm

@@ -100,19 +100,21 @@ class ComputeAgent {
     co_return 0;
   }
 
-  // Start-up (registration, the first listing and reconcile, the first host record) and each
-  // burst of work (builds, deletions) run code that then lies idle. Once the agent has had no new
-  // work for a few seconds, its executable's pages are given back; what runs after comes back.
+  // Start-up (registration, the first listing and reconcile, the first host record), each burst
+  // of work (builds, deletions) and the periodic jobs (a resync a minute, the host's figures
+  // every 30 s) run code that then lies idle for a long while. Once the agent has been quiet for
+  // a few seconds, the pages of its executable and libraries are given back; what runs after
+  // (the lease's keep-alive, timers) comes back.
   awaitable<void> release_pages_when_quiet() {
     asio::steady_timer timer(ctx_.io);
-    uint64_t seen = ctx_.work_events;
+    uint64_t seen = ctx_.activity;
     std::optional<uint64_t> released_at;
     while (!ctx_.stopping) {
       timer.expires_after(3s);
       co_await timer.async_wait(asio::as_tuple(use_awaitable));
       if (ctx_.stopping) break;
-      if (ctx_.work_events != seen) {
-        seen = ctx_.work_events;  // still busy
+      if (ctx_.activity != seen) {
+        seen = ctx_.activity;  // still busy
         continue;
       }
       if (released_at == seen) continue;  // nothing ran since the last time

@@ -54,7 +54,9 @@ struct AgentContext {
   VirtCalls& virt;
   HostIdentity host;
   bool stopping = false;  // SIGTERM: loops end, nothing new starts
-  uint64_t work_events = 0;  // changes to this host's work seen through the watch
+  // Bursts of code run: changes to this host's work seen through the watch, each resync and
+  // each report of the host's figures. Once they stop for a while, their pages are given back.
+  uint64_t activity = 0;
 
   bool has_nic() const { return !config.compute.network.empty() || !config.compute.bridge.empty(); }
 };

@@ -111,6 +111,7 @@ awaitable<void> HostPresence::report_stats() {
     } else {
       spdlog::warn("cannot measure this host's memory, disk and load");
     }
+    ++ctx_.activity;
     timer.expires_after(interval);
     co_await timer.async_wait(asio::as_tuple(use_awaitable));
   }

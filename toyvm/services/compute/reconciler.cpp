@@ -38,7 +38,7 @@ std::optional<std::string> Reconciler::apply(const WatchEvent& event, bool liste
     slot.desired = std::move(*spec);
   }
   if (slot.waiting && slot.cancelled()) slot.waiting->cancel();
-  if (!listed) ++ctx_.work_events;
+  if (!listed) ++ctx_.activity;
   kick(key->instance);
   return key->instance;
 }

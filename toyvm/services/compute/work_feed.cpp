@@ -50,6 +50,7 @@ awaitable<void> WorkFeed::resync_periodically() {
     if (ctx_.stopping) break;
     auto listed = co_await ctx_.etcd->range_prefix(ctx_.keys.work_prefix(ctx_.host.provider));
     if (listed) co_await reconciler_.apply_listing(std::move(*listed));
+    ++ctx_.activity;
   }
 }
 
