@@ -45,6 +45,7 @@ awaitable<void> HostPresence::announce() {
       auto put = co_await ctx_.etcd->txn({}, std::move(puts));
       if (put) {
         lease_ = *lease;
+        published_status_ = host_record().status;
         domains_published_.reset();  // a new lease: put the list again under it
         co_return;
       }
@@ -73,17 +74,26 @@ awaitable<void> HostPresence::keep_alive() {
 
 void HostPresence::publish() {
   dirty_ = true;
-  if (publishing_ || !lease_) return;
+  if (publishing_) {
+    // Schedulers read the status: a change of it does not wait for the next interval.
+    if (host_record().status != published_status_) pause_.cancel();
+    return;
+  }
+  if (!lease_) return;
   publishing_ = true;
   spawn_detached(ctx_.io, publish_loop(), "publishing the host record");
 }
 
+// Changes that come in a burst (a batch being built) settle for 200 ms and are published
+// together; after that the record (and its domains list, O(instances) bytes) is put at most
+// once a second while only its counts change: a steady stream of schedules spread over many
+// hosts would otherwise cost etcd one more commit per instance.
 awaitable<void> HostPresence::publish_loop() {
-  asio::steady_timer settle(ctx_.io);
   while (dirty_ && !ctx_.stopping) {
-    // Changes that come in a burst (a batch being built) are published together.
-    settle.expires_after(200ms);
-    co_await settle.async_wait(asio::as_tuple(use_awaitable));
+    auto at = std::chrono::steady_clock::now() + 200ms;
+    if (host_record().status == published_status_) at = std::max(at, last_put_ + 1s);
+    pause_.expires_at(at);
+    co_await pause_.async_wait(asio::as_tuple(use_awaitable));
     dirty_ = false;
     auto domains = co_await ctx_.virt(&VirtBackend::list);
     std::vector<EtcdOp> puts;
@@ -93,8 +103,11 @@ awaitable<void> HostPresence::publish_loop() {
       if (domains_published_ != domains.value)
         puts.push_back(EtcdOp::put(ctx_.keys.domains(ctx_.host.provider), encode_domains(domains.value), lease_));
     }
-    puts.push_back(EtcdOp::put(ctx_.keys.host(ctx_.host.provider), encode(host_record()), lease_));
+    HostRecord record = host_record();
+    puts.push_back(EtcdOp::put(ctx_.keys.host(ctx_.host.provider), encode(record), lease_));
     auto written = co_await ctx_.etcd->txn({}, std::move(puts));
+    last_put_ = std::chrono::steady_clock::now();
+    if (written) published_status_ = record.status;
     if (written && domains) domains_published_ = std::move(domains.value);
   }
   publishing_ = false;
