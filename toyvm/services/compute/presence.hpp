@@ -21,8 +21,9 @@ class HostPresence {
   awaitable<void> keep_alive();
   // Re-puts the host record with a fresh domain count, and the list of domains when it
   // changed (for `toyvm audit`). Calls coalesce: under a burst of builds one put is in
-  // flight and at most one more follows it; counts alone are put at most once a second.
-  void publish();
+  // flight and at most one more follows it. A new status or a domain gone (`domain_gone`)
+  // is put within 200 ms; counts that only grew, at most once a second.
+  void publish(bool domain_gone = false);
   // Measures the host and puts its figures every stats_interval: one small write each.
   awaitable<void> report_stats();
   // The record vanishes at once instead of when the lease expires.
@@ -35,6 +36,7 @@ class HostPresence {
  private:
   HostRecord host_record() const;
   awaitable<void> publish_loop();
+  bool paced() const;
 
   AgentContext& ctx_;
   const InstanceSlots& slots_;
@@ -49,6 +51,7 @@ class HostPresence {
   asio::steady_timer pause_;      // publish_loop's wait before the next put
   std::chrono::steady_clock::time_point last_put_;
   bool dirty_ = false;
+  bool domain_gone_ = false;
   bool publishing_ = false;
 };
 
