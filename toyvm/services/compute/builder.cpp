@@ -44,7 +44,7 @@ awaitable<bool> Builder::build(WorkSpec spec) {
       spdlog::warn("instance {}: {}; will retry", spec.uuid, made.message);
       co_return false;
     case Made::Outcome::failed:
-      parts_.presence.publish(true);  // its domain, if listed meanwhile, is gone
+      parts_.presence.publish();
       metrics::count("toyvm_builds_total", {{"result", "failed"}});
       co_return co_await fail(spec, made.reason, made.message);
     case Made::Outcome::made: break;

@@ -45,7 +45,6 @@ awaitable<void> HostPresence::announce() {
       auto put = co_await ctx_.etcd->txn({}, std::move(puts));
       if (put) {
         lease_ = *lease;
-        published_status_ = host_record().status;
         domains_published_.reset();  // a new lease: put the list again under it
         co_return;
       }
@@ -72,35 +71,20 @@ awaitable<void> HostPresence::keep_alive() {
   }
 }
 
-void HostPresence::publish(bool domain_gone) {
+void HostPresence::publish() {
   dirty_ = true;
-  domain_gone_ = domain_gone_ || domain_gone;
-  if (publishing_) {
-    // What must not wait cuts a wait for the interval short (a 200 ms settle runs out).
-    if (!paced() && pause_.expiry() > std::chrono::steady_clock::now() + 200ms) pause_.cancel();
-    return;
-  }
-  if (!lease_) return;
+  if (publishing_ || !lease_) return;
   publishing_ = true;
   spawn_detached(ctx_.io, publish_loop(), "publishing the host record");
 }
 
-// Schedulers read the status, and `toyvm audit` takes a listed domain without work for a
-// leak: those are put at once. Counts alone can wait.
-bool HostPresence::paced() const { return !domain_gone_ && host_record().status == published_status_; }
-
-// Changes that come in a burst (a batch being built) settle for 200 ms and are published
-// together; the record (and its domains list, O(instances) bytes) is put at most once a
-// second while only its counts grow: a steady stream of schedules spread over many hosts
-// would otherwise cost etcd one more commit per instance.
 awaitable<void> HostPresence::publish_loop() {
+  asio::steady_timer settle(ctx_.io);
   while (dirty_ && !ctx_.stopping) {
-    auto at = std::chrono::steady_clock::now() + 200ms;
-    if (paced()) at = std::max(at, last_put_ + 1s);
-    pause_.expires_at(at);
-    co_await pause_.async_wait(asio::as_tuple(use_awaitable));
+    // Changes that come in a burst (a batch being built) are published together.
+    settle.expires_after(200ms);
+    co_await settle.async_wait(asio::as_tuple(use_awaitable));
     dirty_ = false;
-    domain_gone_ = false;
     auto domains = co_await ctx_.virt(&VirtBackend::list);
     std::vector<EtcdOp> puts;
     if (domains) {
@@ -109,11 +93,8 @@ awaitable<void> HostPresence::publish_loop() {
       if (domains_published_ != domains.value)
         puts.push_back(EtcdOp::put(ctx_.keys.domains(ctx_.host.provider), encode_domains(domains.value), lease_));
     }
-    HostRecord record = host_record();
-    puts.push_back(EtcdOp::put(ctx_.keys.host(ctx_.host.provider), encode(record), lease_));
+    puts.push_back(EtcdOp::put(ctx_.keys.host(ctx_.host.provider), encode(host_record()), lease_));
     auto written = co_await ctx_.etcd->txn({}, std::move(puts));
-    last_put_ = std::chrono::steady_clock::now();
-    if (written) published_status_ = record.status;
     if (written && domains) domains_published_ = std::move(domains.value);
   }
   publishing_ = false;

@@ -10,7 +10,7 @@ namespace toyvm::compute {
 
 class HostPresence {
  public:
-  HostPresence(AgentContext& ctx, const InstanceSlots& slots) : ctx_(ctx), slots_(slots), pause_(ctx.io) {}
+  HostPresence(AgentContext& ctx, const InstanceSlots& slots) : ctx_(ctx), slots_(slots) {}
 
   void set_capacity(ResourceAmounts capacity) { capacity_ = std::move(capacity); }
   // An operator's disable makes the record DISABLED (call publish() to put it).
@@ -21,9 +21,8 @@ class HostPresence {
   awaitable<void> keep_alive();
   // Re-puts the host record with a fresh domain count, and the list of domains when it
   // changed (for `toyvm audit`). Calls coalesce: under a burst of builds one put is in
-  // flight and at most one more follows it. A new status or a domain gone (`domain_gone`)
-  // is put within 200 ms; counts that only grew, at most once a second.
-  void publish(bool domain_gone = false);
+  // flight and at most one more follows it.
+  void publish();
   // Measures the host and puts its figures every stats_interval: one small write each.
   awaitable<void> report_stats();
   // The record vanishes at once instead of when the lease expires.
@@ -36,7 +35,6 @@ class HostPresence {
  private:
   HostRecord host_record() const;
   awaitable<void> publish_loop();
-  bool paced() const;
 
   AgentContext& ctx_;
   const InstanceSlots& slots_;
@@ -47,11 +45,7 @@ class HostPresence {
   int64_t started_at_ = unix_seconds();
   int64_t domain_count_ = 0;
   std::optional<std::vector<std::string>> domains_published_;  // under the current lease
-  std::string published_status_;  // READY, FULL or DISABLED as last put
-  asio::steady_timer pause_;      // publish_loop's wait before the next put
-  std::chrono::steady_clock::time_point last_put_;
   bool dirty_ = false;
-  bool domain_gone_ = false;
   bool publishing_ = false;
 };
 

@@ -193,14 +193,14 @@ awaitable<bool> Reconciler::remove(WorkSpec spec) {
   auto erased = co_await ctx_.etcd->txn({}, std::move(ops));
   if (!erased) co_return false;
   spdlog::info("instance {}: deleted", spec.uuid);
-  parts_.presence.publish(true);
+  parts_.presence.publish();
   co_return true;
 }
 
 awaitable<bool> Reconciler::remove_domain(std::string uuid) {
   auto gone = co_await ctx_.virt(&VirtBackend::destroy, uuid);
   if (!gone) spdlog::error("instance {}: destroying: {}", uuid, gone.failure->message);
-  parts_.presence.publish(true);
+  parts_.presence.publish();
   co_return bool(gone);
 }
 
