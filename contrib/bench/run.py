@@ -79,14 +79,17 @@ def paired(bench, count, concurrency, toyvm_command):
         args = ["--count", str(count // 2), "--concurrency", str(concurrency)]
         if mode == "exec":
             args += ["--", *toyvm_command]
-        before = bench.cpu_seconds()
+        before, txns_before = bench.cpu_seconds(), bench.etcd_txns()
         sample = bench.measure(mode, *args)
         after = bench.cpu_seconds()
         sample["cpu_s"] = {k: after[k] - before[k] for k in after}
+        sample["etcd_txns"] = bench.etcd_txns() - txns_before
         runs[mode].append(sample)
     out = merged(runs["floor"]), merged(runs["exec"])
     for side in out:
-        side["cpu_ms"] = {k: v * 1000 / max(1, side.get("ok", count)) for k, v in side.pop("cpu_s").items()}
+        instances = max(1, side.get("ok", count))
+        side["cpu_ms"] = {k: v * 1000 / instances for k, v in side.pop("cpu_s").items()}
+        side["etcd_txns_per_instance"] = side.pop("etcd_txns") / instances
     return out
 
 
@@ -181,6 +184,11 @@ class Bench:
         own = os.times()
         groups["client"] = own.children_user + own.children_system
         return groups
+
+    def etcd_txns(self):
+        """Transactions etcd has answered so far (its gRPC server's counter)."""
+        text = urllib.request.urlopen(self.etcd_url + "/metrics").read().decode()
+        return sum(float(n) for n in re.findall(r'grpc_server_handled_total\{[^}]*grpc_method="Txn"[^}]*\} (\S+)', text))
 
     def conflicts(self):
         """409 answers to claims so far, from Placement's request log."""
@@ -307,7 +315,9 @@ def run(args):
                        "succeeded": ok, "failed": n_throughput - ok,
                        "conflicts_409": conflicts,
                        "extra_attempts_per_success": conflicts / ok if ok else float("nan"),
-                       "cpu_ms_per_instance": {"floor": ceiling["cpu_ms"], "toyvm": run_["cpu_ms"]}}
+                       "cpu_ms_per_instance": {"floor": ceiling["cpu_ms"], "toyvm": run_["cpu_ms"]},
+                       "etcd_txns_per_instance": {"floor": ceiling["etcd_txns_per_instance"],
+                                                  "toyvm": run_["etcd_txns_per_instance"]}}
                 row["fraction_of_ceiling"] = row["toyvm_per_s"] / row["ceiling_per_s"]
                 results["throughput"].append(row)
                 print(f"bench: throughput at concurrency {concurrency} done", file=sys.stderr)
@@ -618,10 +628,11 @@ def report_scheduling(results):
     groups = ("placement", "etcd", "agents", "client")
     lines += [
         "",
-        "| concurrency | CPU ms per instance | Placement | etcd | agents | client processes | all |",
-        "|---|---|---|---|---|---|---|",
+        "| concurrency | CPU ms per instance | Placement | etcd | agents | client processes | all | etcd Txns per instance |",
+        "|---|---|---|---|---|---|---|---|",
         *[f"| {row['concurrency']} | {side} | " + " | ".join(f"{row['cpu_ms_per_instance'][side][g]:.1f}" for g in groups)
-          + f" | {sum(row['cpu_ms_per_instance'][side][g] for g in groups):.1f} |"
+          + f" | {sum(row['cpu_ms_per_instance'][side][g] for g in groups):.1f}"
+          + f" | {row['etcd_txns_per_instance'][side]:.2f} |"
           for row in results["throughput"] for side in ("floor", "toyvm")],
     ]
     agent, batch = results["agent"], results["batch"]
