@@ -123,8 +123,6 @@ std::string instance_path(const std::string& instance_dir, const std::string& uu
 std::string console_log_path(const std::string& instance_dir, const std::string& uuid);
 // A stable locally administered MAC address for an instance (52:54:00 is QEMU's prefix).
 std::string instance_mac(const std::string& uuid);
-// Of what libvirt found, the address of the instance's own NIC, else the first; empty: none.
-std::string instance_address(const std::vector<GuestAddress>& found, const std::string& uuid);
 
 result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options, std::string* detail);
 

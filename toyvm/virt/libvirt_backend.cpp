@@ -474,14 +474,6 @@ std::string instance_mac(const std::string& uuid) {
   return fmt::format("52:54:00:{}:{}:{}", digest.substr(0, 2), digest.substr(2, 2), digest.substr(4, 2));
 }
 
-std::string instance_address(const std::vector<GuestAddress>& found, const std::string& uuid) {
-  if (found.empty()) return {};
-  const std::string mac = instance_mac(uuid);
-  for (const GuestAddress& address : found)
-    if (address.mac == mac) return address.ip;
-  return found.front().ip;
-}
-
 std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, const std::string& disk) {
   std::string type = options.domain_type.empty() ? "qemu" : options.domain_type;
   std::string boot;

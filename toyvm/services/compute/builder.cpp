@@ -56,13 +56,6 @@ awaitable<bool> Builder::build(WorkSpec spec) {
   metrics::observe("toyvm_build_seconds",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   parts_.presence.publish();
-  // An address libvirt knows at once (the test driver's; a lease a restarted guest still
-  // holds) goes in the ACTIVE record itself, one etcd commit less. A new guest asks DHCP
-  // first: the guest observer records its address when the lease appears.
-  if (running && ctx_.has_nic()) {
-    auto found = co_await ctx_.virt(&VirtBackend::addresses, spec.uuid);
-    if (found) parts_.slots[spec.uuid].ip = instance_address(found.value, spec.uuid);
-  }
   co_return co_await parts_.recorder.record(spec, running ? InstanceState::active : InstanceState::stopped);
 }
 

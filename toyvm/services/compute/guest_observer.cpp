@@ -61,7 +61,10 @@ awaitable<void> GuestObserver::find_address(std::string uuid) {
   if (it == slots_.end()) co_return;
   InstanceSlot& slot = it->second;
   if (!slot.desired || slot.busy || slot.recorded != InstanceState::active) co_return;
-  slot.ip = instance_address(found.value, uuid);
+  const std::string mac = instance_mac(uuid);
+  slot.ip = found.value.front().ip;
+  for (const GuestAddress& address : found.value)
+    if (address.mac == mac) slot.ip = address.ip;
   spdlog::info("instance {}: address {}", uuid, slot.ip);
   co_await recorder_.write(recorder_.make(*slot.desired, InstanceState::active));
 }
