@@ -32,7 +32,7 @@ import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "contrib" / "testbed"))
-from cloud import free_port, overbooked  # noqa: E402
+from cloud import free_port, overbooked, prometheus_metrics  # noqa: E402
 # No disk: the agents run on libvirt's test driver, whose storage pool holds 100 GiB, so
 # thousands of 1 GiB disks would fail their builds (and send them from host to host).
 QUERY = "resources=VCPU:1,MEMORY_MB:64"
@@ -187,8 +187,8 @@ class Bench:
 
     def etcd_txns(self):
         """Transactions etcd has answered so far (its gRPC server's counter)."""
-        text = urllib.request.urlopen(self.etcd_url + "/metrics").read().decode()
-        return sum(float(n) for n in re.findall(r'grpc_server_handled_total\{[^}]*grpc_method="Txn"[^}]*\} (\S+)', text))
+        return sum(v for k, v in prometheus_metrics(self.etcd_url).items()
+                   if k.startswith("grpc_server_handled_total{") and 'grpc_method="Txn"' in k)
 
     def conflicts(self):
         """409 answers to claims so far, from Placement's request log."""

@@ -15,6 +15,17 @@ import urllib.request
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def prometheus_metrics(url):
+    """The counters and gauges `url`/metrics serves, as name (with labels) -> value."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -170,13 +181,7 @@ class Cloud:
 
     def etcd_metrics(self, member=0):
         """etcd's Prometheus counters and gauges, as name (with labels) -> value."""
-        text = urllib.request.urlopen(self.etcd_urls[member] + "/metrics", timeout=10).read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
+        return prometheus_metrics(self.etcd_urls[member])
 
     def shutdown(self):
         """The agents, then the servers: each group asked to stop at once, then waited for."""
