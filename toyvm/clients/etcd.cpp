@@ -18,6 +18,7 @@
 #include <functional>
 #include <fstream>
 #include <mutex>
+#include <thread>
 
 namespace toyvm {
 namespace {
@@ -176,74 +177,120 @@ std::string grpc_target(const std::vector<std::string>& endpoints) {
   return fmt::format("dns:///{}:{}", first.host, first.port);
 }
 
-// A bidirectional stream whose responses are queued for one coroutine. The reactor keeps
-// itself alive until gRPC calls OnDone, as the callback API requires.
+// gRPC's completion queue, drained by one thread for the whole process. Each operation's tag
+// is a Completion that runs there once and only hands the outcome to the event loop. (gRPC's
+// callback API would drain its own queue with two threads that wake each other for every
+// response: more threads to start in a one-shot command, more switches in the agent.)
+class Completion {
+ public:
+  explicit Completion(std::function<void(bool ok)> fn) : fn_(std::move(fn)) {}
+  void run(bool ok) { fn_(ok); }
+
+ private:
+  std::function<void(bool ok)> fn_;
+};
+
+Completion* on_completion(std::function<void(bool ok)> fn) { return new Completion(std::move(fn)); }
+
+grpc::CompletionQueue* completion_queue() {
+  // Never shut down, like the channels: operations may be pending while the process exits.
+  static grpc::CompletionQueue* queue = [] {
+    auto* queue = new grpc::CompletionQueue;
+    std::thread([queue] {
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue->Next(&tag, &ok)) {
+        std::unique_ptr<Completion> completion(static_cast<Completion*>(tag));
+        completion->run(ok);
+      }
+    }).detach();
+    return queue;
+  }();
+  return queue;
+}
+
+// A bidirectional stream whose responses are queued for one coroutine. Every pending
+// operation holds the stream, so it lives until gRPC has finished with it.
 template <class Request, class Response>
-class BidiStream final : public grpc::ClientBidiReactor<Request, Response>,
-                         public std::enable_shared_from_this<BidiStream<Request, Response>> {
+class BidiStream final : public std::enable_shared_from_this<BidiStream<Request, Response>> {
  public:
   struct Item {
     std::optional<Response> response;  // empty: the stream ended with `status`
     grpc::Status status;
   };
+  using Rpc = grpc::ClientAsyncReaderWriter<Request, Response>;
 
-  template <class StartFn>
-  void start(StartFn start_fn) {
-    self_ = this->shared_from_this();
-    start_fn(&context_, this);
-    this->StartRead(&response_);
-    this->StartCall();
+  template <class PrepareFn>
+  void start(PrepareFn prepare) {
+    std::lock_guard lock(mutex_);
+    rpc_ = prepare(&context_, completion_queue());
+    rpc_->StartCall(on_completion([self = this->shared_from_this()](bool ok) { self->started(ok); }));
   }
 
   void write(Request request) {
     std::lock_guard lock(mutex_);
-    if (done_) return;
+    if (ending_) return;
     pending_.push_back(std::move(request));
-    if (!writing_) {
-      writing_ = true;
-      this->StartWrite(&pending_.front());
-    }
+    write_next();
   }
 
   void cancel() { context_.TryCancel(); }
 
   awaitable<Item> next() { co_return co_await items_.async_pop(); }
 
-  void OnWriteDone(bool ok) override {
+ private:
+  void started(bool ok) {
     std::lock_guard lock(mutex_);
-    pending_.pop_front();
-    if (ok && !pending_.empty()) {
-      this->StartWrite(&pending_.front());
-    } else {
-      writing_ = false;
-    }
+    if (!ok) return finish();
+    started_ = true;
+    read_next();
+    write_next();
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows with the status
+  // Called with the mutex held, as are the others that touch `rpc_` below.
+  void read_next() {
+    rpc_->Read(&response_, on_completion([self = this->shared_from_this()](bool ok) { self->read(ok); }));
+  }
+
+  void read(bool ok) {
+    std::lock_guard lock(mutex_);
+    if (!ok) return finish();
     items_.push(Item{std::move(response_), grpc::Status::OK});
     response_.Clear();
-    this->StartRead(&response_);
+    read_next();
   }
 
-  void OnDone(const grpc::Status& status) override {
-    {
-      std::lock_guard lock(mutex_);
-      done_ = true;
-    }
-    items_.push(Item{std::nullopt, status});
-    auto self = std::move(self_);  // may free this object on return
+  void write_next() {
+    if (!started_ || writing_ || ending_ || pending_.empty()) return;
+    writing_ = true;
+    rpc_->Write(pending_.front(), on_completion([self = this->shared_from_this()](bool ok) { self->written(ok); }));
   }
 
- private:
+  void written(bool ok) {
+    std::lock_guard lock(mutex_);
+    writing_ = false;
+    pending_.pop_front();
+    if (ok) write_next();  // else the read fails too, and finishes the stream
+  }
+
+  // A failed start or read means the stream is over: gRPC gives its status once asked.
+  void finish() {
+    ending_ = true;
+    rpc_->Finish(&status_, on_completion([self = this->shared_from_this()](bool) {
+      self->items_.push(Item{std::nullopt, self->status_});
+    }));
+  }
+
   grpc::ClientContext context_;
+  std::unique_ptr<Rpc> rpc_;
   Response response_;
+  grpc::Status status_;
   AsyncQueue<Item> items_;
   std::mutex mutex_;
-  std::deque<Request> pending_;  // deque: StartWrite keeps a pointer to the front
+  std::deque<Request> pending_;  // deque: Write keeps a pointer to the front until it completes
+  bool started_ = false;
   bool writing_ = false;
-  bool done_ = false;
-  std::shared_ptr<BidiStream> self_;
+  bool ending_ = false;
 };
 
 using WatchStream = BidiStream<pb::WatchRequest, pb::WatchResponse>;
@@ -387,9 +434,9 @@ class GrpcEtcdClient final : public EtcdClient {
     request.set_key(std::move(key));
     request.set_range_end(std::move(range_end));
     request.set_revision(revision);
-    auto start = [kv = kv_.get()](auto* ctx, auto* req, auto* resp, auto done) {
-          kv->async()->Range(ctx, req, resp, std::move(done));
-        };
+    auto start = [kv = kv_.get()](auto* ctx, const auto& req, auto* queue) {
+      return kv->PrepareAsyncRange(ctx, req, queue);
+    };
     auto response = co_await unary<pb::RangeResponse>(std::move(request), start);
     if (!response) co_return response.error();
     co_return from_pb(*response);
@@ -400,9 +447,9 @@ class GrpcEtcdClient final : public EtcdClient {
     request.set_key(std::move(key));
     request.set_value(std::move(value));
     request.set_lease(lease);
-    auto start = [kv = kv_.get()](auto* ctx, auto* req, auto* resp, auto done) {
-          kv->async()->Put(ctx, req, resp, std::move(done));
-        };
+    auto start = [kv = kv_.get()](auto* ctx, const auto& req, auto* queue) {
+      return kv->PrepareAsyncPut(ctx, req, queue);
+    };
     auto response = co_await unary<pb::PutResponse>(std::move(request), start);
     if (!response) co_return response.error();
     co_return response->header().revision();
@@ -412,9 +459,9 @@ class GrpcEtcdClient final : public EtcdClient {
     pb::DeleteRangeRequest request;
     request.set_key(std::move(key));
     request.set_range_end(std::move(range_end));
-    auto start = [kv = kv_.get()](auto* ctx, auto* req, auto* resp, auto done) {
-          kv->async()->DeleteRange(ctx, req, resp, std::move(done));
-        };
+    auto start = [kv = kv_.get()](auto* ctx, const auto& req, auto* queue) {
+      return kv->PrepareAsyncDeleteRange(ctx, req, queue);
+    };
     auto response = co_await unary<pb::DeleteRangeResponse>(std::move(request), start);
     if (!response) co_return response.error();
     co_return response->deleted();
@@ -426,9 +473,9 @@ class GrpcEtcdClient final : public EtcdClient {
     for (const auto& cmp : compare) to_pb(cmp, *request.add_compare());
     for (const auto& op : success) to_pb(op, *request.add_success());
     for (const auto& op : failure) to_pb(op, *request.add_failure());
-    auto start = [kv = kv_.get()](auto* ctx, auto* req, auto* resp, auto done) {
-          kv->async()->Txn(ctx, req, resp, std::move(done));
-        };
+    auto start = [kv = kv_.get()](auto* ctx, const auto& req, auto* queue) {
+      return kv->PrepareAsyncTxn(ctx, req, queue);
+    };
     auto response = co_await unary<pb::TxnResponse>(std::move(request), start);
     if (!response) co_return response.error();
     TxnResult out;
@@ -443,9 +490,9 @@ class GrpcEtcdClient final : public EtcdClient {
   awaitable<result<int64_t>> lease_grant(int64_t ttl_seconds) override {
     pb::LeaseGrantRequest request;
     request.set_ttl(ttl_seconds);
-    auto start = [lease = lease_.get()](auto* ctx, auto* req, auto* resp, auto done) {
-          lease->async()->LeaseGrant(ctx, req, resp, std::move(done));
-        };
+    auto start = [lease = lease_.get()](auto* ctx, const auto& req, auto* queue) {
+      return lease->PrepareAsyncLeaseGrant(ctx, req, queue);
+    };
     auto response = co_await unary<pb::LeaseGrantResponse>(std::move(request), start);
     if (!response) co_return response.error();
     if (!response->error().empty()) co_return errc::etcd_error;
@@ -455,9 +502,9 @@ class GrpcEtcdClient final : public EtcdClient {
   awaitable<result<void>> lease_revoke(int64_t id) override {
     pb::LeaseRevokeRequest request;
     request.set_id(id);
-    auto start = [lease = lease_.get()](auto* ctx, auto* req, auto* resp, auto done) {
-          lease->async()->LeaseRevoke(ctx, req, resp, std::move(done));
-        };
+    auto start = [lease = lease_.get()](auto* ctx, const auto& req, auto* queue) {
+      return lease->PrepareAsyncLeaseRevoke(ctx, req, queue);
+    };
     auto response = co_await unary<pb::LeaseRevokeResponse>(std::move(request), start);
     if (!response) co_return response.error();
     co_return result<void>{};
@@ -465,9 +512,9 @@ class GrpcEtcdClient final : public EtcdClient {
 
   std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t id) override {
     auto stream = std::make_shared<KeepAliveStream>();
-    stream->start([lease = lease_.get(), token = token_](auto* ctx, auto* reactor) {
+    stream->start([lease = lease_.get(), token = token_](auto* ctx, auto* queue) {
       if (!token.empty()) ctx->AddMetadata("token", token);
-      lease->async()->LeaseKeepAlive(ctx, reactor);
+      return lease->PrepareAsyncLeaseKeepAlive(ctx, queue);
     });
     return std::make_unique<GrpcLeaseKeeper>(std::move(stream), id);
   }
@@ -480,16 +527,16 @@ class GrpcEtcdClient final : public EtcdClient {
     create->set_range_end(options.range_end);
     create->set_start_revision(options.start_revision);
     create->set_prev_kv(options.prev_kv);
-    stream->start([watch = watch_.get(), token = token_](auto* ctx, auto* reactor) {
+    stream->start([watch = watch_.get(), token = token_](auto* ctx, auto* queue) {
       if (!token.empty()) ctx->AddMetadata("token", token);
-      watch->async()->Watch(ctx, reactor);
+      return watch->PrepareAsyncWatch(ctx, queue);
     });
     stream->write(std::move(request));
     return std::make_unique<GrpcWatch>(std::move(stream));
   }
 
  private:
-  // One unary call: gRPC completes it on its thread, the queue resumes us on ours. With
+  // One unary call: gRPC completes it on the completion thread, the queue resumes us on ours. With
   // etcd auth, a token is fetched first, and fetched again once if etcd says it expired.
   template <class Response, class Request, class StartFn>
   awaitable<result<Response>> unary(Request request, StartFn start) {
@@ -513,18 +560,20 @@ class GrpcEtcdClient final : public EtcdClient {
   awaitable<std::pair<grpc::Status, Response>> call(const Request& request, StartFn& start, const std::string& token) {
     struct Call {
       grpc::ClientContext context;
-      Request request;
+      std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> rpc;  // gRPC uses it until Finish is done
       Response response;
-      AsyncQueue<grpc::Status> done;
+      grpc::Status status;
+      AsyncQueue<bool> done;
     };
     auto call = std::make_shared<Call>();
-    call->request = request;
     call->context.set_deadline(std::chrono::system_clock::now() + timeout_);
     if (!token.empty()) call->context.AddMetadata("token", token);
     const auto started = std::chrono::steady_clock::now();
-    start(&call->context, &call->request, &call->response,
-          [call](grpc::Status status) { call->done.push(std::move(status)); });
-    grpc::Status status = co_await call->done.async_pop();
+    call->rpc = start(&call->context, request, completion_queue());  // the request is serialized here
+    call->rpc->StartCall();
+    call->rpc->Finish(&call->response, &call->status, on_completion([call](bool) { call->done.push(true); }));
+    co_await call->done.async_pop();
+    grpc::Status status = std::move(call->status);
     metrics::observe("toyvm_etcd_request_seconds",
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     metrics::count("toyvm_etcd_requests_total", {{"code", status_name(status.error_code())}});
@@ -535,8 +584,8 @@ class GrpcEtcdClient final : public EtcdClient {
     pb::AuthenticateRequest request;
     request.set_name(user_);
     request.set_password(password_);
-    auto start = [auth = auth_.get()](auto* ctx, auto* req, auto* resp, auto done) {
-      auth->async()->Authenticate(ctx, req, resp, std::move(done));
+    auto start = [auth = auth_.get()](auto* ctx, const auto& req, auto* queue) {
+      return auth->PrepareAsyncAuthenticate(ctx, req, queue);
     };
     auto [status, response] = co_await call<pb::AuthenticateResponse>(request, start, "");
     if (!status.ok()) {
