@@ -44,7 +44,7 @@ awaitable<bool> Builder::build(WorkSpec spec) {
       spdlog::warn("instance {}: {}; will retry", spec.uuid, made.message);
       co_return false;
     case Made::Outcome::failed:
-      parts_.presence.publish();
+      parts_.presence.publish(spec.uuid);
       metrics::count("toyvm_builds_total", {{"result", "failed"}});
       co_return co_await fail(spec, made.reason, made.message);
     case Made::Outcome::made: break;
@@ -55,7 +55,7 @@ awaitable<bool> Builder::build(WorkSpec spec) {
   metrics::count("toyvm_builds_total", {{"result", "active"}});
   metrics::observe("toyvm_build_seconds",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-  parts_.presence.publish();
+  parts_.presence.publish(spec.uuid);
   co_return co_await parts_.recorder.record(spec, running ? InstanceState::active : InstanceState::stopped);
 }
 

@@ -6,6 +6,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <iterator>
+#include <utility>
 
 namespace toyvm::compute {
 
@@ -30,7 +32,7 @@ HostRecord HostPresence::host_record() const {
   record.capacity = capacity_;
   record.agent_version = TOYVM_VERSION;
   record.started_at = started_at_;
-  record.domains = domain_count_;
+  record.domains = int64_t(domains_.size());
   record.status = maintenance_ ? "DISABLED" : full() ? "FULL" : "READY";
   return record;
 }
@@ -78,6 +80,23 @@ void HostPresence::publish() {
   spawn_detached(ctx_.io, publish_loop(), "publishing the host record");
 }
 
+void HostPresence::publish(const std::string& uuid) {
+  unchecked_.insert(uuid);
+  publish();
+}
+
+void HostPresence::publish(const std::vector<std::string>& listed) {
+  std::set<std::string> found(listed.begin(), listed.end());
+  if (!listed_) {
+    domains_ = std::move(found);
+    listed_ = true;
+  } else {
+    std::set_symmetric_difference(found.begin(), found.end(), domains_.begin(), domains_.end(),
+                                  std::inserter(unchecked_, unchecked_.end()));
+  }
+  publish();
+}
+
 awaitable<void> HostPresence::publish_loop() {
   asio::steady_timer settle(ctx_.io);
   while (dirty_ && !ctx_.stopping) {
@@ -85,17 +104,24 @@ awaitable<void> HostPresence::publish_loop() {
     settle.expires_after(200ms);
     co_await settle.async_wait(asio::as_tuple(use_awaitable));
     dirty_ = false;
-    auto domains = co_await ctx_.virt(&VirtBackend::list);
+    for (const std::string& uuid : std::exchange(unchecked_, {})) {
+      auto state = co_await ctx_.virt(&VirtBackend::state, uuid);
+      if (!state)
+        unchecked_.insert(uuid);  // libvirt did not answer: looked up with the next publication
+      else if (state.value == DomainState::absent)
+        domains_.erase(uuid);
+      else
+        domains_.insert(uuid);
+    }
     std::vector<EtcdOp> puts;
-    if (domains) {
-      domain_count_ = int64_t(domains.value.size());
-      std::sort(domains.value.begin(), domains.value.end());
-      if (domains_published_ != domains.value)
-        puts.push_back(EtcdOp::put(ctx_.keys.domains(ctx_.host.provider), encode_domains(domains.value), lease_));
+    if (domains_published_ != domains_) {
+      std::vector<std::string> sorted(domains_.begin(), domains_.end());
+      puts.push_back(EtcdOp::put(ctx_.keys.domains(ctx_.host.provider), encode_domains(sorted), lease_));
     }
     puts.push_back(EtcdOp::put(ctx_.keys.host(ctx_.host.provider), encode(host_record()), lease_));
+    std::set<std::string> putting = domains_;
     auto written = co_await ctx_.etcd->txn({}, std::move(puts));
-    if (written && domains) domains_published_ = std::move(domains.value);
+    if (written) domains_published_ = std::move(putting);
   }
   publishing_ = false;
 }

@@ -6,6 +6,8 @@
 #include "services/compute/context.hpp"
 #include "services/compute/slots.hpp"
 
+#include <set>
+
 namespace toyvm::compute {
 
 class HostPresence {
@@ -19,10 +21,17 @@ class HostPresence {
   awaitable<void> announce();
   // Keeps the lease alive until the agent stops; a lost lease is announced again.
   awaitable<void> keep_alive();
-  // Re-puts the host record with a fresh domain count, and the list of domains when it
-  // changed (for `toyvm audit`). Calls coalesce: under a burst of builds one put is in
-  // flight and at most one more follows it.
+  // Re-puts the host record with its domain count, and the list of domains when it changed
+  // (for `toyvm audit`). Calls coalesce: under a burst of builds one put is in flight and at
+  // most one more follows it.
   void publish();
+  // The same after a step may have made or removed `uuid`'s domain: the publication looks
+  // that one domain up, so a build costs the same on a host with a thousand.
+  void publish(const std::string& uuid);
+  // The same with every domain a full listing found (at start and each resync). Where it
+  // disagrees with what is known, each such domain is looked up again: a listing may have
+  // been taken before a step that the lookups already saw.
+  void publish(const std::vector<std::string>& listed);
   // Measures the host and puts its figures every stats_interval: one small write each.
   awaitable<void> report_stats();
   // The record vanishes at once instead of when the lease expires.
@@ -43,8 +52,10 @@ class HostPresence {
   std::optional<HostStats> stats_;  // as last measured, put again with a new lease
   int64_t lease_ = 0;
   int64_t started_at_ = unix_seconds();
-  int64_t domain_count_ = 0;
-  std::optional<std::vector<std::string>> domains_published_;  // under the current lease
+  std::set<std::string> domains_;    // this host's domains, as last seen
+  std::set<std::string> unchecked_;  // domains to look up before the next put
+  bool listed_ = false;              // domains_ started from a full listing
+  std::optional<std::set<std::string>> domains_published_;  // under the current lease
   bool dirty_ = false;
   bool publishing_ = false;
 };

@@ -58,10 +58,11 @@ awaitable<void> Reconciler::apply_listing(RangeResult listed) {
     }
   }
   auto domains = co_await ctx_.virt(&VirtBackend::list);
+  if (!domains) co_return;  // libvirt did not answer: the next resync looks again
   for (const std::string& uuid : domains.value) {
     if (!seen.count(uuid) && !parts_.slots.count(uuid)) kick(uuid);
   }
-  parts_.presence.publish();
+  parts_.presence.publish(domains.value);
 }
 
 void Reconciler::observe(const std::string& uuid, bool started) {
@@ -193,14 +194,14 @@ awaitable<bool> Reconciler::remove(WorkSpec spec) {
   auto erased = co_await ctx_.etcd->txn({}, std::move(ops));
   if (!erased) co_return false;
   spdlog::info("instance {}: deleted", spec.uuid);
-  parts_.presence.publish();
+  parts_.presence.publish(spec.uuid);
   co_return true;
 }
 
 awaitable<bool> Reconciler::remove_domain(std::string uuid) {
   auto gone = co_await ctx_.virt(&VirtBackend::destroy, uuid);
   if (!gone) spdlog::error("instance {}: destroying: {}", uuid, gone.failure->message);
-  parts_.presence.publish();
+  parts_.presence.publish(uuid);
   co_return bool(gone);
 }
 
