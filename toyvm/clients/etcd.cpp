@@ -536,8 +536,9 @@ class GrpcEtcdClient final : public EtcdClient {
   }
 
  private:
-  // One unary call: gRPC completes it on the completion thread, the queue resumes us on ours. With
-  // etcd auth, a token is fetched first, and fetched again once if etcd says it expired.
+  // One unary call: gRPC completes it on the completion thread, the queue resumes us on
+  // ours. With etcd auth, a token is fetched first, and fetched again once if etcd says it
+  // expired.
   template <class Response, class Request, class StartFn>
   awaitable<result<Response>> unary(Request request, StartFn start) {
     for (int attempt = 0;; ++attempt) {
