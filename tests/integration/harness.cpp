@@ -483,6 +483,19 @@ void Servers::etcd_erase(const std::string& key) const {
   });
 }
 
+int64_t Servers::etcd_compact() const {
+  const int64_t revision = run_sync<int64_t>([&](asio::io_context&) -> awaitable<int64_t> {
+    auto r = co_await etcd_client_->range("/");
+    if (!r) throw std::runtime_error("etcd range failed: " + r.error().message());
+    co_return r->revision;
+  });
+  auto compacted = run_command({"etcdctl", "--endpoints", config.etcd.endpoints.front(), "compact",
+                                std::to_string(revision)},
+                               dir());
+  if (compacted.exit_code != 0) throw std::runtime_error("etcdctl compact failed: " + compacted.err);
+  return revision;
+}
+
 ResourceAmounts Servers::usages(const std::string& provider) const {
   return run_sync<ResourceAmounts>([&](asio::io_context& io) -> awaitable<ResourceAmounts> {
     PlacementClient placement(io.get_executor(), config.placement);

@@ -124,6 +124,9 @@ class Servers {
   std::vector<KeyValue> etcd_prefix(const std::string& prefix) const;
   void etcd_put(const std::string& key, const std::string& value) const;
   void etcd_erase(const std::string& key) const;
+  // Compacts etcd's history up to its current revision (etcdctl compact), as etcd's
+  // --auto-compaction-retention does over time; returns that revision.
+  int64_t etcd_compact() const;
   ResourceAmounts usages(const std::string& provider) const;
   Allocations allocations(const std::string& consumer) const;
   // A claim made behind toyvm's back, as a leak or a crashed scheduler would leave it.

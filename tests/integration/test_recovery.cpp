@@ -556,6 +556,71 @@ TEST_CASE("a build whose work left the host before the feed said so stops at its
   CHECK(compute_a->output().find("instance " + uuid + ": active") == std::string::npos);
 }
 
+TEST_CASE("schedule --wait rides over etcd going away and coming back while it waits", "[recovery]") {
+  Servers servers;
+  const std::string build_paused = servers.dir() + "/build-paused";
+  std::ofstream(build_paused) << "";
+  std::string rp;
+  std::unique_ptr<Process> compute;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "build.begin=pause(" + build_paused + ")");
+    compute = servers.start_compute("c1", roomy, &rp);
+  }
+  auto waiting = servers.spawn_toyvm({"schedule", small, "--wait"}, "wait.log");
+  REQUIRE(wait_for([&] { return compute->output().find("failpoint build.begin: paused") != std::string::npos; }, 30));
+  REQUIRE(wait_for([&] { return waiting->output().find("INSTANCE") != std::string::npos; }, 30));
+  servers.stop_etcd();
+  servers.start_etcd_again();
+  std::remove(build_paused.c_str());
+  INFO(waiting->output() << compute->output());
+  CHECK(waiting->wait(60) == 0);
+  const std::string uuid = parse_notified(waiting->output()).second;
+  CHECK_THAT(waiting->output(), Catch::Contains("INSTANCE " + uuid + " ACTIVE"));
+}
+
+TEST_CASE("following a key tells what happened while its watch was lost or its history compacted", "[recovery]") {
+  Servers servers;
+  auto etcd = EtcdClient::create(servers.config.etcd);
+  const std::string key = "/toyvm-test/followed";
+  std::vector<std::string> seen;  // "put <value>" or "erase"
+  auto follow = [&](int64_t from, std::chrono::milliseconds timeout) {
+    seen.clear();
+    return run_sync<result<bool>>([&](asio::io_context&) -> awaitable<result<bool>> {
+      co_return co_await follow_key(*etcd, key, from, timeout, [&](const WatchEvent& event) {
+        seen.push_back(event.type == WatchEvent::Type::erase ? "erase" : "put " + event.kv.value);
+        return event.type == WatchEvent::Type::erase || event.kv.value == "three";
+      });
+    });
+  };
+  servers.etcd_put(key, "one");
+  const int64_t first = servers.etcd_prefix(key).front().mod_revision;
+  servers.etcd_put(key, "two");
+  servers.etcd_put(key, "three");
+  servers.etcd_put("/toyvm-test/other", "x");
+  // Nothing compacted yet: every change after the first is seen, in order.
+  CHECK(follow(first + 1, std::chrono::seconds(10)).value());
+  CHECK(seen == std::vector<std::string>{"put two", "put three"});
+  // The history from there on is gone: the key is read again and its value is what is told.
+  servers.etcd_compact();
+  CHECK(follow(first + 1, std::chrono::seconds(10)).value());
+  CHECK(seen == std::vector<std::string>{"put three"});
+  // Deleted meanwhile, and compacted: the deletion is told.
+  servers.etcd_erase(key);
+  servers.etcd_put("/toyvm-test/other", "y");
+  servers.etcd_compact();
+  CHECK(follow(first + 1, std::chrono::seconds(10)).value());
+  CHECK(seen == std::vector<std::string>{"erase"});
+  // Nothing happens: the time runs out.
+  servers.etcd_put(key, "four");
+  const int64_t now = servers.etcd_prefix(key).front().mod_revision;
+  CHECK_FALSE(follow(now + 1, std::chrono::milliseconds(300)).value());
+  CHECK(seen.empty());
+  // etcd away the whole time: what it said is returned, not a timeout.
+  servers.stop_etcd();
+  auto away = follow(now + 1, std::chrono::milliseconds(1500));
+  CHECK_FALSE(away.has_value());
+}
+
 // Hole 7: a step that throws is a failed step, retried; the instance is not stuck.
 TEST_CASE("a reconcile step that throws is retried and the instance still becomes ACTIVE", "[recovery]") {
   Servers servers;

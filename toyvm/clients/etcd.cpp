@@ -5,6 +5,7 @@
 #include "rpc.grpc.pb.h"
 
 #include <absl/synchronization/mutex.h>
+#include <boost/asio/as_tuple.hpp>
 #include <fmt/format.h>
 #include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
@@ -651,6 +652,68 @@ awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string rang
     co_await timer.async_wait(use_awaitable);
     delay = std::min<std::chrono::milliseconds>(delay * 2, std::chrono::seconds(5));
   }
+}
+
+awaitable<result<bool>> follow_key(EtcdClient& etcd, std::string key, int64_t revision,
+                                   std::chrono::milliseconds timeout,
+                                   std::function<bool(const WatchEvent&)> seen) {
+  auto executor = co_await asio::this_coro::executor;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::unique_ptr<EtcdWatch> watch;
+  bool expired = false;
+  asio::steady_timer alarm(executor, deadline);
+  alarm.async_wait([&](const error_code& ec) {
+    if (ec) return;  // cancelled: this frame may be gone
+    expired = true;
+    if (watch) watch->cancel();
+  });
+  asio::steady_timer pause(executor);
+  std::chrono::milliseconds delay(100);
+  error_code unanswered;  // what etcd said last, while it did not answer
+  while (!expired) {
+    if (revision == 0) {  // after a lost watch: where the key stands now
+      auto now = co_await etcd.range(key);
+      if (now) {
+        unanswered = {};
+        WatchEvent event;
+        if (now->kvs.empty()) {
+          event.type = WatchEvent::Type::erase;
+          event.kv.key = key;
+        } else {
+          event.kv = now->kvs.front();
+        }
+        if (seen(event)) co_return true;
+        revision = now->revision + 1;
+      } else {
+        unanswered = now.error();
+      }
+    }
+    if (revision != 0) {
+      watch = etcd.watch(WatchOptions{key, {}, revision, false});
+      while (!expired) {
+        WatchBatch batch = co_await watch->next();
+        if (expired) break;
+        if (batch.error || batch.canceled || batch.compact_revision) {
+          spdlog::debug("watch on {} ended ({}); reading it again", key,
+                        batch.compact_revision ? "compacted" : batch.error ? batch.error.message() : batch.cancel_reason);
+          metrics::count("toyvm_etcd_watch_restarts_total");
+          if (batch.error) unanswered = batch.error;
+          revision = 0;
+          break;
+        }
+        delay = std::chrono::milliseconds(100);
+        for (const WatchEvent& event : batch.events)
+          if (seen(event)) co_return true;
+      }
+      watch.reset();
+    }
+    if (expired) break;
+    pause.expires_at(std::min(std::chrono::steady_clock::now() + delay, deadline));
+    co_await pause.async_wait(asio::as_tuple(use_awaitable));
+    delay = std::min<std::chrono::milliseconds>(delay * 2, std::chrono::seconds(2));
+  }
+  if (unanswered) co_return result<bool>(boost::system::in_place_error, unanswered);
+  co_return false;
 }
 
 namespace {

@@ -109,25 +109,6 @@ class EtcdWatch {
   virtual void cancel() = 0;
 };
 
-// Cancels a watch when the time is up, so a coroutine waiting in next() wakes with a
-// cancelled batch; fired() then tells a timeout from etcd's own cancel.
-class WatchDeadline {
- public:
-  WatchDeadline(asio::any_io_executor executor, EtcdWatch& watch, std::chrono::milliseconds timeout)
-      : timer_(std::move(executor), timeout) {
-    timer_.async_wait([this, &watch](const error_code& ec) {
-      if (ec) return;  // cancelled: this object may be gone
-      fired_ = true;
-      watch.cancel();
-    });
-  }
-  bool fired() const { return fired_; }
-
- private:
-  asio::steady_timer timer_;
-  bool fired_ = false;
-};
-
 class EtcdLeaseKeeper {
  public:
   virtual ~EtcdLeaseKeeper() = default;
@@ -167,5 +148,14 @@ class EtcdClient {
 awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string range_end,
                              std::function<void(const RangeResult&)> listed,
                              std::function<void(const WatchEvent&)> changed, std::function<bool()> stopping);
+
+// Follows one key from `revision` until `seen` returns true or `timeout` passes. A watch that
+// ends (etcd restarted, its member lost, history compacted) is made again from a fresh read of
+// the key, which `seen` gets as an event (an erase when the key is gone), so nothing that
+// happened meanwhile is missed; an etcd that does not answer is asked again with backoff.
+// true: `seen` ended it; false: the time ran out; an error: etcd did not answer meanwhile.
+awaitable<result<bool>> follow_key(EtcdClient& etcd, std::string key, int64_t revision,
+                                   std::chrono::milliseconds timeout,
+                                   std::function<bool(const WatchEvent&)> seen);
 
 }  // namespace toyvm

@@ -62,7 +62,7 @@ void print_usage(const InstanceUsage& u) {
 // What the instance uses, asked of its agent the way a console is (a request under a short
 // lease of our own, answered under it); nothing, and a line on stderr, when the host has no
 // running agent or it does not answer within `timeout_s`.
-awaitable<result<std::optional<InstanceUsage>>> ask_usage(asio::io_context& io, EtcdClient& etcd,
+awaitable<result<std::optional<InstanceUsage>>> ask_usage(EtcdClient& etcd,
                                                           const KeyLayout& keys, const InstanceRecord& record,
                                                           double timeout_s) {
   std::optional<InstanceUsage> none;
@@ -78,27 +78,24 @@ awaitable<result<std::optional<InstanceUsage>>> ask_usage(asio::io_context& io, 
   if (!lease) co_return lease.error();
   auto asked = co_await etcd.put(keys.usage_request(record.host, record.uuid), "", *lease);
   if (!asked) co_return asked.error();
-  auto watch = etcd.watch(WatchOptions{keys.usage(record.uuid), {}, *asked + 1, false});
-  WatchDeadline deadline(io.get_executor(), *watch, std::chrono::milliseconds(int64_t(timeout_s * 1000)));
-  while (!deadline.fired()) {
-    WatchBatch batch = co_await watch->next();
-    if (deadline.fired()) break;
-    if (batch.error || batch.canceled) co_return batch.error ? batch.error : make_error_code(errc::etcd_error);
-    for (const WatchEvent& event : batch.events) {
-      if (event.type != WatchEvent::Type::put) continue;
-      auto usage = decode_usage(event.kv.value);
-      if (!usage) continue;
-      co_await etcd.lease_revoke(*lease);  // the request and the answer go with it
-      co_return std::optional<InstanceUsage>(*usage);
+  std::optional<InstanceUsage> usage;
+  auto answered = [&](const WatchEvent& event) {
+    if (event.type == WatchEvent::Type::put) {
+      if (auto told = decode_usage(event.kv.value)) usage = *told;
     }
-  }
-  co_await etcd.lease_revoke(*lease);
+    return usage.has_value();
+  };
+  auto followed = co_await follow_key(etcd, keys.usage(record.uuid), *asked + 1,
+                                      std::chrono::milliseconds(int64_t(timeout_s * 1000)), answered);
+  co_await etcd.lease_revoke(*lease);  // the request and the answer go with it
+  if (!followed) co_return followed.error();
+  if (usage) co_return usage;
   std::fprintf(stderr, "toyvm: the host of instance %s did not tell its usage within %g s\n", record.uuid.c_str(),
                timeout_s);
   co_return none;
 }
 
-awaitable<int> show_one(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
   auto found = co_await etcd.range(keys.instance(options.uuid));
   if (!found) co_return etcd_failure(etcd, found.error());
   if (found->kvs.empty())
@@ -108,7 +105,7 @@ awaitable<int> show_one(asio::io_context& io, EtcdClient& etcd, const KeyLayout&
   if (!record)
     co_return report_failure(record.error(), fmt::format("instance {} has a corrupt record in etcd: {}",
                                                          options.uuid, detail));
-  auto usage = co_await ask_usage(io, etcd, keys, *record, options.timeout_s);
+  auto usage = co_await ask_usage(etcd, keys, *record, options.timeout_s);
   if (!usage) co_return etcd_failure(etcd, usage.error());
   if (options.json) {
     json::object shown = instance_json(*record);
@@ -138,7 +135,7 @@ void print_console(std::string_view text, bool raw) {
 
 // The tail of the serial console: a request under a short lease of our own asks the
 // instance's agent to publish it (under the same lease, so both go when we do).
-awaitable<int> show_console(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
   auto found = co_await etcd.range(keys.instance(options.uuid));
   if (!found) co_return etcd_failure(etcd, found.error());
   if (found->kvs.empty()) co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
@@ -153,33 +150,29 @@ awaitable<int> show_console(asio::io_context& io, EtcdClient& etcd, const KeyLay
   std::unique_ptr<EtcdLeaseKeeper> keeper;  // --follow: keeps the request alive while we read
   std::string shown;
   bool answered = false;
+  auto published = [&](const WatchEvent& event) {
+    if (event.type != WatchEvent::Type::put) return false;
+    const std::string& tail = event.kv.value;
+    if (!answered && tail.empty())
+      std::fprintf(stderr, "toyvm: instance %s has no console output yet\n", options.uuid.c_str());
+    print_console(console_growth(shown, tail), options.raw);
+    shown = tail;
+    revision = event.kv.mod_revision;
+    answered = true;
+    return !options.follow;
+  };
   while (true) {
-    // Until answered, the host has timeout_s; then (following) the watch wakes every
-    // 3 s to renew the 10 s lease.
-    auto watch = etcd.watch(WatchOptions{keys.console(options.uuid), {}, revision + 1, false});
-    WatchDeadline deadline(io.get_executor(), *watch,
-                           answered ? std::chrono::milliseconds(3000)
-                                    : std::chrono::milliseconds(int64_t(options.timeout_s * 1000)));
-    while (true) {
-      WatchBatch batch = co_await watch->next();
-      if (deadline.fired()) break;
-      if (batch.error || batch.canceled)
-        co_return etcd_failure(etcd, batch.error ? batch.error : make_error_code(errc::etcd_error));
-      for (const WatchEvent& event : batch.events) {
-        if (event.type != WatchEvent::Type::put) continue;
-        const std::string& tail = event.kv.value;
-        if (!answered && tail.empty())
-          std::fprintf(stderr, "toyvm: instance %s has no console output yet\n", options.uuid.c_str());
-        print_console(console_growth(shown, tail), options.raw);
-        shown = tail;
-        revision = event.kv.mod_revision;
-        answered = true;
-      }
-      if (answered && !options.follow) {
-        if (!shown.empty() && shown.back() != '\n') std::fputc('\n', stdout);
-        co_await etcd.lease_revoke(*lease);  // the request and the console go with it
-        co_return 0;
-      }
+    // Until answered, the host has timeout_s; then (following) the wait ends every 3 s to
+    // renew the 10 s lease.
+    auto followed = co_await follow_key(etcd, keys.console(options.uuid), revision + 1,
+                                        answered ? std::chrono::milliseconds(3000)
+                                                 : std::chrono::milliseconds(int64_t(options.timeout_s * 1000)),
+                                        published);
+    if (!followed) co_return etcd_failure(etcd, followed.error());
+    if (*followed) {
+      if (!shown.empty() && shown.back() != '\n') std::fputc('\n', stdout);
+      co_await etcd.lease_revoke(*lease);  // the request and the console go with it
+      co_return 0;
     }
     if (!answered)
       co_return report_failure(ExitCode::failed, fmt::format("the host of instance {} did not publish its console "
@@ -445,26 +438,25 @@ awaitable<int> request_power(EtcdClient& etcd, const KeyLayout& keys, const Inst
 
 // Follows the instance key from `revision` until `done` says so or the timeout passes.
 template <class Done>
-awaitable<int> wait_for_record(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid,
-                               int64_t revision, double timeout_s, const char* waiting_for, Done done) {
-  auto watch = etcd.watch(WatchOptions{keys.instance(uuid), {}, revision + 1, false});
-  WatchDeadline deadline(io.get_executor(), *watch, std::chrono::milliseconds(int64_t(timeout_s * 1000)));
-  while (true) {
-    WatchBatch batch = co_await watch->next();
-    if (deadline.fired())
-      co_return report_failure(ExitCode::failed, fmt::format("instance {} is not {} after {} s; its host may be down",
-                                                             uuid, waiting_for, timeout_s));
-    if (batch.error || batch.canceled)
-      co_return etcd_failure(etcd, batch.error ? batch.error : make_error_code(errc::etcd_error));
-    for (const WatchEvent& event : batch.events) {
-      std::optional<InstanceRecord> record;
-      if (event.type == WatchEvent::Type::put) {
-        auto decoded = decode_instance(event.kv.value);
-        if (decoded) record = std::move(*decoded);
-      }
-      if (int code = done(record); code >= 0) co_return code;
+awaitable<int> wait_for_record(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid, int64_t revision,
+                               double timeout_s, const char* waiting_for, Done done) {
+  int code = -1;
+  auto reached = [&](const WatchEvent& event) {
+    std::optional<InstanceRecord> record;
+    if (event.type == WatchEvent::Type::put) {
+      auto decoded = decode_instance(event.kv.value);
+      if (!decoded) return false;  // a corrupt record is `toyvm audit`'s business
+      record = std::move(*decoded);
     }
-  }
+    code = done(record);
+    return code >= 0;
+  };
+  auto followed = co_await follow_key(etcd, keys.instance(uuid), revision + 1,
+                                      std::chrono::milliseconds(int64_t(timeout_s * 1000)), reached);
+  if (!followed) co_return etcd_failure(etcd, followed.error());
+  if (*followed) co_return code;
+  co_return report_failure(ExitCode::failed, fmt::format("instance {} is not {} after {} s; its host may be down", uuid,
+                                                         waiting_for, timeout_s));
 }
 
 }  // namespace
@@ -472,14 +464,14 @@ awaitable<int> wait_for_record(asio::io_context& io, EtcdClient& etcd, const Key
 int run_show(const Config& config, const ShowOptions& options) {
   if (!options.uuid.empty() && !is_uuid(options.uuid))
     return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
-  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
+  return run_on_loop([&](asio::io_context&) -> awaitable<int> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
     if (options.hosts) co_return co_await show_hosts(*etcd, keys, options);
     if (options.watch) co_return co_await show_watch(*etcd, keys, options);
     if (options.uuid.empty()) co_return co_await show_all(*etcd, keys, options);
-    if (options.console) co_return co_await show_console(io, *etcd, keys, options);
-    co_return co_await show_one(io, *etcd, keys, options);
+    if (options.console) co_return co_await show_console(*etcd, keys, options);
+    co_return co_await show_one(*etcd, keys, options);
   });
 }
 
@@ -500,7 +492,7 @@ int run_destroy(const Config& config, const DestroyOptions& options) {
     }
     // Done when the agent has deleted the instance key.
     auto gone = [](const std::optional<InstanceRecord>& record) { return record ? -1 : 0; };
-    if (int code = co_await wait_for_record(io, *etcd, keys, options.uuid, target.revision, options.wait_timeout_s,
+    if (int code = co_await wait_for_record(*etcd, keys, options.uuid, target.revision, options.wait_timeout_s,
                                             "gone", gone))
       co_return code;
     std::printf("DESTROYED INSTANCE %s\n", options.uuid.c_str());
@@ -513,7 +505,7 @@ int run_power(const Config& config, const PowerOptions& options) {
     return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
   const bool on = options.power == PowerState::running;
   const InstanceState wanted = on ? InstanceState::active : InstanceState::stopped;
-  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
+  return run_on_loop([&](asio::io_context&) -> awaitable<int> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
     auto found = co_await find_target(*etcd, keys, options.uuid);
@@ -532,7 +524,7 @@ int run_power(const Config& config, const PowerOptions& options) {
                                                               record->error_code, record->error_message));
         return record->state == wanted ? 0 : -1;
       };
-      if (int code = co_await wait_for_record(io, *etcd, keys, options.uuid, target.revision, options.wait_timeout_s,
+      if (int code = co_await wait_for_record(*etcd, keys, options.uuid, target.revision, options.wait_timeout_s,
                                               on ? "ACTIVE" : "STOPPED", reached))
         co_return code;
     } else if (!options.wait) {

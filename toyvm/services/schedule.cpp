@@ -359,52 +359,52 @@ class Scheduler {
     co_return report_failure(handed.error, detail);
   }
 
+  // Prints each state the instance reaches until it is settled; rides over a lost watch.
   awaitable<int> wait_until_settled(const std::string& uuid, int64_t since_revision) {
-    const std::string key = keys_.instance(uuid);
-    auto watch = etcd_->watch(WatchOptions{key, {}, since_revision, false});
-    WatchDeadline deadline(io_.get_executor(), *watch,
-                           std::chrono::milliseconds(int64_t(options_.wait_timeout_s * 1000)));
     std::optional<InstanceState> last;
     std::string last_ip;
-    while (true) {
-      WatchBatch batch = co_await watch->next();
-      if (deadline.fired()) {
-        if (last == InstanceState::active)
-          co_return report_failure(ExitCode::no_address, fmt::format("instance {} is ACTIVE but has no address after {} s",
-                                                                     uuid, options_.wait_timeout_s));
-        co_return report_failure(ExitCode::failed,
-                                 fmt::format("instance {} did not settle within {} s", uuid, options_.wait_timeout_s));
+    int code = 0;
+    auto settled = [&](const WatchEvent& event) {
+      if (event.type == WatchEvent::Type::erase) {
+        code = report_failure(ExitCode::failed, fmt::format("instance {} was deleted", uuid));
+        return true;
       }
-      if (batch.error || batch.canceled) co_return etcd_failure(batch.error ? batch.error : make_error_code(errc::etcd_error));
-      for (const WatchEvent& event : batch.events) {
-        if (event.type == WatchEvent::Type::erase) {
-          co_return report_failure(ExitCode::failed, fmt::format("instance {} was deleted", uuid));
-        }
-        auto record = decode_instance(event.kv.value);
-        // ERROR counts once its allocation is given back: then it holds nothing.
-        if (!record || (record->state == InstanceState::error && record->releasing)) continue;
-        if (record->state == InstanceState::active && record->ip.empty() && record->no_address) {
-          if (last != InstanceState::active) std::printf("INSTANCE %s ACTIVE\n", uuid.c_str());
-          co_return report_failure(ExitCode::no_address,
-                                   fmt::format("instance {} is ACTIVE but its guest got no address within its "
-                                               "host's address_timeout",
-                                               uuid));
-        }
-        if (record->state == last && record->ip == last_ip) continue;
-        last = record->state;
-        last_ip = record->ip;
-        if (record->state == InstanceState::error) {
-          std::printf("INSTANCE %s ERROR\n", uuid.c_str());
-          co_return report_failure(ExitCode::failed, fmt::format("instance {} failed: {}: {}", uuid,
-                                                                 record->error_code, record->error_message));
-        }
-        std::printf("INSTANCE %s %s%s%s\n", uuid.c_str(), std::string(to_string(record->state)).c_str(),
-                    record->ip.empty() ? "" : " ", record->ip.c_str());
-        std::fflush(stdout);
-        // A guest with a NIC is settled once its address is known too.
-        if (record->state == InstanceState::active && (record->mac.empty() || !record->ip.empty())) co_return 0;
+      auto record = decode_instance(event.kv.value);
+      // ERROR counts once its allocation is given back: then it holds nothing.
+      if (!record || (record->state == InstanceState::error && record->releasing)) return false;
+      if (record->state == InstanceState::active && record->ip.empty() && record->no_address) {
+        if (last != InstanceState::active) std::printf("INSTANCE %s ACTIVE\n", uuid.c_str());
+        code = report_failure(ExitCode::no_address,
+                              fmt::format("instance {} is ACTIVE but its guest got no address within its "
+                                          "host's address_timeout",
+                                          uuid));
+        return true;
       }
-    }
+      if (record->state == last && record->ip == last_ip) return false;
+      last = record->state;
+      last_ip = record->ip;
+      if (record->state == InstanceState::error) {
+        std::printf("INSTANCE %s ERROR\n", uuid.c_str());
+        code = report_failure(ExitCode::failed, fmt::format("instance {} failed: {}: {}", uuid, record->error_code,
+                                                            record->error_message));
+        return true;
+      }
+      std::printf("INSTANCE %s %s%s%s\n", uuid.c_str(), std::string(to_string(record->state)).c_str(),
+                  record->ip.empty() ? "" : " ", record->ip.c_str());
+      std::fflush(stdout);
+      // A guest with a NIC is settled once its address is known too.
+      return record->state == InstanceState::active && (record->mac.empty() || !record->ip.empty());
+    };
+    auto followed = co_await follow_key(*etcd_, keys_.instance(uuid), since_revision,
+                                        std::chrono::milliseconds(int64_t(options_.wait_timeout_s * 1000)), settled);
+    if (!followed) co_return etcd_failure(followed.error());
+    if (*followed) co_return code;
+    if (last == InstanceState::active)
+      co_return report_failure(ExitCode::no_address,
+                               fmt::format("instance {} is ACTIVE but has no address after {} s", uuid,
+                                           options_.wait_timeout_s));
+    co_return report_failure(ExitCode::failed,
+                             fmt::format("instance {} did not settle within {} s", uuid, options_.wait_timeout_s));
   }
 
   int etcd_failure(const error_code& ec) { return toyvm::etcd_failure(*etcd_, ec); }
