@@ -61,7 +61,8 @@ if ! alive etcd; then
   setsid etcd --name quickstart --data-dir "$data/etcd" --logger=zap --log-outputs="$data/etcd.log" \
     --listen-client-urls $etcd_url --advertise-client-urls $etcd_url \
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-    --initial-cluster quickstart=http://127.0.0.1:2380 >/dev/null 2>&1 < /dev/null &
+    --initial-cluster quickstart=http://127.0.0.1:2380 \
+    --auto-compaction-mode=periodic --auto-compaction-retention=1h >/dev/null 2>&1 < /dev/null &
   echo $! > "$data/etcd.pid"
   echo "started etcd at $etcd_url"
 fi

@@ -2,11 +2,11 @@
 """A seeded fault campaign: several agents on libvirt's test driver, a random mix of
 operations (schedule, --count, server groups, bad images, stop, start, destroy) and faults
 (agents killed -9 or stopped and restarted, an agent killed and its host evacuated before it
-comes back, an agent restarted with its state dir wiped,
-etcd restarted, Placement's uWSGI restarted). Then it lets things settle and requires:
-`toyvm audit` clean, every instance ACTIVE, STOPPED, ERROR or gone, no provider over its
-capacity. The seed fixes the sequence of operations and faults (what they meet depends on
-timing); it is printed first, and `--seed` replays it.
+comes back, an agent restarted with its state dir wiped, etcd restarted or its history
+compacted, Placement's uWSGI restarted). Then it lets things settle and requires: `toyvm
+audit` clean, every instance ACTIVE, STOPPED, ERROR or gone, no provider over its capacity.
+The seed fixes the sequence of operations and faults (what they meet depends on timing); it
+is printed first, and `--seed` replays it.
 
   usage: chaos.py --build DIR [--seconds N] [--seed S] [--agents N] [--junit FILE]
 """
@@ -98,7 +98,7 @@ class Campaign:
     def fault(self):
         rng, cloud = self.rng, self.cloud
         kind = rng.choices(["kill_agent", "term_agent", "wipe_agent", "evacuate_agent", "restart_etcd",
-                            "restart_placement"], weights=[4, 3, 1, 1, 1, 1])[0]
+                            "restart_placement", "compact_etcd"], weights=[4, 3, 1, 1, 1, 1, 1])[0]
         if kind == "evacuate_agent":
             # A host that dies and is evacuated while the operations go on; then it comes back.
             name = rng.choice(cloud.agents)
@@ -124,6 +124,9 @@ class Campaign:
             cloud.start_agent(name)
         elif kind == "restart_etcd":
             cloud.restart_etcd()
+        elif kind == "compact_etcd":
+            self.note(kind, f"at revision {cloud.compact_etcd()}")
+            return
         else:
             cloud.restart_placement()
         self.note(kind)

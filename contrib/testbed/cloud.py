@@ -108,6 +108,16 @@ class Cloud:
             self.start_etcd(index)
         wait_until("etcd", lambda: self.run("show").returncode == 0, 30)
 
+    def compact_etcd(self):
+        """etcd's history compacted up to its current revision, as its auto-compaction does
+        over time: watches that start from before it are refused."""
+        status = subprocess.run(["etcdctl", "--endpoints", self.etcd_url, "endpoint", "status", "-w", "json"],
+                                capture_output=True, text=True, check=True, timeout=30)
+        revision = max(member["Status"]["header"]["revision"] for member in json.loads(status.stdout))
+        subprocess.run(["etcdctl", "--endpoints", self.etcd_urls[0], "compact", str(revision)],
+                       capture_output=True, check=True, timeout=30)
+        return revision
+
     def start_postgresql(self):
         bin, data, port = postgres_bin(), self.dir / "pg", free_port()
         os.chmod(self.dir, 0o755)
