@@ -20,6 +20,7 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 namespace toyvm {
 namespace {
@@ -670,11 +671,13 @@ awaitable<result<bool>> follow_key(EtcdClient& etcd, std::string key, int64_t re
   asio::steady_timer pause(executor);
   std::chrono::milliseconds delay(100);
   error_code unanswered;  // what etcd said last, while it did not answer
+  bool warned = false;    // once per outage
   while (!expired) {
     if (revision == 0) {  // after a lost watch: where the key stands now
       auto now = co_await etcd.range(key);
       if (now) {
         unanswered = {};
+        warned = false;
         WatchEvent event;
         if (now->kvs.empty()) {
           event.type = WatchEvent::Type::erase;
@@ -685,6 +688,8 @@ awaitable<result<bool>> follow_key(EtcdClient& etcd, std::string key, int64_t re
         if (seen(event)) co_return true;
         revision = now->revision + 1;
       } else {
+        if (!std::exchange(warned, true))
+          spdlog::warn("etcd at {}: {}; retrying", etcd.endpoints_text(), now.error().message());
         unanswered = now.error();
       }
     }
