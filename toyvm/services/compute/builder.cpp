@@ -4,13 +4,19 @@
 #include "core/metrics.hpp"
 #include "model/groups.hpp"
 
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace toyvm::compute {
 
 using namespace asio::experimental::awaitable_operators;
+using namespace std::chrono_literals;
+
+// How long a build goes before its record says BUILDING.
+constexpr auto building_shown_after = 100ms;
 
 awaitable<bool> Builder::build(WorkSpec spec) {
   if (parts_.slots[spec.uuid].allocation_elsewhere) {
@@ -30,10 +36,13 @@ awaitable<bool> Builder::build(WorkSpec spec) {
   spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image, format_amounts(spec.resources));
   const auto started = std::chrono::steady_clock::now();
   co_await failpoint::pass("build.begin");
-  // BUILDING is recorded while the image is found and the domain made: one etcd commit less
-  // before ACTIVE. Nothing else is recorded until etcd has answered, so records land in order.
-  auto [recorded, made] = co_await (parts_.recorder.record(spec, InstanceState::building) && make_domain(spec));
-  if (!recorded) {
+  // BUILDING is recorded once the build has taken a while (an image to fetch, a guest to
+  // start), beside the making, so it costs no time; a build of a few milliseconds goes from
+  // SCHEDULED to ACTIVE without an etcd commit, and an event to every watcher, that nobody
+  // would have seen. Nothing else is recorded until etcd has answered, so records land in order.
+  asio::steady_timer patience(ctx_.io, building_shown_after);
+  auto [building, made] = co_await (record_building_if_slow(spec, patience) && make_domain_in_time(spec, patience));
+  if (building && !*building) {
     // The work left this host, or etcd did not answer: nothing made for it stays.
     if (made.outcome == Made::Outcome::made) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
     co_return false;
@@ -51,12 +60,30 @@ awaitable<bool> Builder::build(WorkSpec spec) {
   }
   // Work that should be off (an evacuated STOPPED instance) is made and left off.
   const bool running = spec.power == PowerState::running;
+  const bool recorded = co_await parts_.recorder.record(spec, running ? InstanceState::active : InstanceState::stopped);
+  // Unless BUILDING said this host had it, the same rule as when that write fails.
+  if (!recorded && !building) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+  parts_.presence.publish(spec.uuid);
+  if (!recorded) co_return false;
   spdlog::info("instance {}: {}", spec.uuid, running ? "active" : "made, and stopped as its work says");
   metrics::count("toyvm_builds_total", {{"result", "active"}});
   metrics::observe("toyvm_build_seconds",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-  parts_.presence.publish(spec.uuid);
-  co_return co_await parts_.recorder.record(spec, running ? InstanceState::active : InstanceState::stopped);
+  co_return true;
+}
+
+// BUILDING, once `patience` expires before the domain is made; nullopt when it was made (or
+// failed) in time and there is nothing to say yet.
+awaitable<std::optional<bool>> Builder::record_building_if_slow(WorkSpec spec, asio::steady_timer& patience) {
+  auto [ec] = co_await patience.async_wait(asio::as_tuple(use_awaitable));
+  if (ec) co_return std::nullopt;
+  co_return co_await parts_.recorder.record(std::move(spec), InstanceState::building);
+}
+
+awaitable<Builder::Made> Builder::make_domain_in_time(WorkSpec spec, asio::steady_timer& patience) {
+  Made made = co_await make_domain(std::move(spec));
+  patience.cancel();
+  co_return made;
 }
 
 awaitable<Builder::Made> Builder::make_domain(WorkSpec spec) {

@@ -10,6 +10,9 @@
 #include "services/placer.hpp"
 #include "virt/images.hpp"
 
+#include <boost/asio/steady_timer.hpp>
+
+#include <optional>
 #include <set>
 
 namespace toyvm::compute {
@@ -25,8 +28,8 @@ class Builder {
   };
   Builder(AgentContext& ctx, Parts parts) : ctx_(ctx), parts_(parts) {}
 
-  // BUILDING, then ACTIVE with a running domain, or failed as above; false when a step must
-  // be retried (a server did not answer).
+  // ACTIVE with a running domain (BUILDING meanwhile if that takes a while), or failed as
+  // above; false when a step must be retried (a server did not answer).
   awaitable<bool> build(WorkSpec spec);
   // An ERROR instance gives back its allocation and group membership; both calls are
   // idempotent, so a release that failed, or one a restart forgot, is simply made again.
@@ -42,6 +45,9 @@ class Builder {
     std::string reason, message;  // failed, retry
   };
   awaitable<Made> make_domain(WorkSpec spec);
+  // make_domain, then `patience` cancelled.
+  awaitable<Made> make_domain_in_time(WorkSpec spec, asio::steady_timer& patience);
+  awaitable<std::optional<bool>> record_building_if_slow(WorkSpec spec, asio::steady_timer& patience);
   awaitable<std::optional<VirtResult<BootImage>>> acquire_image(WorkSpec spec);
   std::set<std::string> images_in_use() const;
   DomainSpec domain_spec(const WorkSpec& spec, const BootImage& image) const;
