@@ -210,13 +210,17 @@ TEST_CASE("show --watch prints each change of state as it happens, for all insta
   auto lines = lines_of(all->output());
   // In order, each state once: a rewrite of the same state is no news.
   std::vector<std::string> states;
+  std::string with_address;
   for (const std::string& line : lines) {
     std::string rest = line.substr(line.find(uuid) + uuid.size() + 2);
-    states.push_back(rest.substr(0, rest.find(' ')));
+    std::string state = rest.substr(0, rest.find(' '));
+    // A test-driver build is recorded BUILDING only if it took over 100 ms (a loaded machine).
+    if (state == "BUILDING" && states.size() == 1) continue;
+    if (state == "ACTIVE" && states.size() == 2) with_address = line;
+    states.push_back(state);
   }
-  // A build of a few milliseconds (the test driver) is never recorded as BUILDING.
   CHECK(states == std::vector<std::string>{"SCHEDULED", "ACTIVE", "ACTIVE", "STOPPED", "DELETED"});
-  CHECK_THAT(lines.at(2), Catch::Contains("  ip 192.168."));  // the second ACTIVE brings the address
+  CHECK_THAT(with_address, Catch::Contains("  ip 192.168."));  // the second ACTIVE brings the address
   REQUIRE(wait_for([&] { return lines_of(all_json->output()).size() == lines.size(); }, 10));
   for (const std::string& line : lines_of(all_json->output())) {
     json::value event = json::parse(line);
