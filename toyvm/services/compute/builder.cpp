@@ -60,11 +60,13 @@ awaitable<bool> Builder::build(WorkSpec spec) {
   }
   // Work that should be off (an evacuated STOPPED instance) is made and left off.
   const bool running = spec.power == PowerState::running;
-  const bool recorded = co_await parts_.recorder.record(spec, running ? InstanceState::active : InstanceState::stopped);
-  // Unless BUILDING said this host had it, the same rule as when that write fails.
-  if (!recorded && !building) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+  using Written = InstanceRecorder::Written;
+  const Written written = co_await parts_.recorder.record_made(spec, running ? InstanceState::active : InstanceState::stopped);
+  // The work left this host: nothing made for it stays. An unanswered write may have been
+  // made, so the domain stays and the next round records it again.
+  if (written == Written::work_gone) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
   parts_.presence.publish(spec.uuid);
-  if (!recorded) co_return false;
+  if (written != Written::made) co_return false;
   spdlog::info("instance {}: {}", spec.uuid, running ? "active" : "made, and stopped as its work says");
   metrics::count("toyvm_builds_total", {{"result", "active"}});
   metrics::observe("toyvm_build_seconds",

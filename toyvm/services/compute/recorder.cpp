@@ -22,20 +22,24 @@ InstanceRecord InstanceRecorder::make(const WorkSpec& spec, InstanceState state)
 }
 
 awaitable<bool> InstanceRecorder::write(InstanceRecord record) {
+  co_return co_await write_checked(std::move(record)) == Written::made;
+}
+
+awaitable<InstanceRecorder::Written> InstanceRecorder::write_checked(InstanceRecord record) {
   // (Vectors built outside co_await: GCC 12 miscompiles initializer lists inside it.)
   std::vector<EtcdCompare> compare{EtcdCompare::present(ctx_.keys.work(ctx_.host.provider, record.uuid))};
   std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.instance(record.uuid), encode(record))};
   auto txn = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
   if (!txn) {
     spdlog::warn("instance {}: recording {}: {}", record.uuid, to_string(record.state), txn.error().message());
-    co_return false;
+    co_return Written::unanswered;
   }
   if (!txn->succeeded) {
     // The work left this host (moved, or deleted) before the feed said so: whatever was
     // under way for it stops, and the next round follows what the feed says by then.
     spdlog::info("instance {}: its work is no longer on this host; {} not recorded", record.uuid,
                  to_string(record.state));
-    co_return false;
+    co_return Written::work_gone;
   }
   InstanceSlot& slot = slots_[record.uuid];
   slot.recorded = record.state;
@@ -44,7 +48,7 @@ awaitable<bool> InstanceRecorder::write(InstanceRecord record) {
   } else {
     slot.failure.reset();
   }
-  co_return true;
+  co_return Written::made;
 }
 
 awaitable<bool> InstanceRecorder::record(WorkSpec spec, InstanceState state) {
@@ -57,6 +61,16 @@ awaitable<bool> InstanceRecorder::record(WorkSpec spec, InstanceState state) {
   }
   if (state != InstanceState::active) slot.ip.clear();
   co_return co_await write(make(spec, state));
+}
+
+awaitable<InstanceRecorder::Written> InstanceRecorder::record_made(WorkSpec spec, InstanceState state) {
+  InstanceSlot& slot = slots_[spec.uuid];
+  slot.ip.clear();
+  slot.address_given_up = false;
+  if (state == InstanceState::active)
+    slot.address_deadline = std::chrono::steady_clock::now() +
+                            std::chrono::milliseconds(int64_t(ctx_.config.compute.address_timeout_s * 1000));
+  co_return co_await write_checked(make(spec, state));
 }
 
 awaitable<bool> InstanceRecorder::load(std::string uuid) {

@@ -13,10 +13,17 @@ class InstanceRecorder {
 
   // The record of `spec` in `state` on this host, with the guest's address when ACTIVE.
   InstanceRecord make(const WorkSpec& spec, InstanceState state);
-  // false when etcd did not answer, or the work key is gone (the work was removed).
+  // What became of a write: made; refused because the work key is gone (the work left this
+  // host); or unknown, since etcd did not answer (a timed-out write may still have been made).
+  enum class Written { made, work_gone, unanswered };
+  awaitable<Written> write_checked(InstanceRecord record);
+  // true when made.
   awaitable<bool> write(InstanceRecord record);
   // Writes `state`; a guest that just became ACTIVE is looked for an address afresh.
   awaitable<bool> record(WorkSpec spec, InstanceState state);
+  // Writes `state` for a domain just made: whatever address an earlier guest of this
+  // instance had is forgotten, and the new one looked for.
+  awaitable<Written> record_made(WorkSpec spec, InstanceState state);
   // What the instance key says this host recorded, into the slot: memory is empty after a
   // restart, and an ERROR decided before it must stay ERROR. false when etcd did not answer.
   awaitable<bool> load(std::string uuid);
