@@ -342,6 +342,8 @@ class GrpcWatch final : public EtcdWatch {
     stream_->write(std::move(request));
   }
 
+  void abort() override { stream_->cancel(); }
+
  private:
   std::shared_ptr<WatchStream> stream_;
   int64_t watch_id_ = 0;
@@ -516,6 +518,7 @@ class GrpcEtcdClient final : public EtcdClient {
     auto stream = std::make_shared<KeepAliveStream>();
     stream->start([lease = lease_.get(), token = token_](auto* ctx, auto* queue) {
       if (!token.empty()) ctx->AddMetadata("token", token);
+      ctx->AddMetadata("hasleader", "true");  // as for watches
       return lease->PrepareAsyncLeaseKeepAlive(ctx, queue);
     });
     return std::make_unique<GrpcLeaseKeeper>(std::move(stream), id);
@@ -531,6 +534,8 @@ class GrpcEtcdClient final : public EtcdClient {
     create->set_prev_kv(options.prev_kv);
     stream->start([watch = watch_.get(), token = token_](auto* ctx, auto* queue) {
       if (!token.empty()) ctx->AddMetadata("token", token);
+      // A member cut off from its cluster ends the watch instead of keeping it silently.
+      ctx->AddMetadata("hasleader", "true");
       return watch->PrepareAsyncWatch(ctx, queue);
     });
     stream->write(std::move(request));
@@ -660,13 +665,21 @@ awaitable<result<bool>> follow_key(EtcdClient& etcd, std::string key, int64_t re
                                    std::function<bool(const WatchEvent&)> seen) {
   auto executor = co_await asio::this_coro::executor;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_ptr<EtcdWatch> watch;
-  bool expired = false;
+  // The alarm's handler may run after this frame is gone (its wait completed just as the
+  // frame returned), so what it touches is shared with it. It ends the watch at once: etcd
+  // may be too far gone to answer a cancel request.
+  struct Alarm {
+    bool expired = false;
+    std::unique_ptr<EtcdWatch> watch;
+  };
+  auto shared = std::make_shared<Alarm>();
+  bool& expired = shared->expired;
+  std::unique_ptr<EtcdWatch>& watch = shared->watch;
   asio::steady_timer alarm(executor, deadline);
-  alarm.async_wait([&](const error_code& ec) {
-    if (ec) return;  // cancelled: this frame may be gone
-    expired = true;
-    if (watch) watch->cancel();
+  alarm.async_wait([shared](const error_code& ec) {
+    if (ec) return;
+    shared->expired = true;
+    if (shared->watch) shared->watch->abort();
   });
   asio::steady_timer pause(executor);
   std::chrono::milliseconds delay(100);

@@ -107,6 +107,8 @@ class EtcdWatch {
   virtual awaitable<WatchBatch> next() = 0;
   // Asks etcd to cancel the watch (WatchCancelRequest); next() then sees `canceled`.
   virtual void cancel() = 0;
+  // Ends the stream here, without asking etcd: next() then sees an error.
+  virtual void abort() = 0;
 };
 
 class EtcdLeaseKeeper {
