@@ -281,6 +281,12 @@ TEST_CASE("show --console prints the tail the agent published", "[images]") {
   CHECK(wait_for([&] { return follow->output().find("login: root") != std::string::npos; }, 10));
   write_file(log, std::string(20000, '.') + "\r\nlogin: root\r\n# uptime\r\n 12:00 up 1 min\r\n# ");
   CHECK(wait_for([&] { return follow->output().find("up 1 min") != std::string::npos; }, 10));
+  // etcd going away meanwhile, for longer than the request lease's TTL, is waited out.
+  host.servers.stop_etcd();
+  CHECK_FALSE(wait_for([&] { return !follow->running(); }, 12));
+  host.servers.start_etcd_again();
+  write_file(log, std::string(20000, '.') + "\r\nlogin: root\r\n# uptime\r\n 12:00 up 1 min\r\n# date\r\nafter etcd\r\n# ");
+  CHECK(wait_for([&] { return follow->output().find("after etcd") != std::string::npos; }, 30));
   follow->signal(SIGINT);
   follow->wait();
   std::string followed = follow->output();

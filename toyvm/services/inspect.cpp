@@ -11,6 +11,7 @@
 #include "services/common.hpp"
 #include "services/services.hpp"
 
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
@@ -133,6 +134,25 @@ void print_console(std::string_view text, bool raw) {
   std::fflush(stdout);
 }
 
+// While a console is followed: renews the request's lease every 3 s, and puts the request
+// again under a new lease if etcd dropped that one (away for longer than its TTL). etcd not
+// answering meanwhile is waited out. Runs until cancelled.
+awaitable<void> keep_asking(EtcdClient& etcd, std::string request_key, int64_t lease) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  std::unique_ptr<EtcdLeaseKeeper> keeper;
+  while (true) {
+    timer.expires_after(std::chrono::seconds(3));
+    co_await timer.async_wait(use_awaitable);
+    if (!keeper) keeper = etcd.keep_alive(lease);
+    auto ttl = co_await keeper->ping();
+    if (ttl && *ttl > 0) continue;
+    keeper.reset();  // a broken stream, or a lease that is gone
+    if (!ttl) continue;
+    auto renewed = co_await etcd.lease_grant(10);
+    if (renewed && co_await etcd.put(request_key, "", *renewed)) lease = *renewed;
+  }
+}
+
 // The tail of the serial console: a request under a short lease of our own asks the
 // instance's agent to publish it (under the same lease, so both go when we do).
 awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
@@ -143,14 +163,14 @@ awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowO
   if (!record) co_return report_failure(ExitCode::failed, fmt::format("instance {} has a corrupt record", options.uuid));
   auto lease = co_await etcd.lease_grant(10);
   if (!lease) co_return etcd_failure(etcd, lease.error());
-  auto asked = co_await etcd.put(keys.console_request(record->host, options.uuid), "", *lease);
+  const std::string request_key = keys.console_request(record->host, options.uuid);
+  auto asked = co_await etcd.put(request_key, "", *lease);
   if (!asked) co_return etcd_failure(etcd, asked.error());
 
   int64_t revision = *asked;
-  std::unique_ptr<EtcdLeaseKeeper> keeper;  // --follow: keeps the request alive while we read
   std::string shown;
   bool answered = false;
-  auto published = [&](const WatchEvent& event) {
+  std::function<bool(const WatchEvent&)> published = [&](const WatchEvent& event) {
     if (event.type != WatchEvent::Type::put) return false;
     const std::string& tail = event.kv.value;
     if (!answered && tail.empty())
@@ -158,31 +178,25 @@ awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowO
     print_console(console_growth(shown, tail), options.raw);
     shown = tail;
     revision = event.kv.mod_revision;
-    answered = true;
-    return !options.follow;
+    return !std::exchange(answered, true) || !options.follow;
   };
-  while (true) {
-    // Until answered, the host has timeout_s; then (following) the wait ends every 3 s to
-    // renew the 10 s lease.
-    auto followed = co_await follow_key(etcd, keys.console(options.uuid), revision + 1,
-                                        answered ? std::chrono::milliseconds(3000)
-                                                 : std::chrono::milliseconds(int64_t(options.timeout_s * 1000)),
-                                        published);
-    if (!followed) co_return etcd_failure(etcd, followed.error());
-    if (*followed) {
-      if (!shown.empty() && shown.back() != '\n') std::fputc('\n', stdout);
-      co_await etcd.lease_revoke(*lease);  // the request and the console go with it
-      co_return 0;
-    }
-    if (!answered)
-      co_return report_failure(ExitCode::failed, fmt::format("the host of instance {} did not publish its console "
-                                                             "within {} s; it may be down",
-                                                             options.uuid, options.timeout_s));
-    if (!keeper) keeper = etcd.keep_alive(*lease);
-    auto ttl = co_await keeper->ping();
-    if (!ttl) co_return etcd_failure(etcd, ttl.error());
-    if (*ttl == 0) co_return report_failure(ExitCode::failed, "etcd dropped the console request's lease");
+  // The host has timeout_s to answer.
+  auto first = co_await follow_key(etcd, keys.console(options.uuid), revision + 1,
+                                   std::chrono::milliseconds(int64_t(options.timeout_s * 1000)), published);
+  if (!first) co_return etcd_failure(etcd, first.error());
+  if (!*first)
+    co_return report_failure(ExitCode::failed, fmt::format("the host of instance {} did not publish its console "
+                                                           "within {} s; it may be down",
+                                                           options.uuid, options.timeout_s));
+  if (options.follow) {
+    using namespace asio::experimental::awaitable_operators;
+    // Until interrupted: follow_key rides over etcd going away, keep_asking keeps the request.
+    co_await (follow_key(etcd, keys.console(options.uuid), revision + 1, std::chrono::hours(24 * 365), published) ||
+              keep_asking(etcd, request_key, *lease));
   }
+  if (!shown.empty() && shown.back() != '\n') std::fputc('\n', stdout);
+  co_await etcd.lease_revoke(*lease);  // the request and the console go with it
+  co_return 0;
 }
 
 // What a watcher of instances is told about: a change of state, address or error. A record
