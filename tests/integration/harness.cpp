@@ -657,6 +657,10 @@ std::optional<HostRecord> host_record(const Servers& servers, const std::string&
   return record ? std::optional<HostRecord>(*record) : std::nullopt;
 }
 
+int64_t published_domains(const Servers& servers, const std::string& rp) {
+  return int64_t(servers.etcd_prefix(KeyLayout().domains_prefix(rp)).size());
+}
+
 std::pair<std::string, std::string> parse_notified(const std::string& out) {
   static const std::regex line("NOTIFIED TARGET, ([0-9a-f-]{36}), OF INSTANCE ([0-9a-f-]{36})");
   std::smatch m;

@@ -222,6 +222,8 @@ std::pair<std::string, std::string> parse_notified(const std::string& out);
 
 // The host record of provider `rp` in etcd (its agent is alive), or nothing.
 std::optional<HostRecord> host_record(const Servers& servers, const std::string& rp);
+// How many domains the agent of provider `rp` has published in etcd.
+int64_t published_domains(const Servers& servers, const std::string& rp);
 
 }  // namespace toyvm::test
 

@@ -33,9 +33,7 @@ TEST_CASE("audit: clean books, then each planted discrepancy found and the unamb
   schedule_one(servers);
   std::string grouped = schedule_one(servers, {"--group", "web"});
   // The agent publishes its domains once its work is done.
-  REQUIRE(wait_for([&] { return !servers.etcd_prefix(KeyLayout().domains(rp)).empty() &&
-                                decode_domains(servers.etcd_prefix(KeyLayout().domains(rp)).front().value)->size() == 2; },
-                   10));
+  REQUIRE(wait_for([&] { return published_domains(servers, rp) == 2; }, 10));
   auto clean = servers.toyvm({"audit"});
   INFO(clean.out << clean.err);
   CHECK(clean.exit_code == 0);

@@ -19,13 +19,6 @@ namespace {
 
 const std::string small = "resources=VCPU:1,DISK_GB:1,MEMORY_MB:256";
 
-int64_t domains_on(const Servers& servers, const std::string& provider) {
-  auto kvs = servers.etcd_prefix(KeyLayout().host(provider));
-  if (kvs.empty()) return -1;
-  auto host = decode_host(kvs.front().value);
-  return host ? host->domains : -1;
-}
-
 
 }  // namespace
 
@@ -55,7 +48,7 @@ TEST_CASE("schedule, show and destroy an instance end to end", "[e2e]") {
   Allocations expected{{rp, {{"VCPU", 1}, {"DISK_GB", 1}, {"MEMORY_MB", 256}}}};
   CHECK(servers.allocations(uuid) == expected);
   CHECK(servers.usages(rp)["VCPU"] == 1);
-  CHECK(wait_for([&] { return domains_on(servers, rp) == 1; }, 10));
+  CHECK(wait_for([&] { return published_domains(servers, rp) == 1; }, 10));
 
   auto listed = servers.toyvm({"show"});
   CHECK_THAT(listed.out, Catch::Contains(uuid));
@@ -70,7 +63,7 @@ TEST_CASE("schedule, show and destroy an instance end to end", "[e2e]") {
   CHECK(servers.usages(rp)["VCPU"] == 0);
   CHECK(servers.etcd_prefix(KeyLayout().instance(uuid)).empty());
   CHECK(servers.etcd_prefix(KeyLayout().work(rp, uuid)).empty());
-  CHECK(wait_for([&] { return domains_on(servers, rp) == 0; }, 10));
+  CHECK(wait_for([&] { return published_domains(servers, rp) == 0; }, 10));
   CHECK(servers.toyvm({"show", uuid}).exit_code == 3);
 }
 
@@ -184,7 +177,7 @@ TEST_CASE("a restarted compute keeps its provider and its instances", "[e2e]") {
   CHECK(second == first);
   CHECK(servers.provider_count() == 1);
   CHECK_THAT(wait_for_state(servers, uuid, "ACTIVE"), Catch::Contains("ACTIVE"));
-  CHECK(wait_for([&] { return domains_on(servers, first) == 1; }, 10));
+  CHECK(wait_for([&] { return published_domains(servers, first) == 1; }, 10));
   CHECK(servers.usages(first)["VCPU"] == 1);
 }
 

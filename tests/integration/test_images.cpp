@@ -222,10 +222,7 @@ TEST_CASE("destroy while the image is being fetched cancels the build and leaves
   CHECK_FALSE(fs::exists(host.servers.dir() + "/c1/instances/" + uuid));
   auto hosts = host.servers.etcd_prefix(KeyLayout().host(host.rp));
   REQUIRE(hosts.size() == 1);
-  CHECK(wait_for([&] {
-    auto record = decode_host(host.servers.etcd_prefix(KeyLayout().host(host.rp)).front().value);
-    return record && record->domains == 0;
-  }, 10));
+  CHECK(wait_for([&] { return published_domains(host.servers, host.rp) == 0; }, 10));
 }
 
 TEST_CASE("stop and start change the power state and keep the domain", "[images]") {

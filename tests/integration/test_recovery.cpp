@@ -57,10 +57,7 @@ TEST_CASE("kill -9 during 100 schedules: every instance ACTIVE exactly once, not
   }
   REQUIRE(succeeded > 60);  // schedules after the lease expired may find no live host
   CHECK(wait_for([&] { return active_instances(servers) == succeeded; }, 60));
-  CHECK(wait_for([&] {
-    auto host = host_record(servers, rp);
-    return host && host->domains == succeeded;  // one domain each, no doubles
-  }, 30));
+  CHECK(wait_for([&] { return published_domains(servers, rp) == succeeded; }, 30));  // one domain each, no doubles
   CHECK(servers.usages(rp)["VCPU"] == succeeded);  // no leaked allocations
   CHECK(int(servers.etcd_prefix(KeyLayout().work_prefix(rp)).size()) == succeeded);
 }
@@ -81,7 +78,7 @@ TEST_CASE("work handed to a stopped agent is done when it starts", "[recovery]")
   compute = servers.spawn_toyvm({"compute", "--state-dir", servers.dir() + "/c1", "--libvirt-uri",
                                  "test:///default", "--inventory", roomy, "--name", "c1"}, "c1-again.log");
   for (const std::string& uuid : uuids) CHECK_THAT(wait_for_state(servers, uuid, "ACTIVE"), Catch::Contains("ACTIVE"));
-  CHECK(wait_for([&] { auto h = host_record(servers, rp); return h && h->domains == 3; }, 20));
+  CHECK(wait_for([&] { return published_domains(servers, rp) == 3; }, 20));
 }
 
 TEST_CASE("stopped, dead and full hosts are skipped", "[recovery]") {
@@ -191,7 +188,7 @@ TEST_CASE("etcd restarted during a burst: nothing lost, agents reconnect", "[rec
   }
   CHECK(succeeded >= 15);  // schedules while etcd was down fail cleanly; the rest must all run
   CHECK(wait_for([&] { return active_instances(servers) == succeeded; }, 60));
-  CHECK(wait_for([&] { auto h = host_record(servers, rp); return h && h->domains == succeeded; }, 60));
+  CHECK(wait_for([&] { return published_domains(servers, rp) == succeeded; }, 60));
   CHECK(servers.usages(rp)["VCPU"] == succeeded);
   CHECK(compute->running());
 }
@@ -211,10 +208,7 @@ TEST_CASE("a 3-member etcd cluster loses its leader in a burst: nothing lost, no
   }
   CHECK(succeeded >= 15);  // an election takes a moment; schedules in it may fail cleanly
   CHECK(wait_for([&] { return active_instances(servers) == succeeded; }, 60));
-  CHECK(wait_for([&] {
-    auto ha = host_record(servers, a), hb = host_record(servers, b);
-    return ha && hb && ha->domains + hb->domains == succeeded;
-  }, 60));
+  CHECK(wait_for([&] { return published_domains(servers, a) + published_domains(servers, b) == succeeded; }, 60));
   CHECK(servers.usages(a)["VCPU"] + servers.usages(b)["VCPU"] == succeeded);
   CHECK(ca->running());
   CHECK(cb->running());
@@ -544,8 +538,7 @@ TEST_CASE("a build whose work left the host before the feed said so stops at its
   CHECK(wait_for([&] { return compute_a->output().find("instance " + uuid + ": its work is no longer on this host") !=
                               std::string::npos; },
                  30));
-  auto published = servers.etcd_prefix(KeyLayout().domains(a));
-  CHECK((published.empty() || published.front().value.find(uuid) == std::string::npos));
+  CHECK(servers.etcd_prefix(KeyLayout().domain(a, uuid)).empty());
   CHECK(compute_a->output().find("instance " + uuid + ": active") == std::string::npos);
 
   std::remove(feed_paused.c_str());

@@ -34,6 +34,18 @@ TEST_CASE("work keys parse back; anything else does not") {
   CHECK_FALSE(keys.parse_work("/toyvm/v1/work/" + rp + "/" + vm + "/extra"));
 }
 
+TEST_CASE("domain keys parse back; a work key is not one") {
+  KeyLayout keys;
+  CHECK(keys.domain(rp, vm) == "/toyvm/v1/domains/" + rp + "/" + vm);
+  CHECK(keys.domains_prefix(rp) == "/toyvm/v1/domains/" + rp + "/");
+  auto parsed = keys.parse_domain(keys.domain(rp, vm));
+  REQUIRE(parsed);
+  CHECK(parsed->host == rp);
+  CHECK(parsed->instance == vm);
+  CHECK_FALSE(keys.parse_domain(keys.work(rp, vm)));
+  CHECK_FALSE(keys.parse_domain("/toyvm/v1/domains/" + rp));
+}
+
 TEST_CASE("prefix range ends cover exactly the prefix") {
   CHECK(prefix_range_end("/a/") == "/a0");
   CHECK(prefix_range_end("ab\xff") == "ac");

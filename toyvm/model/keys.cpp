@@ -40,8 +40,10 @@ bool is_group_name(std::string_view name) noexcept {
   return name != "." && name != "..";
 }
 
-std::optional<KeyLayout::WorkKey> KeyLayout::parse_work(std::string_view key) const {
-  std::string root = work_root();
+namespace {
+
+// <root><host uuid>/<instance uuid>
+std::optional<KeyLayout::HostInstance> parse_host_instance(std::string_view root, std::string_view key) {
   if (!key.starts_with(root)) return std::nullopt;
   key.remove_prefix(root.size());
   size_t slash = key.find('/');
@@ -49,7 +51,17 @@ std::optional<KeyLayout::WorkKey> KeyLayout::parse_work(std::string_view key) co
   std::string_view host = key.substr(0, slash);
   std::string_view instance = key.substr(slash + 1);
   if (!is_uuid(host) || !is_uuid(instance)) return std::nullopt;
-  return WorkKey{std::string(host), std::string(instance)};
+  return KeyLayout::HostInstance{std::string(host), std::string(instance)};
+}
+
+}  // namespace
+
+std::optional<KeyLayout::HostInstance> KeyLayout::parse_work(std::string_view key) const {
+  return parse_host_instance(work_root(), key);
+}
+
+std::optional<KeyLayout::HostInstance> KeyLayout::parse_domain(std::string_view key) const {
+  return parse_host_instance(domains_root(), key);
 }
 
 std::optional<std::string> KeyLayout::leaf(std::string_view key, std::string_view prefix) const {

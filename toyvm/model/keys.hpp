@@ -8,7 +8,7 @@
 //   <prefix>/console-requests/<rp>/<instance>  someone asks for it (under the asker's lease)
 //   <prefix>/usage/<instance>        what the instance uses (CPU, memory, disk), while asked for
 //   <prefix>/usage-requests/<rp>/<instance>  someone asks for it (under the asker's lease)
-//   <prefix>/domains/<rp>            the domains a host's agent has, under its lease
+//   <prefix>/domains/<rp>/<instance> a domain the host's agent has (no value), under its lease
 //   <prefix>/stats/<rp>              the host's figures (memory, disk, load), under its lease
 //   <prefix>/disabled/<rp>           an operator took the host out of service, and why
 
@@ -45,8 +45,11 @@ class KeyLayout {
   std::string usage_request(std::string_view rp, std::string_view uuid) const {
     return usage_requests_prefix(rp) + std::string(uuid);
   }
-  std::string domains_prefix() const { return prefix_ + "/domains/"; }
-  std::string domains(std::string_view rp) const { return domains_prefix() + std::string(rp); }
+  std::string domains_root() const { return prefix_ + "/domains/"; }
+  std::string domains_prefix(std::string_view rp) const { return domains_root() + std::string(rp) + "/"; }
+  std::string domain(std::string_view rp, std::string_view instance) const {
+    return domains_prefix(rp) + std::string(instance);
+  }
   std::string stats_prefix() const { return prefix_ + "/stats/"; }
   std::string stats(std::string_view rp) const { return stats_prefix() + std::string(rp); }
   std::string disabled_prefix() const { return prefix_ + "/disabled/"; }
@@ -54,12 +57,13 @@ class KeyLayout {
   std::string group_prefix(std::string_view group) const;
   std::string group_member(std::string_view group, std::string_view instance) const;
 
-  struct WorkKey {
+  struct HostInstance {
     std::string host;
     std::string instance;
   };
-  // The parts of a work key, or nothing for a key outside the layout.
-  std::optional<WorkKey> parse_work(std::string_view key) const;
+  // The parts of a work or domain key, or nothing for a key outside the layout.
+  std::optional<HostInstance> parse_work(std::string_view key) const;
+  std::optional<HostInstance> parse_domain(std::string_view key) const;
   // The last segment of a key under `prefix`, or nothing.
   std::optional<std::string> leaf(std::string_view key, std::string_view prefix) const;
 

@@ -134,7 +134,6 @@ std::string encode(const HostRecord& r) {
   o["capacity"] = amounts_to_json(r.capacity);
   o["agent_version"] = r.agent_version;
   o["started_at"] = r.started_at;
-  o["domains"] = r.domains;
   return json::serialize(o);
 }
 
@@ -222,7 +221,6 @@ result<HostRecord> decode_host(std::string_view text, std::string* detail) {
     if (key == "capacity") return read_amounts(v, r.capacity);
     if (key == "agent_version") return read_string(v, r.agent_version);
     if (key == "started_at") return read_int(v, r.started_at);
-    if (key == "domains") return read_int(v, r.domains);
     return true;  // unknown fields: written by a newer agent
   });
   if (!parsed) return parsed.error();
@@ -351,25 +349,6 @@ result<InstanceRecord> decode_instance(std::string_view text, std::string* detai
   if (!parsed) return parsed.error();
   if (auto ok = require(is_uuid(r.uuid), detail, "uuid"); !ok) return ok.error();
   return r;
-}
-
-std::string encode_domains(const std::vector<std::string>& uuids) {
-  json::array out;
-  for (const std::string& uuid : uuids) out.emplace_back(uuid);
-  return json::serialize(out);
-}
-
-result<std::vector<std::string>> decode_domains(std::string_view text) {
-  simdjson::dom::parser parser;
-  simdjson::dom::array items;
-  if (parser.parse(text.data(), text.size()).get_array().get(items)) return errc::corrupt_record;
-  std::vector<std::string> uuids;
-  for (simdjson::dom::element item : items) {
-    std::string_view uuid;
-    if (item.get_string().get(uuid) || !is_uuid(uuid)) return errc::corrupt_record;
-    uuids.emplace_back(uuid);
-  }
-  return uuids;
 }
 
 }  // namespace toyvm

@@ -20,7 +20,6 @@ struct HostRecord {
   ResourceAmounts capacity;      // (total - reserved) * allocation_ratio per class
   std::string agent_version;
   int64_t started_at = 0;        // unix seconds
-  int64_t domains = 0;           // domains libvirt has for this agent, as last counted
 
   bool operator==(const HostRecord&) const = default;
 };
@@ -117,9 +116,6 @@ result<HostMaintenance> decode_maintenance(std::string_view json, std::string* d
 result<InstanceUsage> decode_usage(std::string_view json, std::string* detail = nullptr);
 result<WorkSpec> decode_work(std::string_view json, std::string* detail = nullptr);
 result<InstanceRecord> decode_instance(std::string_view json, std::string* detail = nullptr);
-// A host's domains: a JSON array of instance uuids.
-std::string encode_domains(const std::vector<std::string>& uuids);
-result<std::vector<std::string>> decode_domains(std::string_view json);
 
 int64_t unix_seconds();
 int64_t unix_millis();

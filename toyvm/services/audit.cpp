@@ -73,7 +73,7 @@ class Auditor {
     const std::string groups_root = keys_.prefix() + "/groups/";
     std::vector<EtcdOp> reads;
     for (const std::string& prefix :
-         {keys_.hosts_prefix(), keys_.work_root(), keys_.instances_prefix(), groups_root, keys_.domains_prefix()})
+         {keys_.hosts_prefix(), keys_.work_root(), keys_.instances_prefix(), groups_root, keys_.domains_root()})
       reads.push_back(EtcdOp::get(prefix, prefix_range_end(prefix)));
     auto txn = co_await etcd_->txn({}, std::move(reads));
     if (!txn) {
@@ -93,11 +93,8 @@ class Auditor {
       if (slash != std::string_view::npos)
         s.group_members[std::string(rest.substr(slash + 1))] = std::string(rest.substr(0, slash));
     }
-    for (const KeyValue& kv : txn->ranges[4].kvs) {
-      auto provider = keys_.leaf(kv.key, keys_.domains_prefix());
-      auto uuids = decode_domains(kv.value);
-      if (provider && uuids) s.domains[*provider] = std::set<std::string>(uuids->begin(), uuids->end());
-    }
+    for (const KeyValue& kv : txn->ranges[4].kvs)
+      if (auto key = keys_.parse_domain(kv.key)) s.domains[key->host].insert(key->instance);
     co_return s;
   }
 

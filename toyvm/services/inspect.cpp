@@ -318,7 +318,7 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
   // One transaction reads them all at the same revision.
   auto all_of = [](std::string prefix) { return EtcdOp::get(prefix, prefix_range_end(prefix)); };
   std::vector<EtcdOp> reads{all_of(keys.hosts_prefix()), all_of(keys.work_root()), all_of(keys.stats_prefix()),
-                            all_of(keys.disabled_prefix())};
+                            all_of(keys.disabled_prefix()), all_of(keys.domains_root())};
   auto txn = co_await etcd.txn({}, std::move(reads));
   if (!txn) co_return etcd_failure(etcd, txn.error());
   struct Row {
@@ -327,6 +327,7 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
     std::optional<HostMaintenance> disabled;
     ResourceAmounts usage;
     int instances = 0;
+    int64_t domains = 0;
   };
   std::map<std::string, Row> rows;
   for (const KeyValue& kv : txn->ranges[0].kvs) {
@@ -352,6 +353,10 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
     auto disabled = decode_maintenance(kv.value);
     rows[*provider].disabled = disabled ? *disabled : HostMaintenance{"(unreadable)", 0};
   }
+  for (const KeyValue& kv : txn->ranges[4].kvs) {
+    auto key = keys.parse_domain(kv.key);
+    if (key && rows.count(key->host)) rows[key->host].domains += 1;
+  }
   json::array all;
   if (!options.json)
     std::printf("%-20s  %-36s  %-5s  %-8s  %-9s  %-7s  %-5s  %-13s  %-15s  %-40s  %s\n", "NAME", "PROVIDER", "ALIVE",
@@ -366,7 +371,7 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
       for (auto& [rc, n] : row.usage) use[rc] = n;
       json::object o{{"provider", provider}, {"name", name}, {"alive", row.record.has_value()},
                      {"status", status}, {"instances", row.instances},
-                     {"domains", row.record ? row.record->domains : 0},
+                     {"domains", row.domains},
                      {"capacity", cap}, {"usage", use}};
       o["stats"] = row.stats ? json::value(stats_json(*row.stats)) : json::value(nullptr);
       o["disabled"] = row.disabled ? json::value(json::object{{"reason", row.disabled->reason}, {"at", row.disabled->at}})
@@ -380,7 +385,7 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
                                      : "";
       std::printf("%-20s  %-36s  %-5s  %-8s  %-9d  %-7lld  %-5s  %-13s  %-15s  %-40s  %s%s\n", name.c_str(),
                   provider.c_str(), row.record ? "yes" : "no", status.c_str(), row.instances,
-                  static_cast<long long>(row.record ? row.record->domains : 0), load.c_str(), memory.c_str(),
+                  static_cast<long long>(row.domains), load.c_str(), memory.c_str(),
                   disk.c_str(), amounts_text(capacity).c_str(), amounts_text(row.usage).c_str(), why.c_str());
     }
   }

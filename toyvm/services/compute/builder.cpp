@@ -61,11 +61,18 @@ awaitable<bool> Builder::build(WorkSpec spec) {
   // Work that should be off (an evacuated STOPPED instance) is made and left off.
   const bool running = spec.power == PowerState::running;
   using Written = InstanceRecorder::Written;
-  const Written written = co_await parts_.recorder.record_made(spec, running ? InstanceState::active : InstanceState::stopped);
+  // The domain's key rides in the same transaction: one commit for a build, not two.
+  std::vector<EtcdOp> domain_key;
+  if (auto op = parts_.presence.domain_op(spec.uuid, true)) domain_key.push_back(std::move(*op));
+  const Written written =
+      co_await parts_.recorder.record_made(spec, running ? InstanceState::active : InstanceState::stopped, &domain_key);
   // The work left this host: nothing made for it stays. An unanswered write may have been
   // made, so the domain stays and the next round records it again.
   if (written == Written::work_gone) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
-  parts_.presence.publish(spec.uuid);
+  if (written == Written::made && !domain_key.empty())
+    parts_.presence.recorded(spec.uuid, domain_key.front());
+  else
+    parts_.presence.publish(spec.uuid);
   if (written != Written::made) co_return false;
   spdlog::info("instance {}: {}", spec.uuid, running ? "active" : "made, and stopped as its work says");
   metrics::count("toyvm_builds_total", {{"result", "active"}});

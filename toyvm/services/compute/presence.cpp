@@ -32,7 +32,6 @@ HostRecord HostPresence::host_record() const {
   record.capacity = capacity_;
   record.agent_version = TOYVM_VERSION;
   record.started_at = started_at_;
-  record.domains = int64_t(domains_.size());
   record.status = maintenance_ ? "DISABLED" : full() ? "FULL" : "READY";
   return record;
 }
@@ -42,12 +41,18 @@ awaitable<void> HostPresence::announce() {
   while (!ctx_.stopping) {
     auto lease = co_await ctx_.etcd->lease_grant(ctx_.config.compute.lease_ttl_s);
     if (lease) {
-      std::vector<EtcdOp> puts{EtcdOp::put(ctx_.keys.host(ctx_.host.provider), encode(host_record()), *lease)};
-      if (stats_) puts.push_back(EtcdOp::put(ctx_.keys.stats(ctx_.host.provider), encode(*stats_), *lease));
-      auto put = co_await ctx_.etcd->txn({}, std::move(puts));
+      std::string host = encode(host_record());
+      // The domain keys an earlier run left under its own lease go; the known ones follow under this one.
+      const std::string domains = ctx_.keys.domains_prefix(ctx_.host.provider);
+      std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.host(ctx_.host.provider), host, *lease),
+                              EtcdOp::erase(domains, prefix_range_end(domains))};
+      if (stats_) ops.push_back(EtcdOp::put(ctx_.keys.stats(ctx_.host.provider), encode(*stats_), *lease));
+      auto put = co_await ctx_.etcd->txn({}, std::move(ops));
       if (put) {
         lease_ = *lease;
-        domains_published_.reset();  // a new lease: put the list again under it
+        host_published_ = std::move(host);
+        domains_published_.clear();
+        if (!domains_.empty()) publish();
         co_return;
       }
     }
@@ -97,6 +102,28 @@ void HostPresence::publish(const std::vector<std::string>& listed) {
   publish();
 }
 
+std::optional<EtcdOp> HostPresence::domain_op(const std::string& uuid, bool present) const {
+  std::string key = ctx_.keys.domain(ctx_.host.provider, uuid);
+  if (!present) return EtcdOp::erase(std::move(key));
+  if (!lease_) return std::nullopt;
+  return EtcdOp::put(std::move(key), "", lease_);
+}
+
+void HostPresence::recorded(const std::string& uuid, const EtcdOp& op) {
+  const bool present = op.kind == EtcdOp::Kind::put;
+  const bool under_old_lease = present && op.lease != lease_;  // announced again meanwhile
+  if (present) {
+    domains_.insert(uuid);
+    if (!under_old_lease) domains_published_.insert(uuid);
+  } else {
+    domains_.erase(uuid);
+    domains_published_.erase(uuid);
+  }
+  // A publication under way may have looked this domain up before the step: it looks again.
+  if (publishing_) unchecked_.insert(uuid);
+  if (publishing_ || under_old_lease || encode(host_record()) != host_published_) publish();
+}
+
 awaitable<void> HostPresence::publish_loop() {
   asio::steady_timer settle(ctx_.io);
   while (dirty_ && !ctx_.stopping) {
@@ -113,17 +140,44 @@ awaitable<void> HostPresence::publish_loop() {
       else
         domains_.insert(uuid);
     }
-    std::vector<EtcdOp> puts;
-    if (domains_published_ != domains_) {
-      std::vector<std::string> sorted(domains_.begin(), domains_.end());
-      puts.push_back(EtcdOp::put(ctx_.keys.domains(ctx_.host.provider), encode_domains(sorted), lease_));
-    }
-    puts.push_back(EtcdOp::put(ctx_.keys.host(ctx_.host.provider), encode(host_record()), lease_));
-    std::set<std::string> putting = domains_;
-    auto written = co_await ctx_.etcd->txn({}, std::move(puts));
-    if (written) domains_published_ = std::move(putting);
+    std::vector<std::pair<std::string, bool>> changes;
+    for (const std::string& uuid : domains_)
+      if (!domains_published_.count(uuid)) changes.emplace_back(uuid, true);
+    for (const std::string& uuid : domains_published_)
+      if (!domains_.count(uuid)) changes.emplace_back(uuid, false);
+    std::string host = encode(host_record());
+    co_await put_changes(std::move(changes), host != host_published_ ? std::optional(host) : std::nullopt);
   }
   publishing_ = false;
+}
+
+awaitable<void> HostPresence::put_changes(std::vector<std::pair<std::string, bool>> domains,
+                                          std::optional<std::string> host) {
+  const int64_t lease = lease_;
+  constexpr size_t max_ops = 128;
+  for (size_t first = 0; first < domains.size() || host;) {
+    std::vector<EtcdOp> ops;
+    const size_t last = std::min(domains.size(), first + (host ? max_ops - 1 : max_ops));
+    for (size_t i = first; i < last; ++i) {
+      const std::string key = ctx_.keys.domain(ctx_.host.provider, domains[i].first);
+      ops.push_back(domains[i].second ? EtcdOp::put(key, "", lease) : EtcdOp::erase(key));
+    }
+    if (host) ops.push_back(EtcdOp::put(ctx_.keys.host(ctx_.host.provider), *host, lease));
+    auto written = co_await ctx_.etcd->txn({}, std::move(ops));
+    if (!written) co_return;  // published again with the next change, or the next resync
+    if (lease != lease_) co_return;  // announced again meanwhile: the announcement publishes
+    for (size_t i = first; i < last; ++i) {
+      if (domains[i].second)
+        domains_published_.insert(domains[i].first);
+      else
+        domains_published_.erase(domains[i].first);
+    }
+    if (host) {
+      host_published_ = std::move(*host);
+      host.reset();
+    }
+    first = last;
+  }
 }
 
 awaitable<void> HostPresence::report_stats() {

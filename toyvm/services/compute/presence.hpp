@@ -21,9 +21,9 @@ class HostPresence {
   awaitable<void> announce();
   // Keeps the lease alive until the agent stops; a lost lease is announced again.
   awaitable<void> keep_alive();
-  // Re-puts the host record with its domain count, and the list of domains when it changed
-  // (for `toyvm audit`). Calls coalesce: under a burst of builds one put is in flight and at
-  // most one more follows it.
+  // Brings etcd up to date with the host record, when it changed, and with the host's domains
+  // (a key each, for `toyvm audit` and `show --hosts`). Calls coalesce: under a burst of
+  // builds one transaction is in flight and at most one more follows it.
   void publish();
   // The same after a step may have made or removed `uuid`'s domain: the publication looks
   // that one domain up, so a build costs the same on a host with a thousand.
@@ -32,6 +32,11 @@ class HostPresence {
   // disagrees with what is known, each such domain is looked up again: a listing may have
   // been taken before a step that the lookups already saw.
   void publish(const std::vector<std::string>& listed);
+  // A step that knows it made (or removed) `uuid`'s domain writes its key in the step's own
+  // transaction: the op to add (nothing while there is no lease), then recorded() once etcd
+  // has made it. A step whose transaction went unanswered calls publish(uuid) instead.
+  std::optional<EtcdOp> domain_op(const std::string& uuid, bool present) const;
+  void recorded(const std::string& uuid, const EtcdOp& op);
   // Measures the host and puts its figures every stats_interval: one small write each.
   awaitable<void> report_stats();
   // The record vanishes at once instead of when the lease expires.
@@ -44,6 +49,9 @@ class HostPresence {
  private:
   HostRecord host_record() const;
   awaitable<void> publish_loop();
+  // Puts and erases domain keys, and the host record when `host` is set, in transactions of
+  // at most etcd's 128 operations; what etcd made under the current lease counts as published.
+  awaitable<void> put_changes(std::vector<std::pair<std::string, bool>> domains, std::optional<std::string> host);
 
   AgentContext& ctx_;
   const InstanceSlots& slots_;
@@ -55,7 +63,8 @@ class HostPresence {
   std::set<std::string> domains_;    // this host's domains, as last seen
   std::set<std::string> unchecked_;  // domains to look up before the next put
   bool listed_ = false;              // domains_ started from a full listing
-  std::optional<std::set<std::string>> domains_published_;  // under the current lease
+  std::set<std::string> domains_published_;  // keys put under the current lease
+  std::string host_published_;               // the host record as last put
   bool dirty_ = false;
   bool publishing_ = false;
 };
