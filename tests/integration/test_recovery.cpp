@@ -549,6 +549,39 @@ TEST_CASE("a build whose work left the host before the feed said so stops at its
   CHECK(compute_a->output().find("instance " + uuid + ": active") == std::string::npos);
 }
 
+TEST_CASE("a build whose agent lost its lease unnoticed ends ACTIVE, its domain published under a new lease",
+          "[recovery]") {
+  Servers servers;
+  const std::string build_paused = servers.dir() + "/build-paused";
+  std::ofstream(build_paused) << "";
+  std::string rp;
+  std::unique_ptr<Process> compute;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "build.begin=pause(" + build_paused + ")");
+    // A keep-alive every 20 s: the build records ACTIVE before the agent sees its lease gone.
+    compute = servers.start_compute("c1", roomy, &rp, {}, "lease_ttl = 60\n");
+  }
+  auto scheduled = servers.toyvm({"schedule", small});
+  REQUIRE(scheduled.exit_code == 0);
+  const std::string uuid = parse_notified(scheduled.out).second;
+  REQUIRE(wait_for([&] { return compute->output().find("failpoint build.begin: paused") != std::string::npos; }, 30));
+  // The lease goes behind the agent's back, and its host record with it.
+  auto hosts = servers.etcd_prefix(KeyLayout().host(rp));
+  REQUIRE(hosts.size() == 1);
+  auto etcd = EtcdClient::create(servers.config.etcd);
+  const int64_t lease = hosts.front().lease;
+  REQUIRE(run_sync<result<void>>([&](asio::io_context&) { return etcd->lease_revoke(lease); }));
+  std::remove(build_paused.c_str());
+
+  // etcd refuses the domain's key under the gone lease, and ACTIVE with it; the next round
+  // records ACTIVE alone.
+  CHECK_THAT(wait_for_state(servers, uuid, "ACTIVE", 10), Catch::Contains("ACTIVE"));
+  INFO(compute->output());
+  // Once the agent sees the lease gone it announces itself again and publishes its domain.
+  CHECK(wait_for([&] { return published_domains(servers, rp) == 1; }, 40));
+  CHECK(wait_for([&] { return servers.toyvm({"audit"}).exit_code == 0; }, 10));
+}
+
 TEST_CASE("schedule --wait rides over etcd going away and coming back while it waits", "[recovery]") {
   Servers servers;
   const std::string build_paused = servers.dir() + "/build-paused";

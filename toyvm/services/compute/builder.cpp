@@ -65,7 +65,7 @@ awaitable<bool> Builder::build(WorkSpec spec) {
   std::vector<EtcdOp> domain_key;
   if (auto op = parts_.presence.domain_op(spec.uuid, true)) domain_key.push_back(std::move(*op));
   const Written written =
-      co_await parts_.recorder.record_made(spec, running ? InstanceState::active : InstanceState::stopped, &domain_key);
+      co_await parts_.recorder.record_made(spec, running ? InstanceState::active : InstanceState::stopped, domain_key);
   // The work left this host: nothing made for it stays. An unanswered write may have been
   // made, so the domain stays and the next round records it again.
   if (written == Written::work_gone) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);

@@ -26,18 +26,12 @@ awaitable<bool> InstanceRecorder::write(InstanceRecord record) {
 }
 
 awaitable<InstanceRecorder::Written> InstanceRecorder::write_checked(InstanceRecord record,
-                                                                   std::vector<EtcdOp>* also) {
+                                                                   std::vector<EtcdOp> also) {
   // (Vectors built outside co_await: GCC 12 miscompiles initializer lists inside it.)
   std::vector<EtcdCompare> compare{EtcdCompare::present(ctx_.keys.work(ctx_.host.provider, record.uuid))};
   std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.instance(record.uuid), encode(record))};
-  if (also) ops.insert(ops.end(), also->begin(), also->end());
+  ops.insert(ops.end(), std::make_move_iterator(also.begin()), std::make_move_iterator(also.end()));
   auto txn = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
-  if (!txn && txn.error() == errc::etcd_error && also && !also->empty()) {
-    spdlog::debug("instance {}: recording {} without what etcd refused beside it", record.uuid,
-                  to_string(record.state));
-    also->clear();
-    co_return co_await write_checked(std::move(record));
-  }
   if (!txn) {
     spdlog::warn("instance {}: recording {}: {}", record.uuid, to_string(record.state), txn.error().message());
     co_return Written::unanswered;
@@ -72,14 +66,14 @@ awaitable<bool> InstanceRecorder::record(WorkSpec spec, InstanceState state) {
 }
 
 awaitable<InstanceRecorder::Written> InstanceRecorder::record_made(WorkSpec spec, InstanceState state,
-                                                                  std::vector<EtcdOp>* also) {
+                                                                  std::vector<EtcdOp> also) {
   InstanceSlot& slot = slots_[spec.uuid];
   slot.ip.clear();
   slot.address_given_up = false;
   if (state == InstanceState::active)
     slot.address_deadline = std::chrono::steady_clock::now() +
                             std::chrono::milliseconds(int64_t(ctx_.config.compute.address_timeout_s * 1000));
-  co_return co_await write_checked(make(spec, state), also);
+  co_return co_await write_checked(make(spec, state), std::move(also));
 }
 
 awaitable<bool> InstanceRecorder::load(std::string uuid) {
