@@ -31,6 +31,14 @@ int active_instances(const Servers& servers) {
   return n;
 }
 
+// An agent "c1" whose builds wait at their start while the file `paused` (made here) exists.
+std::unique_ptr<Process> start_compute_paused_at_build(Servers& servers, const std::string& paused, std::string* rp,
+                                                       const std::string& compute_toml = "") {
+  std::ofstream(paused) << "";
+  ScopedEnv failpoints("TOYVM_FAILPOINTS", "build.begin=pause(" + paused + ")");
+  return servers.start_compute("c1", roomy, rp, {}, compute_toml);
+}
+
 // A config with a short lease, so a killed agent's host record expires within the test.
 std::string short_lease_config(const Servers& servers) {
   std::string path = servers.dir() + "/short-lease.toml";
@@ -553,14 +561,9 @@ TEST_CASE("a build whose agent lost its lease unnoticed ends ACTIVE, its domain 
           "[recovery]") {
   Servers servers;
   const std::string build_paused = servers.dir() + "/build-paused";
-  std::ofstream(build_paused) << "";
   std::string rp;
-  std::unique_ptr<Process> compute;
-  {
-    ScopedEnv failpoints("TOYVM_FAILPOINTS", "build.begin=pause(" + build_paused + ")");
-    // A keep-alive every 20 s: the build records ACTIVE before the agent sees its lease gone.
-    compute = servers.start_compute("c1", roomy, &rp, {}, "lease_ttl = 60\n");
-  }
+  // A keep-alive every 20 s: the build records ACTIVE before the agent sees its lease gone.
+  auto compute = start_compute_paused_at_build(servers, build_paused, &rp, "lease_ttl = 60\n");
   auto scheduled = servers.toyvm({"schedule", small});
   REQUIRE(scheduled.exit_code == 0);
   const std::string uuid = parse_notified(scheduled.out).second;
@@ -585,13 +588,8 @@ TEST_CASE("a build whose agent lost its lease unnoticed ends ACTIVE, its domain 
 TEST_CASE("schedule --wait rides over etcd going away and coming back while it waits", "[recovery]") {
   Servers servers;
   const std::string build_paused = servers.dir() + "/build-paused";
-  std::ofstream(build_paused) << "";
   std::string rp;
-  std::unique_ptr<Process> compute;
-  {
-    ScopedEnv failpoints("TOYVM_FAILPOINTS", "build.begin=pause(" + build_paused + ")");
-    compute = servers.start_compute("c1", roomy, &rp);
-  }
+  auto compute = start_compute_paused_at_build(servers, build_paused, &rp);
   auto waiting = servers.spawn_toyvm({"schedule", small, "--wait"}, "wait.log");
   REQUIRE(wait_for([&] { return compute->output().find("failpoint build.begin: paused") != std::string::npos; }, 30));
   REQUIRE(wait_for([&] { return waiting->output().find("INSTANCE") != std::string::npos; }, 30));
