@@ -355,7 +355,7 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
   }
   for (const KeyValue& kv : txn->ranges[4].kvs) {
     auto key = keys.parse_domain(kv.key);
-    if (key && rows.count(key->host)) rows[key->host].domains += 1;
+    if (auto row = key ? rows.find(key->host) : rows.end(); row != rows.end()) row->second.domains += 1;
   }
   json::array all;
   if (!options.json)

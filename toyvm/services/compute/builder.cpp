@@ -63,7 +63,7 @@ awaitable<bool> Builder::build(WorkSpec spec) {
   using Written = InstanceRecorder::Written;
   // The domain's key rides in the same transaction: one commit for a build, not two.
   std::vector<EtcdOp> domain_key;
-  if (auto op = parts_.presence.domain_op(spec.uuid, true)) domain_key.push_back(std::move(*op));
+  if (auto op = parts_.presence.domain_put(spec.uuid)) domain_key.push_back(std::move(*op));
   const Written written =
       co_await parts_.recorder.record_made(spec, running ? InstanceState::active : InstanceState::stopped, domain_key);
   // The work left this host: nothing made for it stays. An unanswered write may have been

@@ -41,10 +41,10 @@ awaitable<void> HostPresence::announce() {
   while (!ctx_.stopping) {
     auto lease = co_await ctx_.etcd->lease_grant(ctx_.config.compute.lease_ttl_s);
     if (lease) {
-      std::string host = encode(host_record());
+      HostRecord host = host_record();
       // The domain keys an earlier run left under its own lease go; the known ones follow under this one.
       const std::string domains = ctx_.keys.domains_prefix(ctx_.host.provider);
-      std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.host(ctx_.host.provider), host, *lease),
+      std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.host(ctx_.host.provider), encode(host), *lease),
                               EtcdOp::erase(domains, prefix_range_end(domains))};
       if (stats_) ops.push_back(EtcdOp::put(ctx_.keys.stats(ctx_.host.provider), encode(*stats_), *lease));
       auto put = co_await ctx_.etcd->txn({}, std::move(ops));
@@ -102,11 +102,13 @@ void HostPresence::publish(const std::vector<std::string>& listed) {
   publish();
 }
 
-std::optional<EtcdOp> HostPresence::domain_op(const std::string& uuid, bool present) const {
-  std::string key = ctx_.keys.domain(ctx_.host.provider, uuid);
-  if (!present) return EtcdOp::erase(std::move(key));
+std::optional<EtcdOp> HostPresence::domain_put(const std::string& uuid) const {
   if (!lease_) return std::nullopt;
-  return EtcdOp::put(std::move(key), "", lease_);
+  return EtcdOp::put(ctx_.keys.domain(ctx_.host.provider, uuid), "", lease_);
+}
+
+EtcdOp HostPresence::domain_erase(const std::string& uuid) const {
+  return EtcdOp::erase(ctx_.keys.domain(ctx_.host.provider, uuid));
 }
 
 void HostPresence::recorded(const std::string& uuid, const EtcdOp& op) {
@@ -121,7 +123,7 @@ void HostPresence::recorded(const std::string& uuid, const EtcdOp& op) {
   }
   // A publication under way may have looked this domain up before the step: it looks again.
   if (publishing_) unchecked_.insert(uuid);
-  if (publishing_ || under_old_lease || encode(host_record()) != host_published_) publish();
+  if (publishing_ || under_old_lease || host_record() != host_published_) publish();
 }
 
 awaitable<void> HostPresence::publish_loop() {
@@ -145,14 +147,16 @@ awaitable<void> HostPresence::publish_loop() {
       if (!domains_published_.count(uuid)) changes.emplace_back(uuid, true);
     for (const std::string& uuid : domains_published_)
       if (!domains_.count(uuid)) changes.emplace_back(uuid, false);
-    std::string host = encode(host_record());
-    co_await put_changes(std::move(changes), host != host_published_ ? std::optional(host) : std::nullopt);
+    // (Built outside co_await: GCC 12 destroys a conditional's temporary inside it twice.)
+    std::optional<HostRecord> host = host_record();
+    if (host == host_published_) host.reset();
+    co_await put_changes(std::move(changes), std::move(host));
   }
   publishing_ = false;
 }
 
 awaitable<void> HostPresence::put_changes(std::vector<std::pair<std::string, bool>> domains,
-                                          std::optional<std::string> host) {
+                                          std::optional<HostRecord> host) {
   const int64_t lease = lease_;
   constexpr size_t max_ops = 128;
   for (size_t first = 0; first < domains.size() || host;) {
@@ -162,7 +166,7 @@ awaitable<void> HostPresence::put_changes(std::vector<std::pair<std::string, boo
       const std::string key = ctx_.keys.domain(ctx_.host.provider, domains[i].first);
       ops.push_back(domains[i].second ? EtcdOp::put(key, "", lease) : EtcdOp::erase(key));
     }
-    if (host) ops.push_back(EtcdOp::put(ctx_.keys.host(ctx_.host.provider), *host, lease));
+    if (host) ops.push_back(EtcdOp::put(ctx_.keys.host(ctx_.host.provider), encode(*host), lease));
     auto written = co_await ctx_.etcd->txn({}, std::move(ops));
     if (!written) co_return;  // published again with the next change, or the next resync
     if (lease != lease_) co_return;  // announced again meanwhile: the announcement publishes
@@ -173,7 +177,7 @@ awaitable<void> HostPresence::put_changes(std::vector<std::pair<std::string, boo
         domains_published_.erase(domains[i].first);
     }
     if (host) {
-      host_published_ = std::move(*host);
+      host_published_ = std::move(host);
       host.reset();
     }
     first = last;

@@ -33,9 +33,10 @@ class HostPresence {
   // been taken before a step that the lookups already saw.
   void publish(const std::vector<std::string>& listed);
   // A step that knows it made (or removed) `uuid`'s domain writes its key in the step's own
-  // transaction: the op to add (nothing while there is no lease), then recorded() once etcd
+  // transaction: the op to add (no put while there is no lease), then recorded() once etcd
   // has made it. A step whose transaction went unanswered calls publish(uuid) instead.
-  std::optional<EtcdOp> domain_op(const std::string& uuid, bool present) const;
+  std::optional<EtcdOp> domain_put(const std::string& uuid) const;
+  EtcdOp domain_erase(const std::string& uuid) const;
   void recorded(const std::string& uuid, const EtcdOp& op);
   // Measures the host and puts its figures every stats_interval: one small write each.
   awaitable<void> report_stats();
@@ -51,7 +52,7 @@ class HostPresence {
   awaitable<void> publish_loop();
   // Puts and erases domain keys, and the host record when `host` is set, in transactions of
   // at most etcd's 128 operations; what etcd made under the current lease counts as published.
-  awaitable<void> put_changes(std::vector<std::pair<std::string, bool>> domains, std::optional<std::string> host);
+  awaitable<void> put_changes(std::vector<std::pair<std::string, bool>> domains, std::optional<HostRecord> host);
 
   AgentContext& ctx_;
   const InstanceSlots& slots_;
@@ -64,7 +65,7 @@ class HostPresence {
   std::set<std::string> unchecked_;  // domains to look up before the next put
   bool listed_ = false;              // domains_ started from a full listing
   std::set<std::string> domains_published_;  // keys put under the current lease
-  std::string host_published_;               // the host record as last put
+  std::optional<HostRecord> host_published_;  // the host record as last put
   bool dirty_ = false;
   bool publishing_ = false;
 };

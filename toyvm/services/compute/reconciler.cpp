@@ -191,7 +191,7 @@ awaitable<bool> Reconciler::remove(WorkSpec spec) {
   std::vector<EtcdOp> ops{EtcdOp::erase(ctx_.keys.work(ctx_.host.provider, spec.uuid)),
                           EtcdOp::erase(ctx_.keys.instance(spec.uuid)), EtcdOp::erase(ctx_.keys.console(spec.uuid))};
   if (!spec.group.empty()) ops.push_back(EtcdOp::erase(ctx_.keys.group_member(spec.group, spec.uuid)));
-  const EtcdOp domain_key = *parts_.presence.domain_op(spec.uuid, false);
+  const EtcdOp domain_key = parts_.presence.domain_erase(spec.uuid);
   ops.push_back(domain_key);
   auto erased = co_await ctx_.etcd->txn({}, std::move(ops));
   if (!erased) co_return false;
