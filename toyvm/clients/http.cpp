@@ -9,6 +9,8 @@
 #include <boost/url/parse.hpp>
 #include <spdlog/spdlog.h>
 
+#include <charconv>
+
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
@@ -26,7 +28,7 @@ struct HttpClient::Impl {
   std::string port;
   std::string base_path;
   std::string host_header;
-  tcp::resolver::results_type endpoints;  // resolved once
+  std::vector<tcp::endpoint> endpoints;  // an address, or the name resolved once
   std::optional<asio::ssl::context> tls;  // https only
   error_code tls_error;                   // loading the CA failed: every request fails so
 
@@ -45,7 +47,7 @@ struct HttpClient::Impl {
       tcp::resolver resolver(executor);
       auto [ec, results] = co_await resolver.async_resolve(host, port, no_throw);
       if (ec) co_return ec;
-      endpoints = std::move(results);
+      for (const auto& entry : results) endpoints.push_back(entry.endpoint());
     }
     auto connection = std::make_unique<Connection>();
     // Beast reads as much as the buffer has room for, at least 512 bytes: without room, a
@@ -109,6 +111,13 @@ HttpClient::HttpClient(asio::any_io_executor executor, HttpClientOptions options
     const bool https = url->scheme() == "https";
     impl_->host = std::string(url->host());
     impl_->port = url->has_port() ? std::string(url->port()) : https ? "443" : "80";
+    // An address needs no resolver, whose first use starts a thread: a short command's cost.
+    error_code not_address;
+    auto address = asio::ip::make_address(std::string(url->host_address()), not_address);
+    uint16_t port = 0;
+    auto [end, port_error] = std::from_chars(impl_->port.data(), impl_->port.data() + impl_->port.size(), port);
+    if (!not_address && port_error == std::errc() && end == impl_->port.data() + impl_->port.size())
+      impl_->endpoints.emplace_back(address, port);
     if (https) {
       impl_->tls.emplace(asio::ssl::context::tls_client);
       impl_->tls->set_verify_mode(asio::ssl::verify_peer);
