@@ -1,4 +1,8 @@
+// The HTTP clients (Placement's and image downloads) against a listener in the test: which
+// addresses and names they reach, and what they send.
+#include "clients/download.hpp"
 #include "clients/http.hpp"
+#include "core/sha256.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -10,92 +14,103 @@
 #include <boost/asio/write.hpp>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 using namespace toyvm;
 using tcp = asio::ip::tcp;
 
 namespace {
 
-struct Exchange {
-  std::optional<result<HttpResponse>> response;
-  std::string request_head;  // what the server received, up to the blank line
+// Answers one request with 200 and `body`, and keeps what it received up to the blank line.
+struct OneAnswer {
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  std::string request_head;
+
+  // False when the address cannot be bound (a host without IPv6).
+  bool listen(const std::string& address) {
+    error_code ec;
+    tcp::endpoint at(asio::ip::make_address(address), 0);
+    acceptor.open(at.protocol(), ec);
+    if (!ec) acceptor.bind(at, ec);
+    if (!ec) acceptor.listen(4, ec);
+    return !ec;
+  }
+
+  std::string port() const { return std::to_string(acceptor.local_endpoint().port()); }
+
+  // Serves `body` while `client` runs; the loop ends when the client is done or after 10 s.
+  void run(const std::string& body, std::function<awaitable<void>()> client) {
+    // Named: a coroutine reaches its lambda's captures through the lambda, which must outlive it.
+    auto serve = [&]() -> awaitable<void> {
+      auto [accept_ec, socket] = co_await acceptor.async_accept(asio::as_tuple(use_awaitable));
+      if (accept_ec) co_return;
+      std::string head;
+      auto [read_ec, n] = co_await asio::async_read_until(socket, asio::dynamic_buffer(head), "\r\n\r\n",
+                                                          asio::as_tuple(use_awaitable));
+      if (read_ec) co_return;
+      request_head = head.substr(0, n);
+      std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+      co_await asio::async_write(socket, asio::buffer(answer), asio::as_tuple(use_awaitable));
+    };
+    auto ask = [&]() -> awaitable<void> {
+      co_await client();
+      io.stop();
+    };
+    asio::co_spawn(io, serve(), asio::detached);
+    asio::co_spawn(io, ask(), asio::detached);
+    asio::steady_timer deadline(io, std::chrono::seconds(10));
+    deadline.async_wait([&](auto) { io.stop(); });
+    io.run();
+  }
 };
 
-// One request from an HttpClient at `url` to a server on `listen_address` that answers it with
-// 200 "ok"; the URL's port is the server's. Returns nothing when the address cannot be bound
-// (a host without IPv6).
-std::optional<Exchange> exchange_with(const std::string& listen_address, const std::string& url_host) {
-  asio::io_context io;
-  error_code ec;
-  tcp::acceptor acceptor(io);
-  tcp::endpoint at(asio::ip::make_address(listen_address), 0);
-  acceptor.open(at.protocol(), ec);
-  if (!ec) acceptor.bind(at, ec);
-  if (!ec) acceptor.listen(4, ec);
-  if (ec) return std::nullopt;
-
-  // The coroutines' lambdas are named: a coroutine reaches its captures through the lambda,
-  // which must outlive it.
-  Exchange exchange;
-  auto serve = [&]() -> awaitable<void> {
-    auto [accept_ec, socket] = co_await acceptor.async_accept(asio::as_tuple(use_awaitable));
-    if (accept_ec) co_return;
-    std::string head;
-    auto [read_ec, n] = co_await asio::async_read_until(socket, asio::dynamic_buffer(head), "\r\n\r\n",
-                                                        asio::as_tuple(use_awaitable));
-    if (read_ec) co_return;
-    exchange.request_head = head.substr(0, n);
-    std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-    co_await asio::async_write(socket, asio::buffer(answer), asio::as_tuple(use_awaitable));
-  };
-  asio::co_spawn(io, serve(), asio::detached);
-
-  const std::string url = "http://" + url_host + ":" + std::to_string(acceptor.local_endpoint().port());
-  HttpClient client(io.get_executor(), HttpClientOptions{url, std::chrono::milliseconds(5'000), {}, {}});
-  auto ask = [&]() -> awaitable<void> {
+// One GET by HttpClient to `url_host` at a listener on `listen_address`. Nothing when the
+// address cannot be bound.
+std::optional<std::string> placement_client_gets(const std::string& listen_address, const std::string& url_host) {
+  OneAnswer server;
+  if (!server.listen(listen_address)) return std::nullopt;
+  HttpClient client(server.io.get_executor(),
+                    HttpClientOptions{"http://" + url_host + ":" + server.port(), std::chrono::milliseconds(5'000), {}, {}});
+  std::optional<result<HttpResponse>> response;
+  server.run("ok", [&]() -> awaitable<void> {
     HttpRequest request;  // a named argument: GCC 12 destroys a temporary in co_await twice
     request.target = "/resource_providers";
-    exchange.response = co_await client.request(std::move(request));
-    io.stop();
-  };
-  asio::co_spawn(io, ask(), asio::detached);
-  asio::steady_timer deadline(io, std::chrono::seconds(10));
-  deadline.async_wait([&](auto) { io.stop(); });
-  io.run();
-  return exchange;
-}
-
-void require_answered(const std::optional<Exchange>& exchange, const std::string& host_header) {
-  REQUIRE(exchange->response.has_value());
-  REQUIRE(exchange->response->has_value());
-  CHECK((*exchange->response)->status == 200);
-  CHECK((*exchange->response)->body == "ok");
-  CHECK(exchange->request_head.rfind("GET /resource_providers HTTP/1.1\r\n", 0) == 0);
-  CHECK(exchange->request_head.find("Host: " + host_header + ":") != std::string::npos);
+    response = co_await client.request(std::move(request));
+  });
+  REQUIRE(response.has_value());
+  REQUIRE(response->has_value());
+  CHECK((*response)->status == 200);
+  CHECK((*response)->body == "ok");
+  CHECK(server.request_head.rfind("GET /resource_providers HTTP/1.1\r\n", 0) == 0);
+  return server.request_head;
 }
 
 }  // namespace
 
 TEST_CASE("the HTTP client reaches an IPv4 address, an IPv6 address and a name", "[http]") {
   SECTION("IPv4") {
-    auto exchange = exchange_with("127.0.0.1", "127.0.0.1");
-    REQUIRE(exchange);
-    require_answered(exchange, "127.0.0.1");
+    auto head = placement_client_gets("127.0.0.1", "127.0.0.1");
+    REQUIRE(head);
+    CHECK(head->find("Host: 127.0.0.1:") != std::string::npos);
   }
   SECTION("IPv6, in brackets in the URL and the Host header") {
-    auto exchange = exchange_with("::1", "[::1]");
-    if (!exchange) {
+    auto head = placement_client_gets("::1", "[::1]");
+    if (!head) {
       WARN("this host has no IPv6 loopback");
       return;
     }
-    require_answered(exchange, "[::1]");
+    CHECK(head->find("Host: [::1]:") != std::string::npos);
   }
   SECTION("a name, resolved") {
-    auto exchange = exchange_with("127.0.0.1", "localhost");
-    REQUIRE(exchange);
-    require_answered(exchange, "localhost");
+    auto head = placement_client_gets("127.0.0.1", "localhost");
+    REQUIRE(head);
+    CHECK(head->find("Host: localhost:") != std::string::npos);
   }
 }
 
@@ -117,4 +132,31 @@ TEST_CASE("the HTTP client says so when nothing listens", "[http]") {
   REQUIRE(response.has_value());
   REQUIRE_FALSE(response->has_value());
   CHECK(response->error() == asio::error::connection_refused);
+}
+
+TEST_CASE("an image download reaches an IPv6 address in brackets, as its URL has it", "[http]") {
+  OneAnswer server;
+  if (!server.listen("::1")) {
+    WARN("this host has no IPv6 loopback");
+    return;
+  }
+  const std::string image = "not much of an image";
+  int fd = memfd_create("image", 0);
+  REQUIRE(fd >= 0);
+  DownloadResult downloaded;
+  server.run(image, [&]() -> awaitable<void> {
+    DownloadRequest request;
+    request.host = "[::1]";
+    request.port = server.port();
+    request.target = "/base.raw";
+    request.max_bytes = 1 << 20;
+    downloaded = co_await download_to_fd(server.io.get_executor(), std::move(request), fd);
+  });
+  CHECK(downloaded.error == "");
+  CHECK(downloaded.bytes == image.size());
+  Sha256 sha;
+  sha.update(image.data(), image.size());
+  CHECK(downloaded.sha256 == sha.hex());
+  CHECK(server.request_head.find("Host: [::1]") != std::string::npos);
+  close(fd);
 }

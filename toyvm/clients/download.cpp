@@ -85,9 +85,12 @@ awaitable<DownloadResult> fetch(Stream& stream, const DownloadRequest& request, 
 }  // namespace
 
 awaitable<DownloadResult> download_to_fd(asio::any_io_executor executor, DownloadRequest request, int fd) {
+  // The URL's host, an IPv6 address in brackets as the Host header wants it; the resolver,
+  // the certificate check and SNI want it bare.
+  std::string name = request.host;
+  if (name.size() > 2 && name.front() == '[' && name.back() == ']') name = name.substr(1, name.size() - 2);
   tcp::resolver resolver(executor);
-  auto [resolve_error, endpoints] =
-      co_await resolver.async_resolve(request.host, request.port, asio::as_tuple(use_awaitable));
+  auto [resolve_error, endpoints] = co_await resolver.async_resolve(name, request.port, asio::as_tuple(use_awaitable));
   if (resolve_error) co_return failed(fmt::format("resolving {}: {}", request.host, resolve_error.message()));
   beast::tcp_stream socket(executor);
   socket.expires_after(request.idle_timeout);
@@ -106,8 +109,10 @@ awaitable<DownloadResult> download_to_fd(asio::any_io_executor executor, Downloa
   if (ca_error) co_return failed("loading CA certificates: " + ca_error.message());
   tls.set_verify_mode(asio::ssl::verify_peer);
   beast::ssl_stream<beast::tcp_stream> stream(std::move(socket), tls);
-  stream.set_verify_callback(asio::ssl::host_name_verification(request.host));
-  SSL_set_tlsext_host_name(stream.native_handle(), request.host.c_str());  // SNI
+  stream.set_verify_callback(asio::ssl::host_name_verification(name));
+  error_code not_address;
+  asio::ip::make_address(name, not_address);
+  if (not_address) SSL_set_tlsext_host_name(stream.native_handle(), name.c_str());  // SNI names hosts only
   auto [handshake_error] = co_await stream.async_handshake(asio::ssl::stream_base::client, asio::as_tuple(use_awaitable));
   if (handshake_error) co_return failed("TLS handshake: " + handshake_error.message());
   co_return co_await fetch(stream, request, fd);
