@@ -27,7 +27,8 @@ struct HttpClient::Impl {
   std::string host;
   std::string port;
   std::string base_path;
-  std::string host_header;
+  std::string host_header;  // as the URL has it: an IPv6 address in brackets
+  bool is_address = false;
   std::vector<tcp::endpoint> endpoints;  // an address, or the name resolved once
   std::optional<asio::ssl::context> tls;  // https only
   error_code tls_error;                   // loading the CA failed: every request fails so
@@ -60,12 +61,13 @@ struct HttpClient::Impl {
     connection->plain->socket().set_option(tcp::no_delay(true));
     if (!tls) co_return std::move(connection);
 
-    // The server's certificate must chain to the CA and name the host (SNI says which).
+    // The server's certificate must chain to the CA and name the host (SNI says which; it
+    // names hosts only, never an address).
     connection->secure.emplace(std::move(*connection->plain), *tls);
     connection->plain.reset();
     auto& secure = *connection->secure;
     secure.set_verify_callback(asio::ssl::host_name_verification(host));
-    SSL_set_tlsext_host_name(secure.native_handle(), host.c_str());
+    if (!is_address) SSL_set_tlsext_host_name(secure.native_handle(), host.c_str());
     auto [handshake_ec] = co_await secure.async_handshake(asio::ssl::stream_base::client, no_throw);
     if (handshake_ec) co_return handshake_ec;
     co_return std::move(connection);
@@ -109,14 +111,16 @@ HttpClient::HttpClient(asio::any_io_executor executor, HttpClientOptions options
   auto url = boost::urls::parse_uri(impl_->options.url);
   if (url) {
     const bool https = url->scheme() == "https";
-    impl_->host = std::string(url->host());
+    impl_->host = std::string(url->host_address());  // an IPv6 address without its brackets
     impl_->port = url->has_port() ? std::string(url->port()) : https ? "443" : "80";
+    impl_->host_header = std::string(url->host()) + ":" + impl_->port;
     // An address needs no resolver, whose first use starts a thread: a short command's cost.
     error_code not_address;
-    auto address = asio::ip::make_address(std::string(url->host_address()), not_address);
+    auto address = asio::ip::make_address(impl_->host, not_address);
+    impl_->is_address = !not_address;
     uint16_t port = 0;
     auto [end, port_error] = std::from_chars(impl_->port.data(), impl_->port.data() + impl_->port.size(), port);
-    if (!not_address && port_error == std::errc() && end == impl_->port.data() + impl_->port.size())
+    if (impl_->is_address && port_error == std::errc() && end == impl_->port.data() + impl_->port.size())
       impl_->endpoints.emplace_back(address, port);
     if (https) {
       impl_->tls.emplace(asio::ssl::context::tls_client);
@@ -130,7 +134,6 @@ HttpClient::HttpClient(asio::any_io_executor executor, HttpClientOptions options
     impl_->base_path = std::string(url->path());
     while (!impl_->base_path.empty() && impl_->base_path.back() == '/') impl_->base_path.pop_back();
   }
-  impl_->host_header = impl_->host + ":" + impl_->port;
 }
 
 HttpClient::~HttpClient() = default;
