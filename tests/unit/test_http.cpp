@@ -1,8 +1,9 @@
 // The HTTP clients (Placement's and image downloads) against a listener in the test: which
-// addresses and names they reach, and what they send.
+// addresses and names they reach, and what they send; and the servers' listen addresses.
 #include "clients/download.hpp"
 #include "clients/http.hpp"
 #include "core/sha256.hpp"
+#include "services/metadata_http.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -159,4 +160,20 @@ TEST_CASE("an image download reaches an IPv6 address in brackets, as its URL has
   CHECK(downloaded.sha256 == sha.hex());
   CHECK(server.request_head.find("Host: [::1]") != std::string::npos);
   close(fd);
+}
+
+TEST_CASE("listen addresses: IPv4, IPv6 with or without brackets, and what is not one", "[http]") {
+  auto v4 = MetadataHttpServer::parse_listen("169.254.169.254:80");
+  REQUIRE(v4);
+  CHECK(v4->address() == asio::ip::make_address("169.254.169.254"));
+  CHECK(v4->port() == 80);
+  for (const std::string v6 : {"[::1]:9100", "::1:9100"}) {
+    auto parsed = MetadataHttpServer::parse_listen(v6);
+    REQUIRE(parsed);
+    CHECK(parsed->address() == asio::ip::make_address("::1"));
+    CHECK(parsed->port() == 9100);
+  }
+  for (const std::string bad : {"", "127.0.0.1", "[::1]", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:80x",
+                                "127.0.0.1:", "localhost:80", "[127.0.0.1:80"})
+    CHECK_FALSE(MetadataHttpServer::parse_listen(bad));
 }

@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <charconv>
+
 #include <sys/socket.h>
 
 namespace toyvm {
@@ -61,11 +63,16 @@ bool MetadataHttpServer::configure(std::string* error) {
 
 std::optional<tcp::endpoint> MetadataHttpServer::parse_listen(const std::string& address) {
   size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return std::nullopt;
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   error_code ec;
-  auto ip = asio::ip::make_address(address.substr(0, colon), ec);
-  unsigned long port = colon == std::string::npos ? 0 : std::strtoul(address.c_str() + colon + 1, nullptr, 10);
-  if (ec || port == 0 || port > 65535) return std::nullopt;
-  return tcp::endpoint(ip, static_cast<unsigned short>(port));
+  auto ip = asio::ip::make_address(host, ec);
+  uint16_t port = 0;
+  const char* end = address.data() + address.size();
+  auto [stop, port_error] = std::from_chars(address.data() + colon + 1, end, port);
+  if (ec || port_error != std::errc() || stop != end || port == 0) return std::nullopt;
+  return tcp::endpoint(ip, port);
 }
 
 bool MetadataHttpServer::listen(const std::string& address, const std::string& device, std::string* error) {
