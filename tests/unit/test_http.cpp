@@ -2,6 +2,7 @@
 // addresses and names they reach, and what they send; and the servers' listen addresses.
 #include "clients/download.hpp"
 #include "clients/http.hpp"
+#include "core/address.hpp"
 #include "core/sha256.hpp"
 #include "services/metadata_http.hpp"
 
@@ -176,4 +177,14 @@ TEST_CASE("listen addresses: IPv4, IPv6 with or without brackets, and what is no
   for (const std::string bad : {"", "127.0.0.1", "[::1]", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:80x",
                                 "127.0.0.1:", "localhost:80", "[127.0.0.1:80"})
     CHECK_FALSE(MetadataHttpServer::parse_listen(bad));
+}
+
+TEST_CASE("hosts lose the brackets of an IPv6 address, ports are read whole", "[http]") {
+  CHECK(bare_host("[::1]") == "::1");
+  CHECK(bare_host("[fd00::5]") == "fd00::5");
+  CHECK(bare_host("127.0.0.1") == "127.0.0.1");
+  CHECK(bare_host("placement.example") == "placement.example");
+  CHECK(parse_port("8778") == uint16_t(8778));
+  CHECK(parse_port("65535") == uint16_t(65535));
+  for (std::string_view bad : {"", "0", "65536", "80x", " 80", "-1"}) CHECK_FALSE(parse_port(bad));
 }

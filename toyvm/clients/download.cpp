@@ -1,5 +1,6 @@
 #include "clients/download.hpp"
 
+#include "core/address.hpp"
 #include "core/sha256.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -87,8 +88,7 @@ awaitable<DownloadResult> fetch(Stream& stream, const DownloadRequest& request, 
 awaitable<DownloadResult> download_to_fd(asio::any_io_executor executor, DownloadRequest request, int fd) {
   // The URL's host, an IPv6 address in brackets as the Host header wants it; the resolver,
   // the certificate check and SNI want it bare.
-  std::string name = request.host;
-  if (name.size() > 2 && name.front() == '[' && name.back() == ']') name = name.substr(1, name.size() - 2);
+  const std::string name = bare_host(request.host);
   tcp::resolver resolver(executor);
   auto [resolve_error, endpoints] = co_await resolver.async_resolve(name, request.port, asio::as_tuple(use_awaitable));
   if (resolve_error) co_return failed(fmt::format("resolving {}: {}", request.host, resolve_error.message()));

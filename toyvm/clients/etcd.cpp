@@ -1,4 +1,5 @@
 #include "clients/etcd.hpp"
+#include "core/address.hpp"
 
 #include "core/metrics.hpp"
 #include "model/keys.hpp"
@@ -135,8 +136,7 @@ HostPort split_endpoint(const std::string& endpoint) {
   size_t colon = text.rfind(':');
   std::string_view host = colon == std::string_view::npos ? text : text.substr(0, colon);
   std::string_view port = colon == std::string_view::npos ? "2379" : text.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return {std::string(host), std::string(port)};
+  return {bare_host(host), std::string(port)};
 }
 
 bool is_ip_literal(const std::string& host) {

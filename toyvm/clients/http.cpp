@@ -1,5 +1,7 @@
 #include "clients/http.hpp"
 
+#include "core/address.hpp"
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
@@ -8,8 +10,6 @@
 #include <boost/beast/ssl.hpp>
 #include <boost/url/parse.hpp>
 #include <spdlog/spdlog.h>
-
-#include <charconv>
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -118,10 +118,7 @@ HttpClient::HttpClient(asio::any_io_executor executor, HttpClientOptions options
     error_code not_address;
     auto address = asio::ip::make_address(impl_->host, not_address);
     impl_->is_address = !not_address;
-    uint16_t port = 0;
-    auto [end, port_error] = std::from_chars(impl_->port.data(), impl_->port.data() + impl_->port.size(), port);
-    if (impl_->is_address && port_error == std::errc() && end == impl_->port.data() + impl_->port.size())
-      impl_->endpoints.emplace_back(address, port);
+    if (auto port = parse_port(impl_->port); impl_->is_address && port) impl_->endpoints.emplace_back(address, *port);
     if (https) {
       impl_->tls.emplace(asio::ssl::context::tls_client);
       impl_->tls->set_verify_mode(asio::ssl::verify_peer);

@@ -1,5 +1,6 @@
 #include "services/metadata_http.hpp"
 
+#include "core/address.hpp"
 #include "core/metrics.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -10,8 +11,6 @@
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-
-#include <charconv>
 
 #include <sys/socket.h>
 
@@ -64,15 +63,11 @@ bool MetadataHttpServer::configure(std::string* error) {
 std::optional<tcp::endpoint> MetadataHttpServer::parse_listen(const std::string& address) {
   size_t colon = address.rfind(':');
   if (colon == std::string::npos) return std::nullopt;
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   error_code ec;
-  auto ip = asio::ip::make_address(host, ec);
-  uint16_t port = 0;
-  const char* end = address.data() + address.size();
-  auto [stop, port_error] = std::from_chars(address.data() + colon + 1, end, port);
-  if (ec || port_error != std::errc() || stop != end || port == 0) return std::nullopt;
-  return tcp::endpoint(ip, port);
+  auto ip = asio::ip::make_address(bare_host(std::string_view(address).substr(0, colon)), ec);
+  auto port = parse_port(std::string_view(address).substr(colon + 1));
+  if (ec || !port) return std::nullopt;
+  return tcp::endpoint(ip, *port);
 }
 
 bool MetadataHttpServer::listen(const std::string& address, const std::string& device, std::string* error) {

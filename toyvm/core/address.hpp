@@ -1,0 +1,17 @@
+#pragma once
+// Hosts and ports as URLs and listen addresses write them.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace toyvm {
+
+// The host without the brackets a URL puts around an IPv6 address ("[::1]" -> "::1").
+std::string bare_host(std::string_view host);
+
+// A port written in full, 1-65535; nothing for anything else ("", "0", "80x", "65536").
+std::optional<uint16_t> parse_port(std::string_view text);
+
+}  // namespace toyvm
