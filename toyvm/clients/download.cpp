@@ -110,9 +110,7 @@ awaitable<DownloadResult> download_to_fd(asio::any_io_executor executor, Downloa
   tls.set_verify_mode(asio::ssl::verify_peer);
   beast::ssl_stream<beast::tcp_stream> stream(std::move(socket), tls);
   stream.set_verify_callback(asio::ssl::host_name_verification(name));
-  error_code not_address;
-  asio::ip::make_address(name, not_address);
-  if (not_address) SSL_set_tlsext_host_name(stream.native_handle(), name.c_str());  // SNI names hosts only
+  if (!is_ip_address(name)) SSL_set_tlsext_host_name(stream.native_handle(), name.c_str());  // SNI names hosts only
   auto [handshake_error] = co_await stream.async_handshake(asio::ssl::stream_base::client, asio::as_tuple(use_awaitable));
   if (handshake_error) co_return failed("TLS handshake: " + handshake_error.message());
   co_return co_await fetch(stream, request, fd);

@@ -139,11 +139,6 @@ HostPort split_endpoint(const std::string& endpoint) {
   return {bare_host(host), std::string(port)};
 }
 
-bool is_ip_literal(const std::string& host) {
-  in6_addr any{};
-  return inet_pton(AF_INET, host.c_str(), &any) == 1 || inet_pton(AF_INET6, host.c_str(), &any) == 1;
-}
-
 // gRPC's dns:/// target takes one name, its ipv4: and ipv6: targets a list of addresses: the
 // members' names are resolved here, once, so that pick_first fails over between all of them
 // (IPv4 addresses when there are any, as one target takes one family).
@@ -409,7 +404,7 @@ class GrpcEtcdClient final : public EtcdClient {
       std::string name = config.server_name;
       if (name.empty()) {
         HostPort first = split_endpoint(config.endpoints.front());
-        if (!is_ip_literal(first.host)) name = first.host;
+        if (!is_ip_address(first.host)) name = first.host;
       }
       if (!name.empty()) args.SetSslTargetNameOverride(name);
     }

@@ -48,7 +48,9 @@ struct HttpClient::Impl {
       tcp::resolver resolver(executor);
       auto [ec, results] = co_await resolver.async_resolve(host, port, no_throw);
       if (ec) co_return ec;
-      for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+      std::vector<tcp::endpoint> resolved;
+      for (const auto& entry : results) resolved.push_back(entry.endpoint());
+      endpoints = std::move(resolved);  // another request may have resolved it meanwhile
     }
     auto connection = std::make_unique<Connection>();
     // Beast reads as much as the buffer has room for, at least 512 bytes: without room, a
@@ -115,10 +117,9 @@ HttpClient::HttpClient(asio::any_io_executor executor, HttpClientOptions options
     impl_->port = url->has_port() ? std::string(url->port()) : https ? "443" : "80";
     impl_->host_header = std::string(url->host()) + ":" + impl_->port;
     // An address needs no resolver, whose first use starts a thread: a short command's cost.
-    error_code not_address;
-    auto address = asio::ip::make_address(impl_->host, not_address);
-    impl_->is_address = !not_address;
-    if (auto port = parse_port(impl_->port); impl_->is_address && port) impl_->endpoints.emplace_back(address, *port);
+    impl_->is_address = is_ip_address(impl_->host);
+    if (auto port = parse_port(impl_->port); impl_->is_address && port)
+      impl_->endpoints.emplace_back(asio::ip::make_address(impl_->host), *port);
     if (https) {
       impl_->tls.emplace(asio::ssl::context::tls_client);
       impl_->tls->set_verify_mode(asio::ssl::verify_peer);

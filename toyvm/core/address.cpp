@@ -2,11 +2,19 @@
 
 #include <charconv>
 
+#include <arpa/inet.h>
+
 namespace toyvm {
 
 std::string bare_host(std::string_view host) {
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   return std::string(host);
+}
+
+bool is_ip_address(std::string_view host) {
+  const std::string text(host);
+  in6_addr any{};
+  return inet_pton(AF_INET, text.c_str(), &any) == 1 || inet_pton(AF_INET6, text.c_str(), &any) == 1;
 }
 
 std::optional<uint16_t> parse_port(std::string_view text) {

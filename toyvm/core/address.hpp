@@ -11,6 +11,9 @@ namespace toyvm {
 // The host without the brackets a URL puts around an IPv6 address ("[::1]" -> "::1").
 std::string bare_host(std::string_view host);
 
+// Whether the host is an IPv4 or IPv6 address (without brackets), not a name.
+bool is_ip_address(std::string_view host);
+
 // A port written in full, 1-65535; nothing for anything else ("", "0", "80x", "65536").
 std::optional<uint16_t> parse_port(std::string_view text);
 
