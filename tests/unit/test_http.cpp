@@ -5,6 +5,7 @@
 #include "core/address.hpp"
 #include "core/sha256.hpp"
 #include "services/metadata_http.hpp"
+#include "services/metrics_http.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -122,7 +123,8 @@ TEST_CASE("the HTTP client says so when nothing listens", "[http]") {
   tcp::acceptor probe(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
   const auto port = probe.local_endpoint().port();
   probe.close();
-  HttpClient client(io.get_executor(), HttpClientOptions{"http://127.0.0.1:" + std::to_string(port), {}, {}, {}});
+  HttpClient client(io.get_executor(),
+                    HttpClientOptions{"http://127.0.0.1:" + std::to_string(port), std::chrono::milliseconds(5'000), {}, {}});
   std::optional<result<HttpResponse>> response;
   auto ask = [&]() -> awaitable<void> {
     HttpRequest request;
@@ -163,19 +165,21 @@ TEST_CASE("an image download reaches an IPv6 address in brackets, as its URL has
   close(fd);
 }
 
-TEST_CASE("listen addresses: IPv4, IPv6 with or without brackets, and what is not one", "[http]") {
+TEST_CASE("listen addresses: IPv4, IPv6 in brackets, and what is not one", "[http]") {
   auto v4 = MetadataHttpServer::parse_listen("169.254.169.254:80");
   REQUIRE(v4);
   CHECK(v4->address() == asio::ip::make_address("169.254.169.254"));
   CHECK(v4->port() == 80);
-  for (const std::string v6 : {"[::1]:9100", "::1:9100"}) {
-    auto parsed = MetadataHttpServer::parse_listen(v6);
-    REQUIRE(parsed);
-    CHECK(parsed->address() == asio::ip::make_address("::1"));
-    CHECK(parsed->port() == 9100);
-  }
-  for (const std::string bad : {"", "127.0.0.1", "[::1]", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:80x",
-                                "127.0.0.1:", "localhost:80", "[127.0.0.1:80"})
+  auto v6 = MetadataHttpServer::parse_listen("[::1]:9100");
+  REQUIRE(v6);
+  CHECK(v6->address() == asio::ip::make_address("::1"));
+  CHECK(v6->port() == 9100);
+  // An IPv4 address written as IPv6 is that IPv4 address.
+  auto mapped = MetadataHttpServer::parse_listen("[::ffff:169.254.169.254]:80");
+  REQUIRE(mapped);
+  CHECK(mapped->address() == asio::ip::make_address("169.254.169.254"));
+  for (const std::string bad : {"", "127.0.0.1", "[::1]", "::1:9100", "fd00::a:10", "127.0.0.1:0", "127.0.0.1:65536",
+                                "127.0.0.1:80x", "127.0.0.1:", "localhost:80", "[127.0.0.1:80"})
     CHECK_FALSE(MetadataHttpServer::parse_listen(bad));
 }
 
@@ -187,4 +191,18 @@ TEST_CASE("hosts lose the brackets of an IPv6 address, ports are read whole", "[
   CHECK(parse_port("8778") == uint16_t(8778));
   CHECK(parse_port("65535") == uint16_t(65535));
   for (std::string_view bad : {"", "0", "65536", "80x", " 80", "-1"}) CHECK_FALSE(parse_port(bad));
+}
+
+TEST_CASE("metrics refuse every address a guest reaches, however it is written", "[http]") {
+  asio::io_context io;
+  for (const std::string guests : {"169.254.169.254:9100", "[::ffff:169.254.169.254]:9100", "0.0.0.0:9100", "[::]:9100",
+                                   "10.0.0.1:9100"}) {
+    auto refused = serve_metrics(io, guests, {"10.0.0.1:80"});
+    REQUIRE(refused);
+    CHECK(refused->code == make_error_code(errc::invalid_config));
+    CHECK_THAT(refused->detail, Catch::Contains("guests reach"));
+  }
+  auto bad = serve_metrics(io, "::1:9100", {});
+  REQUIRE(bad);
+  CHECK_THAT(bad->detail, Catch::Contains("expected ADDRESS:PORT"));
 }

@@ -30,7 +30,7 @@ class MetadataHttpServer {
   // Reads guest_networks; false (with why) when one is not A.B.C.D/N.
   bool configure(std::string* error);
 
-  // ADDRESS:PORT ([ADDRESS]:PORT for IPv6, or bare) as an endpoint; nullopt when it is not one.
+  // ADDRESS:PORT ([ADDRESS]:PORT for IPv6) as an endpoint; nullopt when it is not one.
   static std::optional<asio::ip::tcp::endpoint> parse_listen(const std::string& address);
 
   // Serves ADDRESS:PORT from now on. With a device, only connections that arrive on it

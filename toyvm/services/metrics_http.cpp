@@ -60,9 +60,12 @@ std::optional<Failure> serve_metrics(asio::io_context& io, const std::string& ad
                                      const std::vector<std::string>& guest_listens) {
   auto endpoint = MetadataHttpServer::parse_listen(address);
   if (!endpoint)
-    return Failure{errc::invalid_config, fmt::format("bad metrics_listen '{}' (expected ADDRESS:PORT)", address)};
+    return Failure{errc::invalid_config,
+                   fmt::format("bad metrics_listen '{}' (expected ADDRESS:PORT, [ADDRESS]:PORT for IPv6)", address)};
   const auto ip = endpoint->address();
-  bool guests_reach = ip.is_v4() && ip.to_v4() == asio::ip::make_address_v4("169.254.169.254");
+  // Every address (0.0.0.0, ::) includes the metadata address.
+  bool guests_reach =
+      ip.is_unspecified() || (ip.is_v4() && ip.to_v4() == asio::ip::make_address_v4("169.254.169.254"));
   for (const std::string& listen : guest_listens) {
     auto guest = MetadataHttpServer::parse_listen(listen);
     if (guest && guest->address() == ip) guests_reach = true;
