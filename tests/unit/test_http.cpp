@@ -161,7 +161,7 @@ TEST_CASE("an image download reaches an IPv6 address in brackets, as its URL has
   Sha256 sha;
   sha.update(image.data(), image.size());
   CHECK(downloaded.sha256 == sha.hex());
-  CHECK(server.request_head.find("Host: [::1]") != std::string::npos);
+  CHECK(server.request_head.find("Host: [::1]:" + server.port() + "\r\n") != std::string::npos);
   close(fd);
 }
 
@@ -191,6 +191,24 @@ TEST_CASE("hosts lose the brackets of an IPv6 address, ports are read whole", "[
   CHECK(parse_port("8778") == uint16_t(8778));
   CHECK(parse_port("65535") == uint16_t(65535));
   for (std::string_view bad : {"", "0", "65536", "80x", " 80", "-1"}) CHECK_FALSE(parse_port(bad));
+}
+
+TEST_CASE("endpoints split into host and port, IPv6 in brackets or bare", "[http]") {
+  struct Case {
+    std::string endpoint, host, port;
+  };
+  for (const Case& c : std::vector<Case>{{"http://127.0.0.1:2379", "127.0.0.1", "2379"},
+                                         {"https://etcd.example:2379/", "etcd.example", "2379"},
+                                         {"etcd.example", "etcd.example", "2379"},
+                                         {"http://etcd.example:", "etcd.example", "2379"},
+                                         {"http://[::1]:12379", "::1", "12379"},
+                                         {"http://[::1]", "::1", "2379"},
+                                         {"[fd00::5]:2379", "fd00::5", "2379"},
+                                         {"fd00::5", "fd00::5", "2379"}}) {
+    HostPort split = split_host_port(c.endpoint, "2379");
+    CHECK(split.host == c.host);
+    CHECK(split.port == c.port);
+  }
 }
 
 TEST_CASE("metrics refuse every address a guest reaches, however it is written", "[http]") {

@@ -61,6 +61,13 @@ TEST_CASE("image URLs: file paths are absolute without '..'; schemes are checked
   auto https = parse_image_ref("https://images.example/b.qcow2", all_schemes, nullptr);
   REQUIRE(https);
   CHECK(https->port == "443");
+  auto empty_port = parse_image_ref("http://images.example:/b.qcow2", all_schemes, nullptr);
+  REQUIRE(empty_port);
+  CHECK(empty_port->port == "80");
+  auto v6 = parse_image_ref("http://[fd00::5]:8000/b.raw", all_schemes, nullptr);
+  REQUIRE(v6);
+  CHECK(v6->host == "[fd00::5]");  // as the Host header wants it; downloads take the brackets off
+  CHECK(v6->port == "8000");
 
   std::string detail;
   CHECK_FALSE(parse_image_ref("http://images.example/b.qcow2", {"https"}, &detail));

@@ -46,7 +46,8 @@ awaitable<DownloadResult> fetch(Stream& stream, const DownloadRequest& request, 
   DownloadResult result;
   auto& socket = beast::get_lowest_layer(stream);
   http::request<http::empty_body> get{http::verb::get, request.target, 11};
-  get.set(http::field::host, request.host);
+  const bool default_port = request.port == (request.https ? "443" : "80");
+  get.set(http::field::host, default_port ? request.host : request.host + ":" + request.port);
   get.set(http::field::user_agent, "toyvm/" TOYVM_VERSION);
   get.set(http::field::connection, "close");
   socket.expires_after(request.idle_timeout);

@@ -124,20 +124,7 @@ std::string read_text_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-struct HostPort {
-  std::string host;  // without brackets
-  std::string port;
-};
-
-HostPort split_endpoint(const std::string& endpoint) {
-  std::string_view text = endpoint;
-  if (auto pos = text.find("://"); pos != std::string_view::npos) text.remove_prefix(pos + 3);
-  while (!text.empty() && text.back() == '/') text.remove_suffix(1);
-  size_t colon = text.rfind(':');
-  std::string_view host = colon == std::string_view::npos ? text : text.substr(0, colon);
-  std::string_view port = colon == std::string_view::npos ? "2379" : text.substr(colon + 1);
-  return {bare_host(host), std::string(port)};
-}
+HostPort split_endpoint(const std::string& endpoint) { return split_host_port(endpoint, "2379"); }
 
 // gRPC's dns:/// target takes one name, its ipv4: and ipv6: targets a list of addresses: the
 // members' names are resolved here, once, so that pick_first fails over between all of them

@@ -114,7 +114,7 @@ HttpClient::HttpClient(asio::any_io_executor executor, HttpClientOptions options
   if (url) {
     const bool https = url->scheme() == "https";
     impl_->host = std::string(url->host_address());  // an IPv6 address without its brackets
-    impl_->port = url->has_port() ? std::string(url->port()) : https ? "443" : "80";
+    impl_->port = !url->port().empty() ? std::string(url->port()) : https ? "443" : "80";
     impl_->host_header = std::string(url->host()) + ":" + impl_->port;
     // An address needs no resolver, whose first use starts a thread: a short command's cost.
     impl_->is_address = is_ip_address(impl_->host);

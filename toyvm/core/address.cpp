@@ -17,6 +17,18 @@ bool is_ip_address(std::string_view host) {
   return inet_pton(AF_INET, text.c_str(), &any) == 1 || inet_pton(AF_INET6, text.c_str(), &any) == 1;
 }
 
+HostPort split_host_port(std::string_view text, std::string_view default_port) {
+  if (auto pos = text.find("://"); pos != std::string_view::npos) text.remove_prefix(pos + 3);
+  while (!text.empty() && text.back() == '/') text.remove_suffix(1);
+  size_t host_end = text.starts_with('[') ? text.find(']') : std::string_view::npos;
+  size_t colon = host_end != std::string_view::npos ? text.find(':', host_end)
+                 : text.find(':') == text.rfind(':') ? text.find(':')
+                                                      : std::string_view::npos;  // a bare IPv6 address
+  if (colon == std::string_view::npos || colon + 1 == text.size())
+    return {bare_host(text.substr(0, colon)), std::string(default_port)};
+  return {bare_host(text.substr(0, colon)), std::string(text.substr(colon + 1))};
+}
+
 std::optional<uint16_t> parse_port(std::string_view text) {
   uint16_t port = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), port);

@@ -70,7 +70,7 @@ result<ImageRef> parse_image_ref(std::string_view text, const std::vector<std::s
   ref.url = text;
   ref.host = url->encoded_host();
   if (ref.host.empty()) return refuse(detail, fmt::format("image URL '{}' has no host", text));
-  ref.port = url->has_port() ? std::string(url->port()) : (scheme == "http" ? "80" : "443");
+  ref.port = !url->port().empty() ? std::string(url->port()) : (scheme == "http" ? "80" : "443");
   ref.target = url->encoded_resource();
   if (ref.target.empty()) ref.target = "/";
   return ref;
