@@ -20,10 +20,11 @@ bool is_ip_address(std::string_view host) {
 HostPort split_host_port(std::string_view text, std::string_view default_port) {
   if (auto pos = text.find("://"); pos != std::string_view::npos) text.remove_prefix(pos + 3);
   while (!text.empty() && text.back() == '/') text.remove_suffix(1);
-  size_t host_end = text.starts_with('[') ? text.find(']') : std::string_view::npos;
-  size_t colon = host_end != std::string_view::npos ? text.find(':', host_end)
-                 : text.find(':') == text.rfind(':') ? text.find(':')
-                                                      : std::string_view::npos;  // a bare IPv6 address
+  size_t colon = std::string_view::npos;  // a bare IPv6 address has no port
+  if (text.starts_with('['))
+    colon = text.find(':', text.find(']'));
+  else if (text.find(':') == text.rfind(':'))
+    colon = text.find(':');
   if (colon == std::string_view::npos || colon + 1 == text.size())
     return {bare_host(text.substr(0, colon)), std::string(default_port)};
   return {bare_host(text.substr(0, colon)), std::string(text.substr(colon + 1))};
