@@ -28,7 +28,6 @@ struct HttpClient::Impl {
   std::string port;
   std::string base_path;
   std::string host_header;  // as the URL has it: an IPv6 address in brackets
-  bool is_address = false;
   std::vector<tcp::endpoint> endpoints;  // an address, or the name resolved once
   std::optional<asio::ssl::context> tls;  // https only
   error_code tls_error;                   // loading the CA failed: every request fails so
@@ -69,7 +68,7 @@ struct HttpClient::Impl {
     connection->plain.reset();
     auto& secure = *connection->secure;
     secure.set_verify_callback(asio::ssl::host_name_verification(host));
-    if (!is_address) SSL_set_tlsext_host_name(secure.native_handle(), host.c_str());
+    if (!is_ip_address(host)) SSL_set_tlsext_host_name(secure.native_handle(), host.c_str());
     auto [handshake_ec] = co_await secure.async_handshake(asio::ssl::stream_base::client, no_throw);
     if (handshake_ec) co_return handshake_ec;
     co_return std::move(connection);
@@ -117,9 +116,9 @@ HttpClient::HttpClient(asio::any_io_executor executor, HttpClientOptions options
     impl_->port = !url->port().empty() ? std::string(url->port()) : https ? "443" : "80";
     impl_->host_header = std::string(url->host()) + ":" + impl_->port;
     // An address needs no resolver, whose first use starts a thread: a short command's cost.
-    impl_->is_address = is_ip_address(impl_->host);
-    if (auto port = parse_port(impl_->port); impl_->is_address && port)
-      impl_->endpoints.emplace_back(asio::ip::make_address(impl_->host), *port);
+    error_code not_address;
+    auto address = asio::ip::make_address(impl_->host, not_address);
+    if (auto port = parse_port(impl_->port); !not_address && port) impl_->endpoints.emplace_back(address, *port);
     if (https) {
       impl_->tls.emplace(asio::ssl::context::tls_client);
       impl_->tls->set_verify_mode(asio::ssl::verify_peer);

@@ -114,8 +114,8 @@ class MetadataServer {
     if (!http_.configure(&error)) co_return report_failure(ExitCode::usage, error);
     for (const std::string& address : listen) {
       if (!MetadataHttpServer::parse_listen(address))
-        co_return report_failure(ExitCode::usage, fmt::format("bad listen address '{}' (expected ADDRESS:PORT, "
-                                                              "[ADDRESS]:PORT for IPv6)", address));
+        co_return report_failure(ExitCode::usage, fmt::format("bad listen address '{}' (expected {})", address,
+                                                              MetadataHttpServer::listen_form));
     }
     for (const std::string& address : listen) {
       if (!http_.listen(address, "", &error)) co_return report_failure(ExitCode::failed, error);

@@ -78,7 +78,7 @@ std::optional<tcp::endpoint> MetadataHttpServer::parse_listen(const std::string&
 bool MetadataHttpServer::listen(const std::string& address, const std::string& device, std::string* error) {
   auto parsed = parse_listen(address);
   if (!parsed) {
-    *error = fmt::format("bad listen address '{}' (expected ADDRESS:PORT, [ADDRESS]:PORT for IPv6)", address);
+    *error = fmt::format("bad listen address '{}' (expected {})", address, listen_form);
     return false;
   }
   const tcp::endpoint endpoint = *parsed;

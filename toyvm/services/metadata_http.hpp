@@ -31,6 +31,7 @@ class MetadataHttpServer {
   bool configure(std::string* error);
 
   // ADDRESS:PORT ([ADDRESS]:PORT for IPv6) as an endpoint; nullopt when it is not one.
+  static constexpr const char* listen_form = "ADDRESS:PORT, [ADDRESS]:PORT for IPv6";
   static std::optional<asio::ip::tcp::endpoint> parse_listen(const std::string& address);
 
   // Serves ADDRESS:PORT from now on. With a device, only connections that arrive on it
