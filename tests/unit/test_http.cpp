@@ -20,6 +20,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -29,11 +30,15 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-// Answers one request with 200 and `body`, and keeps what it received up to the blank line.
+// Answers requests on one connection with 200 and `body`, and keeps what the last one sent
+// up to the blank line.
 struct OneAnswer {
   asio::io_context io;
   tcp::acceptor acceptor{io};
   std::string request_head;
+  int answers = 1;    // requests answered on the connection
+  size_t piece = 0;   // each answer written this many bytes at a time; 0: at once
+  int accepted = 0;
 
   // False when the address cannot be bound (a host without IPv6).
   bool listen(const std::string& address) {
@@ -53,13 +58,20 @@ struct OneAnswer {
     auto serve = [&]() -> awaitable<void> {
       auto [accept_ec, socket] = co_await acceptor.async_accept(asio::as_tuple(use_awaitable));
       if (accept_ec) co_return;
+      ++accepted;
       std::string head;
-      auto [read_ec, n] = co_await asio::async_read_until(socket, asio::dynamic_buffer(head), "\r\n\r\n",
-                                                          asio::as_tuple(use_awaitable));
-      if (read_ec) co_return;
-      request_head = head.substr(0, n);
-      std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-      co_await asio::async_write(socket, asio::buffer(answer), asio::as_tuple(use_awaitable));
+      for (int i = 0; i < answers; ++i) {
+        auto [read_ec, n] = co_await asio::async_read_until(socket, asio::dynamic_buffer(head), "\r\n\r\n",
+                                                            asio::as_tuple(use_awaitable));
+        if (read_ec) co_return;
+        request_head = head.substr(0, n);
+        head.erase(0, n);
+        std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+        const size_t step = piece ? piece : answer.size();
+        for (size_t at = 0; at < answer.size(); at += step)
+          co_await asio::async_write(socket, asio::buffer(answer.data() + at, std::min(step, answer.size() - at)),
+                                     asio::as_tuple(use_awaitable));
+      }
     };
     auto ask = [&]() -> awaitable<void> {
       co_await client();
@@ -115,6 +127,34 @@ TEST_CASE("the HTTP client reaches an IPv4 address, an IPv6 address and a name",
     REQUIRE(head);
     CHECK(head->find("Host: localhost:") != std::string::npos);
   }
+}
+
+// uWSGI's HTTP router writes 4 KB at a time: each answer is read whole, and the connection
+// kept for the next request.
+TEST_CASE("the HTTP client reads an answer written in pieces, twice on one connection", "[http]") {
+  OneAnswer server;
+  REQUIRE(server.listen("127.0.0.1"));
+  server.answers = 2;
+  server.piece = 4096;
+  std::string body(9000, 'x');
+  body.back() = 'y';
+  HttpClient client(server.io.get_executor(), HttpClientOptions{"http://127.0.0.1:" + server.port()});
+  std::vector<result<HttpResponse>> responses;
+  server.run(body, [&]() -> awaitable<void> {
+    for (int i = 0; i < 2; ++i) {
+      HttpRequest request;
+      request.target = "/allocation_candidates";
+      responses.push_back(co_await client.request(std::move(request)));
+    }
+  });
+  REQUIRE(responses.size() == 2);
+  for (auto& response : responses) {
+    INFO((response ? "" : response.error().message()));
+    REQUIRE(response.has_value());
+    CHECK(response->status == 200);
+    CHECK(response->body == body);
+  }
+  CHECK(server.accepted == 1);
 }
 
 TEST_CASE("the HTTP client says so when nothing listens", "[http]") {
