@@ -1,6 +1,6 @@
 #include "clients/etcd.hpp"
-#include "core/address.hpp"
 
+#include "core/address.hpp"
 #include "core/metrics.hpp"
 #include "model/keys.hpp"
 #include "rpc.grpc.pb.h"

@@ -114,8 +114,7 @@ class MetadataServer {
     if (!http_.configure(&error)) co_return report_failure(ExitCode::usage, error);
     for (const std::string& address : listen) {
       if (!MetadataHttpServer::parse_listen(address))
-        co_return report_failure(ExitCode::usage, fmt::format("bad listen address '{}' (expected {})", address,
-                                                              MetadataHttpServer::listen_form));
+        co_return report_failure(ExitCode::usage, MetadataHttpServer::bad_listen("listen address", address));
     }
     for (const std::string& address : listen) {
       if (!http_.listen(address, "", &error)) co_return report_failure(ExitCode::failed, error);

@@ -75,10 +75,14 @@ std::optional<tcp::endpoint> MetadataHttpServer::parse_listen(const std::string&
   return tcp::endpoint(ip, *port);
 }
 
+std::string MetadataHttpServer::bad_listen(std::string_view setting, const std::string& address) {
+  return fmt::format("bad {} '{}' (expected ADDRESS:PORT, [ADDRESS]:PORT for IPv6)", setting, address);
+}
+
 bool MetadataHttpServer::listen(const std::string& address, const std::string& device, std::string* error) {
   auto parsed = parse_listen(address);
   if (!parsed) {
-    *error = fmt::format("bad listen address '{}' (expected {})", address, listen_form);
+    *error = bad_listen("listen address", address);
     return false;
   }
   const tcp::endpoint endpoint = *parsed;

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace toyvm {
@@ -31,8 +32,9 @@ class MetadataHttpServer {
   bool configure(std::string* error);
 
   // ADDRESS:PORT ([ADDRESS]:PORT for IPv6) as an endpoint; nullopt when it is not one.
-  static constexpr const char* listen_form = "ADDRESS:PORT, [ADDRESS]:PORT for IPv6";
   static std::optional<asio::ip::tcp::endpoint> parse_listen(const std::string& address);
+  // What to say when parse_listen refuses `address`, given as `setting`.
+  static std::string bad_listen(std::string_view setting, const std::string& address);
 
   // Serves ADDRESS:PORT from now on. With a device, only connections that arrive on it
   // (SO_BINDTODEVICE): agents of one machine then serve their own bridges on one address.

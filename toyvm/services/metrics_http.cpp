@@ -60,8 +60,7 @@ std::optional<Failure> serve_metrics(asio::io_context& io, const std::string& ad
                                      const std::vector<std::string>& guest_listens) {
   auto endpoint = MetadataHttpServer::parse_listen(address);
   if (!endpoint)
-    return Failure{errc::invalid_config, fmt::format("bad metrics_listen '{}' (expected {})", address,
-                                                     MetadataHttpServer::listen_form)};
+    return Failure{errc::invalid_config, MetadataHttpServer::bad_listen("metrics_listen", address)};
   const auto ip = endpoint->address();
   // Every address (0.0.0.0, ::) includes the metadata address.
   bool guests_reach =
