@@ -2,6 +2,8 @@
 
 #include "catch_result.hpp"
 
+#include <set>
+
 using namespace toyvm;
 
 namespace {
@@ -59,4 +61,17 @@ TEST_CASE("an availability zone maps to one aggregate uuid everywhere") {
   CHECK(availability_zone_aggregate("zone-a") != availability_zone_aggregate("zone-b"));
   CHECK(is_uuid(availability_zone_aggregate("zone-a")));
   CHECK(availability_zone_aggregate("zone-a")[14] == '5');  // a name-based (SHA-1) uuid
+}
+
+TEST_CASE("new uuids are random version 4 uuids, never repeated") {
+  std::set<std::string> seen;
+  for (int i = 0; i < 10'000; ++i) {
+    std::string uuid = new_uuid();
+    REQUIRE(is_uuid(uuid));
+    CHECK(uuid[14] == '4');
+    CHECK(std::string("89ab").find(uuid[19]) != std::string::npos);  // the RFC 4122 variant
+    seen.insert(uuid);
+  }
+  CHECK(seen.size() == 10'000);
+  CHECK(random_seed() != random_seed());
 }

@@ -4,20 +4,45 @@
 #include <boost/uuid/string_generator.hpp>
 #include <boost/uuid/uuid_io.hpp>
 
+#include <sys/random.h>
+
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <cstdint>
-#include <random>
+#include <cstdlib>
 
 namespace toyvm {
 
-std::string new_uuid() {
-  thread_local std::mt19937_64 rng{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
-  std::array<uint8_t, 16> bytes;
-  for (size_t i = 0; i < bytes.size(); i += 8) {
-    uint64_t word = rng();
-    for (size_t j = 0; j < 8; ++j) bytes[i + j] = uint8_t(word >> (8 * j));
+namespace {
+
+// From the kernel's generator, as uuid_generate does: every random bit of a UUID is random
+// (a generator seeded with 64 bits gives two processes with one seed the same UUIDs), and
+// nothing probes the CPU for a hardware source at start-up, as std::random_device does.
+void fill_random(void* out, size_t size) {
+  auto* bytes = static_cast<uint8_t*>(out);
+  while (size > 0) {
+    ssize_t got = getrandom(bytes, size, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      std::abort();  // only before the kernel's generator is seeded at boot, or without the call
+    }
+    bytes += got;
+    size -= size_t(got);
   }
+}
+
+}  // namespace
+
+uint64_t random_seed() {
+  uint64_t seed = 0;
+  fill_random(&seed, sizeof seed);
+  return seed;
+}
+
+std::string new_uuid() {
+  std::array<uint8_t, 16> bytes;
+  fill_random(bytes.data(), bytes.size());
   bytes[6] = uint8_t((bytes[6] & 0x0f) | 0x40);  // version 4
   bytes[8] = uint8_t((bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
   static constexpr char hex[] = "0123456789abcdef";

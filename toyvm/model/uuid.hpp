@@ -1,4 +1,5 @@
 #pragma once
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -6,6 +7,9 @@ namespace toyvm {
 
 // A random (version 4) UUID in canonical lower-case form.
 std::string new_uuid();
+
+// 64 random bits from the kernel, to seed a generator.
+uint64_t random_seed();
 
 // The Placement aggregate that stands for an availability zone: a name-based (version 5)
 // UUID, so every host and scheduler derives the same one without a lookup.

@@ -202,7 +202,7 @@ class Scheduler {
     auto view = co_await look(std::move(query), 0);
     if (!view) co_return view.error();
     std::uniform_real_distribution<double> uniform(0.0, 1.0);
-    std::mt19937_64 rng{std::random_device{}()};
+    std::mt19937_64 rng{random_seed()};
     auto ranked = placer_.rank(*view, placer_.weigh_policy(options_.policy), uniform(rng), group_policy());
     claiming_ = true;
     auto claim = co_await placer_.claim_first_fit(uuid, std::move(ranked));
@@ -217,7 +217,7 @@ class Scheduler {
   awaitable<result<std::vector<Claim>>> claim_batch(PlacementQuery query, const std::vector<std::string>& uuids) {
     const bool own_limit = query.limit > 0;
     int limit = std::max<int>(config_.placement.candidate_limit, int(uuids.size()));
-    std::mt19937_64 rng{std::random_device{}()};
+    std::mt19937_64 rng{random_seed()};
     for (int round = 1;; ++round) {
       auto view = co_await look(query, limit);
       if (!view) co_return view.error();
