@@ -584,18 +584,16 @@ def libvirt_start_floor(workdir, rounds):
     uri = "qemu:///system"
     learning = ("<filterref filter='clean-traffic'>"
                 "<parameter name='CTRL_IP_LEARNING' value='dhcp'/></filterref>")
-    names = {}
-    for kind, filterref in (("no_filter", ""), ("clean_traffic", learning)):
-        name = f"toyvm-bench-{kind.replace('_', '-')}-{os.getpid()}"
-        xml = workdir / f"{name}.xml"
-        xml.write_text(f"<domain type='qemu'><name>{name}</name><memory unit='MiB'>128</memory>"
-                       "<vcpu>1</vcpu><os><type arch='x86_64' machine='pc'>hvm</type></os><devices>"
-                       f"<interface type='network'><source network='default'/><model type='e1000'/>"
-                       f"{filterref}</interface><serial type='pty'/></devices></domain>")
-        subprocess.run(["virsh", "-c", uri, "define", str(xml)], check=True, capture_output=True)
-        names[kind] = name
+    names = {kind: f"toyvm-bench-{kind.replace('_', '-')}-{os.getpid()}" for kind in ("no_filter", "clean_traffic")}
     times = {kind: [] for kind in (*names, "qemu_alone")}
     try:
+        for kind, filterref in (("no_filter", ""), ("clean_traffic", learning)):
+            xml = workdir / f"{names[kind]}.xml"
+            xml.write_text(f"<domain type='qemu'><name>{names[kind]}</name><memory unit='MiB'>128</memory>"
+                           "<vcpu>1</vcpu><os><type arch='x86_64' machine='pc'>hvm</type></os><devices>"
+                           f"<interface type='network'><source network='default'/><model type='e1000'/>"
+                           f"{filterref}</interface><serial type='pty'/></devices></domain>")
+            subprocess.run(["virsh", "-c", uri, "define", str(xml)], check=True, capture_output=True)
         for _ in range(rounds):
             for kind, name in names.items():
                 out = subprocess.run(["virsh", "-t", "-c", uri, "start", name], check=True, capture_output=True,

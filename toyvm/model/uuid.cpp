@@ -25,7 +25,7 @@ void fill_random(void* out, size_t size) {
     ssize_t got = getrandom(bytes, size, 0);
     if (got < 0) {
       if (errno == EINTR) continue;
-      std::abort();  // only before the kernel's generator is seeded at boot, or without the call
+      std::abort();  // without flags it waits for the kernel's seeding; it fails only where it does not exist
     }
     bytes += got;
     size -= size_t(got);
