@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string_view>
 
 namespace {
 
@@ -22,6 +23,15 @@ using namespace toyvm;
 constexpr const char* kFooter = R"(Environment: TOYVM_CONFIG, TOYVM_ETCD, TOYVM_PLACEMENT, TOYVM_ETCD_PASSWORD (flags win).
 Exit codes: 0 ok, 1 no allocations left, 2 bad usage or input, 3 unknown instance,
 4 etcd or Placement unavailable, 5 any other failure.)";
+
+// Whether the command line names this subcommand. Only the subcommand a command names gets its
+// flags built: CLI11 spends ~15,000 instructions on each, and a short command would otherwise
+// build all fifty for the few it can take, a quarter of what `toyvm --version` executes.
+bool named(int argc, char** argv, std::string_view subcommand) {
+  for (int i = 1; i < argc; ++i)
+    if (subcommand == argv[i]) return true;
+  return false;
+}
 
 }  // namespace
 
@@ -53,91 +63,105 @@ int main(int argc, char** argv) {
   std::function<int(const Config&)> service;
 
   auto* compute = app.add_subcommand("compute", "run the host agent");
-  compute->add_option("--state-dir", state_dir, "where the provider uuid and instances live");
-  compute->add_option("--libvirt-uri", libvirt_uri, "libvirt connection URI, e.g. qemu:///system");
-  compute->add_option("--inventory", inventory, "inventory instead of measuring, e.g. VCPU:4,DISK_GB:10,MEMORY_MB:512");
-  compute->add_option("--name", name, "provider name (default: the host name)");
-  compute->add_option("--trait", traits, "a trait to report, e.g. CUSTOM_GPU (repeatable)");
   std::string zone;
-  compute->add_option("--az", zone, "availability zone (a Placement aggregate)");
   int max_instances = -1;
-  compute->add_option("--max-instances", max_instances, "report FULL at this many instances (0: no limit)");
-  compute->footer("Example: toyvm compute --state-dir /var/lib/toyvm --libvirt-uri qemu:///system");
-  compute->callback([&] {
-    service = [&](const Config& base) {
-      Config config = base;
-      ComputeConfig& c = config.compute;
-      if (!state_dir.empty()) c.state_dir = state_dir;
-      if (!libvirt_uri.empty()) c.libvirt_uri = libvirt_uri;
-      if (!inventory.empty()) c.inventory = inventory;
-      if (!name.empty()) c.name = name;
-      if (!traits.empty()) c.traits = traits;
-      if (!zone.empty()) c.availability_zone = zone;
-      if (max_instances >= 0) c.max_instances = max_instances;
-      return run_compute(config);
-    };
-  });
+  if (named(argc, argv, "compute")) {
+    compute->add_option("--state-dir", state_dir, "where the provider uuid and instances live");
+    compute->add_option("--libvirt-uri", libvirt_uri, "libvirt connection URI, e.g. qemu:///system");
+    compute->add_option("--inventory", inventory,
+                        "inventory instead of measuring, e.g. VCPU:4,DISK_GB:10,MEMORY_MB:512");
+    compute->add_option("--name", name, "provider name (default: the host name)");
+    compute->add_option("--trait", traits, "a trait to report, e.g. CUSTOM_GPU (repeatable)");
+    compute->add_option("--az", zone, "availability zone (a Placement aggregate)");
+    compute->add_option("--max-instances", max_instances, "report FULL at this many instances (0: no limit)");
+    compute->footer("Example: toyvm compute --state-dir /var/lib/toyvm --libvirt-uri qemu:///system");
+    compute->callback([&] {
+      service = [&](const Config& base) {
+        Config config = base;
+        ComputeConfig& c = config.compute;
+        if (!state_dir.empty()) c.state_dir = state_dir;
+        if (!libvirt_uri.empty()) c.libvirt_uri = libvirt_uri;
+        if (!inventory.empty()) c.inventory = inventory;
+        if (!name.empty()) c.name = name;
+        if (!traits.empty()) c.traits = traits;
+        if (!zone.empty()) c.availability_zone = zone;
+        if (max_instances >= 0) c.max_instances = max_instances;
+        return run_compute(config);
+      };
+    });
+  }
 
   auto* sched = app.add_subcommand("schedule", "claim resources and start an instance on a host");
-  sched->add_option("query", schedule.query, "Placement query, e.g. 'resources=VCPU:1,MEMORY_MB:256'")->required();
-  sched->add_option("--image", schedule.image, "image: a name in the agents' image dir, or an http(s) or file URL");
-  sched->add_option("--image-sha256", schedule.image_sha256, "the image's expected SHA-256 (hex)");
-  sched->add_option("--image-format", schedule.image_format, "raw or qcow2, for an image whose name does not say")
-      ->check(CLI::IsMember({"raw", "qcow2"}));
-  sched->add_option("--az", schedule.availability_zone, "only hosts in this availability zone");
-  sched->add_option("--group", schedule.group, "server group to join");
-  sched->add_option("--group-policy", schedule.group_policy, "affinity, anti-affinity (default) or soft-anti-affinity")
-      ->check(CLI::IsMember({"affinity", "anti-affinity", "soft-anti-affinity"}));
-  sched->add_option("--count", schedule.count, "place this many instances, all or nothing")
-      ->check(CLI::Range(1, 10000));
-  sched->add_option("--policy", schedule.policy, "host weighing: spread (default) or pack")
-      ->check(CLI::IsMember({"spread", "pack"}));
-  sched->add_option("--name", schedule.name, "instance name (also its hostname)");
-  sched->add_option("--user-data", schedule.user_data_file, "file given to cloud-init as user data");
-  sched->add_option("--key", schedule.keys, "ssh public key as NAME=PUBKEY (repeatable)");
-  sched->add_option("--key-file", schedule.key_files, "ssh public key file (repeatable)");
-  sched->add_flag("--wait", schedule.wait, "wait for ACTIVE (and the guest IP, with a NIC) or ERROR, printing each state");
-  sched->add_option("--timeout", schedule.wait_timeout_s, "seconds to --wait")->capture_default_str();
-  sched->footer("Example: toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait");
-  sched->callback([&] { service = [&](const Config& c) { return run_schedule(c, schedule); }; });
+  if (named(argc, argv, "schedule")) {
+    sched->add_option("query", schedule.query, "Placement query, e.g. 'resources=VCPU:1,MEMORY_MB:256'")->required();
+    sched->add_option("--image", schedule.image, "image: a name in the agents' image dir, or an http(s) or file URL");
+    sched->add_option("--image-sha256", schedule.image_sha256, "the image's expected SHA-256 (hex)");
+    sched->add_option("--image-format", schedule.image_format, "raw or qcow2, for an image whose name does not say")
+        ->check(CLI::IsMember({"raw", "qcow2"}));
+    sched->add_option("--az", schedule.availability_zone, "only hosts in this availability zone");
+    sched->add_option("--group", schedule.group, "server group to join");
+    sched->add_option("--group-policy", schedule.group_policy,
+                      "affinity, anti-affinity (default) or soft-anti-affinity")
+        ->check(CLI::IsMember({"affinity", "anti-affinity", "soft-anti-affinity"}));
+    sched->add_option("--count", schedule.count, "place this many instances, all or nothing")
+        ->check(CLI::Range(1, 10000));
+    sched->add_option("--policy", schedule.policy, "host weighing: spread (default) or pack")
+        ->check(CLI::IsMember({"spread", "pack"}));
+    sched->add_option("--name", schedule.name, "instance name (also its hostname)");
+    sched->add_option("--user-data", schedule.user_data_file, "file given to cloud-init as user data");
+    sched->add_option("--key", schedule.keys, "ssh public key as NAME=PUBKEY (repeatable)");
+    sched->add_option("--key-file", schedule.key_files, "ssh public key file (repeatable)");
+    sched->add_flag("--wait", schedule.wait,
+                    "wait for ACTIVE (and the guest IP, with a NIC) or ERROR, printing each state");
+    sched->add_option("--timeout", schedule.wait_timeout_s, "seconds to --wait")->capture_default_str();
+    sched->footer("Example: toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait");
+    sched->callback([&] { service = [&](const Config& c) { return run_schedule(c, schedule); }; });
+  }
 
   auto* show_cmd = app.add_subcommand("show", "show an instance, every instance, or the hosts");
-  show_cmd->add_option("uuid", show.uuid, "instance uuid (omit to list every instance)");
-  show_cmd->add_flag("--json", show.json, "print JSON");
-  show_cmd->add_flag("--hosts", show.hosts, "list the compute hosts");
-  auto* console_flag = show_cmd->add_flag("--console", show.console,
-                                          "print the tail of the instance's serial console, control characters "
-                                          "shown as ^X");
-  show_cmd->add_flag("--raw", show.raw, "with --console: the guest's bytes as they are, escape sequences too")
-      ->needs(console_flag);
-  show_cmd->add_flag("--follow", show.follow, "with --console: keep printing what the guest writes, until interrupted")
-      ->needs(console_flag);
-  show_cmd->add_flag("--watch", show.watch,
-                     "print each change of an instance's state (or every instance's) as it happens, a line each "
-                     "(--json: an object each), until interrupted")
-      ->excludes(console_flag);
-  show_cmd->add_option("--timeout", show.timeout_s, "seconds the instance's host has to answer (its usage, its console)")
-      ->capture_default_str();
-  show_cmd->footer("Example: toyvm show d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --json");
-  show_cmd->callback([&] { service = [&](const Config& c) { return run_show(c, show); }; });
+  if (named(argc, argv, "show")) {
+    show_cmd->add_option("uuid", show.uuid, "instance uuid (omit to list every instance)");
+    show_cmd->add_flag("--json", show.json, "print JSON");
+    show_cmd->add_flag("--hosts", show.hosts, "list the compute hosts");
+    auto* console_flag = show_cmd->add_flag("--console", show.console,
+                                            "print the tail of the instance's serial console, control characters "
+                                            "shown as ^X");
+    show_cmd->add_flag("--raw", show.raw, "with --console: the guest's bytes as they are, escape sequences too")
+        ->needs(console_flag);
+    show_cmd->add_flag("--follow", show.follow,
+                       "with --console: keep printing what the guest writes, until interrupted")
+        ->needs(console_flag);
+    show_cmd->add_flag("--watch", show.watch,
+                       "print each change of an instance's state (or every instance's) as it happens, a line each "
+                       "(--json: an object each), until interrupted")
+        ->excludes(console_flag);
+    show_cmd->add_option("--timeout", show.timeout_s,
+                         "seconds the instance's host has to answer (its usage, its console)")
+        ->capture_default_str();
+    show_cmd->footer("Example: toyvm show d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --json");
+    show_cmd->callback([&] { service = [&](const Config& c) { return run_show(c, show); }; });
+  }
 
   auto* destroy_cmd = app.add_subcommand("destroy", "destroy an instance and release its resources");
-  destroy_cmd->add_option("uuid", destroy.uuid, "instance uuid")->required();
-  destroy_cmd->add_flag("--no-wait", destroy_no_wait, "return once the request is recorded");
-  destroy_cmd->add_flag("--force", destroy.force,
-                        "the host is gone for good: release the allocation and remove the keys here");
-  destroy_cmd->add_option("--timeout", destroy.wait_timeout_s, "seconds to wait for the host")->capture_default_str();
-  destroy_cmd->footer("Example: toyvm destroy d578fb7c-7787-4e73-b69a-a7b3ef9bf73a");
-  destroy_cmd->callback([&] {
-    destroy.wait = !destroy_no_wait;
-    service = [&](const Config& c) { return run_destroy(c, destroy); };
-  });
+  if (named(argc, argv, "destroy")) {
+    destroy_cmd->add_option("uuid", destroy.uuid, "instance uuid")->required();
+    destroy_cmd->add_flag("--no-wait", destroy_no_wait, "return once the request is recorded");
+    destroy_cmd->add_flag("--force", destroy.force,
+                          "the host is gone for good: release the allocation and remove the keys here");
+    destroy_cmd->add_option("--timeout", destroy.wait_timeout_s, "seconds to wait for the host")->capture_default_str();
+    destroy_cmd->footer("Example: toyvm destroy d578fb7c-7787-4e73-b69a-a7b3ef9bf73a");
+    destroy_cmd->callback([&] {
+      destroy.wait = !destroy_no_wait;
+      service = [&](const Config& c) { return run_destroy(c, destroy); };
+    });
+  }
 
   PowerOptions power;
   bool power_no_wait = false;
   for (bool on : {false, true}) {
     auto* cmd = app.add_subcommand(on ? "start" : "stop",
                                    on ? "power a stopped instance on" : "power an instance off (it keeps its disk)");
+    if (!named(argc, argv, on ? "start" : "stop")) continue;
     cmd->add_option("uuid", power.uuid, "instance uuid")->required();
     cmd->add_flag("--no-wait", power_no_wait, "return once the request is recorded");
     cmd->add_option("--timeout", power.wait_timeout_s, "seconds to wait for the host")->capture_default_str();
@@ -150,48 +174,57 @@ int main(int argc, char** argv) {
 
   AuditOptions audit;
   auto* audit_cmd = app.add_subcommand("audit", "check that Placement, etcd and the hosts' domains agree");
-  audit_cmd->add_flag("--json", audit.json, "print JSON");
-  audit_cmd->add_flag("--fix", audit.fix,
-                      "release allocations nobody owns or an ERROR instance holds, drop members of gone "
-                      "instances; each only when seen again after --grace seconds");
-  audit_cmd->add_option("--grace", audit.grace_s, "seconds between the two looks of --fix")->capture_default_str();
-  audit_cmd->footer("Exit 0 when everything agrees, 1 when something does not (after --fix: is still not).\n"
-                    "Example: toyvm audit --fix");
-  audit_cmd->callback([&] { service = [&](const Config& c) { return run_audit(c, audit); }; });
+  if (named(argc, argv, "audit")) {
+    audit_cmd->add_flag("--json", audit.json, "print JSON");
+    audit_cmd->add_flag("--fix", audit.fix,
+                        "release allocations nobody owns or an ERROR instance holds, drop members of gone "
+                        "instances; each only when seen again after --grace seconds");
+    audit_cmd->add_option("--grace", audit.grace_s, "seconds between the two looks of --fix")->capture_default_str();
+    audit_cmd->footer("Exit 0 when everything agrees, 1 when something does not (after --fix: is still not).\n"
+                      "Example: toyvm audit --fix");
+    audit_cmd->callback([&] { service = [&](const Config& c) { return run_audit(c, audit); }; });
+  }
 
   HostOptions host;
   auto* host_cmd = app.add_subcommand("host", "take a compute host out of service or bring it back");
   host_cmd->require_subcommand(1);
-  auto* disable_cmd = host_cmd->add_subcommand("disable", "schedule nothing more to a host; kept across its agent's restarts");
-  disable_cmd->add_option("host", host.host, "host name or provider uuid")->required();
-  disable_cmd->add_option("--reason", host.reason, "why, shown by show --hosts");
-  disable_cmd->footer("Example: toyvm host disable compute-3 --reason 'disk replacement'");
-  disable_cmd->callback([&] {
-    host.action = HostOptions::Action::disable;
-    service = [&](const Config& c) { return run_host(c, host); };
-  });
-  auto* enable_cmd = host_cmd->add_subcommand("enable", "let a disabled host take work again");
-  enable_cmd->add_option("host", host.host, "host name or provider uuid")->required();
-  enable_cmd->callback([&] {
-    host.action = HostOptions::Action::enable;
-    service = [&](const Config& c) { return run_host(c, host); };
-  });
+  if (named(argc, argv, "host")) {
+    auto* disable_cmd =
+        host_cmd->add_subcommand("disable", "schedule nothing more to a host; kept across its agent's restarts");
+    disable_cmd->add_option("host", host.host, "host name or provider uuid")->required();
+    disable_cmd->add_option("--reason", host.reason, "why, shown by show --hosts");
+    disable_cmd->footer("Example: toyvm host disable compute-3 --reason 'disk replacement'");
+    disable_cmd->callback([&] {
+      host.action = HostOptions::Action::disable;
+      service = [&](const Config& c) { return run_host(c, host); };
+    });
+    auto* enable_cmd = host_cmd->add_subcommand("enable", "let a disabled host take work again");
+    enable_cmd->add_option("host", host.host, "host name or provider uuid")->required();
+    enable_cmd->callback([&] {
+      host.action = HostOptions::Action::enable;
+      service = [&](const Config& c) { return run_host(c, host); };
+    });
+  }
   auto* evacuate_cmd = app.add_subcommand("evacuate", "rebuild a dead host's instances on other hosts");
-  evacuate_cmd->add_option("host", host.host, "host name or provider uuid")->required();
-  evacuate_cmd->footer(
-      "Only for a host whose agent is down, and which will not run its guests meanwhile (powered off\n"
-      "or cut off): each instance is rebuilt elsewhere from its image with a fresh disk.\n"
-      "Example: toyvm evacuate compute-3");
-  evacuate_cmd->callback([&] {
-    host.action = HostOptions::Action::evacuate;
-    service = [&](const Config& c) { return run_host(c, host); };
-  });
+  if (named(argc, argv, "evacuate")) {
+    evacuate_cmd->add_option("host", host.host, "host name or provider uuid")->required();
+    evacuate_cmd->footer(
+        "Only for a host whose agent is down, and which will not run its guests meanwhile (powered off\n"
+        "or cut off): each instance is rebuilt elsewhere from its image with a fresh disk.\n"
+        "Example: toyvm evacuate compute-3");
+    evacuate_cmd->callback([&] {
+      host.action = HostOptions::Action::evacuate;
+      service = [&](const Config& c) { return run_host(c, host); };
+    });
+  }
 
   MdserverOptions mdserver;
   auto* md = app.add_subcommand("mdserver", "serve cloud-init metadata to guests");
-  md->add_option("--listen", mdserver.listen, "ADDRESS:PORT to serve on (repeatable; default 169.254.169.254:80)");
-  md->footer("Example: toyvm mdserver --listen 169.254.169.254:80");
-  md->callback([&] { service = [&](const Config& c) { return run_mdserver(c, mdserver); }; });
+  if (named(argc, argv, "mdserver")) {
+    md->add_option("--listen", mdserver.listen, "ADDRESS:PORT to serve on (repeatable; default 169.254.169.254:80)");
+    md->footer("Example: toyvm mdserver --listen 169.254.169.254:80");
+    md->callback([&] { service = [&](const Config& c) { return run_mdserver(c, mdserver); }; });
+  }
 
   try {
     app.parse(argc, argv);
