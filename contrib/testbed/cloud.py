@@ -26,10 +26,19 @@ def prometheus_metrics(url):
     return out
 
 
+_handed_out = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port on loopback, never one handed out before in this process: the kernel offers
+    a port it has just freed again, and two servers given one port cannot both listen."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def wait_until(what, check, timeout):
