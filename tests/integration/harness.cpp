@@ -55,7 +55,8 @@ uint16_t free_port() {
     socklen_t len = sizeof addr;
     getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
     close(fd);
-    if (handed_out.insert(ntohs(addr.sin_port)).second) return ntohs(addr.sin_port);
+    const uint16_t port = ntohs(addr.sin_port);
+    if (handed_out.insert(port).second) return port;
   }
 }
 
