@@ -178,6 +178,68 @@ TEST_CASE("the HTTP client says so when nothing listens", "[http]") {
   CHECK(response->error() == asio::error::connection_refused);
 }
 
+// A schedule opens Placement's connection first, so that its request is on the wire before
+// etcd's client starts: the request goes on that connection.
+TEST_CASE("a request after a preconnect goes on the connection it opened", "[http]") {
+  OneAnswer server;
+  REQUIRE(server.listen("127.0.0.1"));
+  HttpClient client(server.io.get_executor(), HttpClientOptions{"http://127.0.0.1:" + server.port()});
+  std::optional<result<HttpResponse>> response;
+  int accepted_before_request = -1;
+  server.run("ok", [&]() -> awaitable<void> {
+    co_await client.preconnect();
+    co_await client.preconnect();  // one is open already: nothing more
+    // Let the listener take what has arrived before the request is made.
+    asio::steady_timer settle(server.io, std::chrono::milliseconds(50));
+    co_await settle.async_wait(use_awaitable);
+    accepted_before_request = server.accepted;
+    HttpRequest request;
+    request.target = "/allocation_candidates";
+    response = co_await client.request(std::move(request));
+  });
+  CHECK(accepted_before_request == 1);
+  REQUIRE(response.has_value());
+  REQUIRE(response->has_value());
+  CHECK((*response)->body == "ok");
+  CHECK(server.accepted == 1);
+}
+
+// Placement down: the preconnect was the attempt, so the request that follows does not wait
+// for a second one (a caller's retry does); the request after that connects anew.
+TEST_CASE("a failed preconnect is the next request's error, and the one after connects again", "[http]") {
+  asio::io_context io;
+  const auto loopback = asio::ip::make_address("127.0.0.1");
+  tcp::acceptor probe(io, tcp::endpoint(loopback, 0));
+  const auto port = probe.local_endpoint().port();
+  probe.close();  // nothing listens there now
+  HttpClient client(io.get_executor(), HttpClientOptions{"http://127.0.0.1:" + std::to_string(port)});
+  std::optional<result<HttpResponse>> first, second;
+  auto answer_once = [](tcp::acceptor& listener) -> awaitable<void> {
+    auto socket = co_await listener.async_accept(use_awaitable);
+    std::string head;
+    co_await asio::async_read_until(socket, asio::dynamic_buffer(head), "\r\n\r\n", use_awaitable);
+    std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    co_await asio::async_write(socket, asio::buffer(answer), use_awaitable);
+  };
+  auto steps = [&]() -> awaitable<void> {
+    co_await client.preconnect();
+    tcp::acceptor listener(io, tcp::endpoint(loopback, port));  // Placement is back
+    HttpRequest request;
+    request.target = "/";
+    first = co_await client.request(request);
+    asio::co_spawn(io, answer_once(listener), asio::detached);
+    second = co_await client.request(request);
+  };
+  asio::co_spawn(io, steps(), [](std::exception_ptr e) { if (e) std::rethrow_exception(e); });
+  io.run_for(std::chrono::seconds(10));
+  REQUIRE(first.has_value());
+  REQUIRE_FALSE(first->has_value());
+  CHECK(first->error() == asio::error::connection_refused);
+  REQUIRE(second.has_value());
+  REQUIRE(second->has_value());
+  CHECK((*second)->body == "ok");
+}
+
 TEST_CASE("an image download reaches an IPv6 address in brackets, as its URL has it", "[http]") {
   OneAnswer server;
   if (!server.listen("::1")) {

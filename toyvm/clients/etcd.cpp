@@ -357,55 +357,55 @@ class GrpcLeaseKeeper final : public EtcdLeaseKeeper {
   bool ended_ = false;
 };
 
+// etcd's channel as the configuration asks: members, TLS, keepalive.
+std::shared_ptr<grpc::Channel> make_channel(const EtcdConfig& config) {
+  grpc::ChannelArguments args;
+  args.SetLoadBalancingPolicyName("pick_first");
+  args.SetMaxReceiveMessageSize(256 << 20);
+  if (config.keepalive) {
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  }
+  // toyvm retries every step itself. gRPC 1.51's own retry layer aborts the process on a
+  // call that ends without a grpc-status (etcd over TLS answers so while it shuts down;
+  // grpc/grpc#34683); without that layer such a call fails like any other.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (uses_tls(config)) {
+    // The files were checked when the configuration was loaded.
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = read_text_file(config.ca_file);  // empty: gRPC's default roots
+    tls.pem_cert_chain = read_text_file(config.cert_file);
+    tls.pem_private_key = read_text_file(config.key_file);
+    credentials = grpc::SslCredentials(tls);
+    // The members are dialled by address: their certificates are checked against the
+    // configured name, else the first member's name.
+    std::string name = config.server_name;
+    if (name.empty()) {
+      HostPort first = split_endpoint(config.endpoints.front());
+      if (!is_ip_address(first.host)) name = first.host;
+    }
+    if (!name.empty()) args.SetSslTargetNameOverride(name);
+  }
+  return grpc::CreateCustomChannel(grpc_target(config.endpoints), credentials, args);
+}
+
 class GrpcEtcdClient final : public EtcdClient {
  public:
   explicit GrpcEtcdClient(const EtcdConfig& config)
       : endpoints_text_(fmt::format("{}", fmt::join(config.endpoints, ","))),
         timeout_(std::chrono::milliseconds(int64_t(config.timeout_s * 1000))),
         user_(config.user),
-        password_(config.password) {
-    grpc::ChannelArguments args;
-    args.SetLoadBalancingPolicyName("pick_first");
-    args.SetMaxReceiveMessageSize(256 << 20);
-    if (config.keepalive) {
-      args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
-      args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
-      args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    }
-    // toyvm retries every step itself. gRPC 1.51's own retry layer aborts the process on a
-    // call that ends without a grpc-status (etcd over TLS answers so while it shuts down;
-    // grpc/grpc#34683); without that layer such a call fails like any other.
-    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
-    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-    if (uses_tls(config)) {
-      // The files were checked when the configuration was loaded.
-      grpc::SslCredentialsOptions tls;
-      tls.pem_root_certs = read_text_file(config.ca_file);  // empty: gRPC's default roots
-      tls.pem_cert_chain = read_text_file(config.cert_file);
-      tls.pem_private_key = read_text_file(config.key_file);
-      credentials = grpc::SslCredentials(tls);
-      // The members are dialled by address: their certificates are checked against the
-      // configured name, else the first member's name.
-      std::string name = config.server_name;
-      if (name.empty()) {
-        HostPort first = split_endpoint(config.endpoints.front());
-        if (!is_ip_address(first.host)) name = first.host;
-      }
-      if (!name.empty()) args.SetSslTargetNameOverride(name);
-    }
-    channel_ = grpc::CreateCustomChannel(grpc_target(config.endpoints), credentials, args);
-    auth_ = pb::Auth::NewStub(channel_);
-    kv_ = pb::KV::NewStub(channel_);
-    watch_ = pb::Watch::NewStub(channel_);
-    lease_ = pb::Lease::NewStub(channel_);
-  }
+        password_(config.password),
+        config_(config) {}
 
   // gRPC 1.51 can abort on an internal refcount assertion when a channel is torn down while
   // its own threads still work on it (seen at the exit of short commands). A process has one
   // channel per client and few clients, so the channel stays until the process ends.
-  ~GrpcEtcdClient() override { new std::shared_ptr<grpc::Channel>(std::move(channel_)); }
+  ~GrpcEtcdClient() override { new std::shared_ptr<grpc::Channel>(std::move(stubs_.channel)); }
 
   const std::string& endpoints_text() const override { return endpoints_text_; }
 
@@ -420,7 +420,7 @@ class GrpcEtcdClient final : public EtcdClient {
     request.set_key(std::move(key));
     request.set_range_end(std::move(range_end));
     request.set_revision(revision);
-    auto start = [kv = kv_.get()](auto* ctx, const auto& req, auto* queue) {
+    auto start = [kv = stubs().kv.get()](auto* ctx, const auto& req, auto* queue) {
       return kv->PrepareAsyncRange(ctx, req, queue);
     };
     auto response = co_await unary<pb::RangeResponse>(std::move(request), start);
@@ -433,7 +433,7 @@ class GrpcEtcdClient final : public EtcdClient {
     request.set_key(std::move(key));
     request.set_value(std::move(value));
     request.set_lease(lease);
-    auto start = [kv = kv_.get()](auto* ctx, const auto& req, auto* queue) {
+    auto start = [kv = stubs().kv.get()](auto* ctx, const auto& req, auto* queue) {
       return kv->PrepareAsyncPut(ctx, req, queue);
     };
     auto response = co_await unary<pb::PutResponse>(std::move(request), start);
@@ -445,7 +445,7 @@ class GrpcEtcdClient final : public EtcdClient {
     pb::DeleteRangeRequest request;
     request.set_key(std::move(key));
     request.set_range_end(std::move(range_end));
-    auto start = [kv = kv_.get()](auto* ctx, const auto& req, auto* queue) {
+    auto start = [kv = stubs().kv.get()](auto* ctx, const auto& req, auto* queue) {
       return kv->PrepareAsyncDeleteRange(ctx, req, queue);
     };
     auto response = co_await unary<pb::DeleteRangeResponse>(std::move(request), start);
@@ -459,7 +459,7 @@ class GrpcEtcdClient final : public EtcdClient {
     for (const auto& cmp : compare) to_pb(cmp, *request.add_compare());
     for (const auto& op : success) to_pb(op, *request.add_success());
     for (const auto& op : failure) to_pb(op, *request.add_failure());
-    auto start = [kv = kv_.get()](auto* ctx, const auto& req, auto* queue) {
+    auto start = [kv = stubs().kv.get()](auto* ctx, const auto& req, auto* queue) {
       return kv->PrepareAsyncTxn(ctx, req, queue);
     };
     auto response = co_await unary<pb::TxnResponse>(std::move(request), start);
@@ -476,7 +476,7 @@ class GrpcEtcdClient final : public EtcdClient {
   awaitable<result<int64_t>> lease_grant(int64_t ttl_seconds) override {
     pb::LeaseGrantRequest request;
     request.set_ttl(ttl_seconds);
-    auto start = [lease = lease_.get()](auto* ctx, const auto& req, auto* queue) {
+    auto start = [lease = stubs().lease.get()](auto* ctx, const auto& req, auto* queue) {
       return lease->PrepareAsyncLeaseGrant(ctx, req, queue);
     };
     auto response = co_await unary<pb::LeaseGrantResponse>(std::move(request), start);
@@ -488,7 +488,7 @@ class GrpcEtcdClient final : public EtcdClient {
   awaitable<result<void>> lease_revoke(int64_t id) override {
     pb::LeaseRevokeRequest request;
     request.set_id(id);
-    auto start = [lease = lease_.get()](auto* ctx, const auto& req, auto* queue) {
+    auto start = [lease = stubs().lease.get()](auto* ctx, const auto& req, auto* queue) {
       return lease->PrepareAsyncLeaseRevoke(ctx, req, queue);
     };
     auto response = co_await unary<pb::LeaseRevokeResponse>(std::move(request), start);
@@ -498,7 +498,7 @@ class GrpcEtcdClient final : public EtcdClient {
 
   std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t id) override {
     auto stream = std::make_shared<KeepAliveStream>();
-    stream->start([lease = lease_.get(), token = token_](auto* ctx, auto* queue) {
+    stream->start([lease = stubs().lease.get(), token = token_](auto* ctx, auto* queue) {
       if (!token.empty()) ctx->AddMetadata("token", token);
       ctx->AddMetadata("hasleader", "true");  // as for watches
       return lease->PrepareAsyncLeaseKeepAlive(ctx, queue);
@@ -514,7 +514,7 @@ class GrpcEtcdClient final : public EtcdClient {
     create->set_range_end(options.range_end);
     create->set_start_revision(options.start_revision);
     create->set_prev_kv(options.prev_kv);
-    stream->start([watch = watch_.get(), token = token_](auto* ctx, auto* queue) {
+    stream->start([watch = stubs().watch.get(), token = token_](auto* ctx, auto* queue) {
       if (!token.empty()) ctx->AddMetadata("token", token);
       // A member cut off from its cluster ends the watch instead of keeping it silently.
       ctx->AddMetadata("hasleader", "true");
@@ -574,7 +574,7 @@ class GrpcEtcdClient final : public EtcdClient {
     pb::AuthenticateRequest request;
     request.set_name(user_);
     request.set_password(password_);
-    auto start = [auth = auth_.get()](auto* ctx, const auto& req, auto* queue) {
+    auto start = [auth = stubs().auth.get()](auto* ctx, const auto& req, auto* queue) {
       return auth->PrepareAsyncAuthenticate(ctx, req, queue);
     };
     auto [status, response] = co_await call<pb::AuthenticateResponse>(request, start, "");
@@ -598,11 +598,28 @@ class GrpcEtcdClient final : public EtcdClient {
   std::string token_;  // from Authenticate; used and renewed on the event loop's thread
   mutable std::mutex error_mutex_;
   std::string last_error_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<pb::KV::Stub> kv_;
-  std::unique_ptr<pb::Watch::Stub> watch_;
-  std::unique_ptr<pb::Lease::Stub> lease_;
-  std::unique_ptr<pb::Auth::Stub> auth_;
+  // The channel is made at the first call, not with the client: gRPC's start (its library,
+  // its threads, the connection) then overlaps what a command asks of Placement first.
+  struct Stubs {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<pb::KV::Stub> kv;
+    std::unique_ptr<pb::Watch::Stub> watch;
+    std::unique_ptr<pb::Lease::Stub> lease;
+    std::unique_ptr<pb::Auth::Stub> auth;
+  };
+  Stubs& stubs() {
+    std::call_once(made_, [this] {
+      stubs_.channel = make_channel(config_);
+      stubs_.kv = pb::KV::NewStub(stubs_.channel);
+      stubs_.watch = pb::Watch::NewStub(stubs_.channel);
+      stubs_.lease = pb::Lease::NewStub(stubs_.channel);
+      stubs_.auth = pb::Auth::NewStub(stubs_.channel);
+    });
+    return stubs_;
+  }
+  EtcdConfig config_;
+  std::once_flag made_;
+  Stubs stubs_;
 };
 
 }  // namespace

@@ -41,6 +41,7 @@ struct HttpClient::Impl {
     beast::tcp_stream& transport() { return secure ? secure->next_layer() : *plain; }
   };
   std::vector<std::unique_ptr<Connection>> idle;
+  error_code preconnect_error;  // the next request's answer: the attempt to connect was made
 
   awaitable<result<std::unique_ptr<Connection>>> connect() {
     if (endpoints.empty()) {
@@ -142,10 +143,23 @@ HttpClient::~HttpClient() = default;
 
 const std::string& HttpClient::url() const { return impl_->options.url; }
 
+awaitable<void> HttpClient::preconnect() {
+  auto impl = impl_;
+  if (impl->host.empty() || impl->tls_error || !impl->idle.empty()) co_return;
+  auto connection = co_await impl->connect();
+  if (!connection) {
+    impl->preconnect_error = connection.error();
+    co_return;
+  }
+  (*connection)->last_used = std::chrono::steady_clock::now();
+  impl->idle.push_back(std::move(*connection));
+}
+
 awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
   auto impl = impl_;  // keeps the pool alive across suspension
   if (impl->host.empty()) co_return make_error_code(errc::invalid_config);
   if (impl->tls_error) co_return impl->tls_error;
+  if (auto failed = std::exchange(impl->preconnect_error, {})) co_return failed;
 
   http::request<http::string_body> req{http::string_to_verb(request.method),
                                        impl->base_path + request.target, 11};

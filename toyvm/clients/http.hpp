@@ -43,6 +43,10 @@ class HttpClient {
 
   // Errors are transport failures (connection refused, timeout); any HTTP status is a response.
   awaitable<result<HttpResponse>> request(HttpRequest request);
+  // Opens a connection for the next request unless one is open: that request then leaves as
+  // soon as it is asked for, before whatever else starts meanwhile. If it cannot, the next
+  // request fails with that error (the attempt has been made; a caller's retry makes another).
+  awaitable<void> preconnect();
 
   const std::string& url() const;
 

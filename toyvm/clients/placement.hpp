@@ -57,6 +57,8 @@ class PlacementClient {
   // Placement's words about the last failure, for messages.
   const PlacementError& last_error() const { return last_error_; }
   const std::string& endpoint() const { return http_.url(); }
+  // A connection opened ahead of the next request (see HttpClient::preconnect).
+  awaitable<void> preconnect() { return http_.preconnect(); }
 
  private:
   awaitable<result<void>> put_allocations(std::string consumer, Allocations allocations,

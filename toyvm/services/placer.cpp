@@ -13,6 +13,9 @@ awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string 
                                               int limit) {
   // Stopped agents mark their providers so (microversion 1.39 lets `required` repeat).
   query.params.emplace_back("required", "!COMPUTE_STATUS_DISABLED");
+  // Placement's answer is the long wait: its request goes out first, and etcd's client starts
+  // (in a short command, gRPC's set-up: a millisecond or two of this thread) while it waits.
+  co_await placement_.preconnect();
   auto [candidates, hosts] = co_await (
       placement_.allocation_candidates(query.to_query_string(limit > 0 ? limit : config_.placement.candidate_limit)) &&
       etcd_.range_prefix(keys_.hosts_prefix()));
