@@ -69,27 +69,35 @@ def merged(samples):
     return out
 
 
-def paired(bench, count, concurrency, toyvm_command):
-    """The raw floor and `toyvm schedule` at one concurrency, `count` each, measured in the order
-    floor, toyvm, toyvm, floor (half the count each time). Placement slows down as allocations
-    pile up; in this order a drift that is linear in time weighs on both sides alike. Each side
-    also gets `cpu_ms`: CPU per instance of Placement, etcd, the agents and the client processes."""
+def paired(bench, count, concurrency, toyvm_command, block):
+    """The raw floor and `toyvm schedule` at one concurrency, `count` each, in blocks of `block`
+    in the order floor, toyvm, toyvm, floor, floor, toyvm, ... . Placement slows down as
+    allocations pile up, and this machine's pace changes from one second to the next: short
+    blocks, alternated, let both sides meet the same of it. Each side also gets `cpu_ms`: CPU
+    per instance of Placement, etcd, the agents and the client processes; the toyvm side gets
+    `rounds`, its p50 over the floor's in each round of one block each."""
     runs = {"floor": [], "exec": []}
-    for mode in ("floor", "exec", "exec", "floor"):
-        args = ["--count", str(count // 2), "--concurrency", str(concurrency)]
-        if mode == "exec":
-            args += ["--", *toyvm_command]
-        before, txns_before = bench.cpu_seconds(), bench.etcd_txns()
-        sample = bench.measure(mode, *args)
-        after = bench.cpu_seconds()
-        sample["cpu_s"] = {k: after[k] - before[k] for k in after}
-        sample["etcd_txns"] = bench.etcd_txns() - txns_before
-        runs[mode].append(sample)
+    rounds = []
+    for round_ in range(max(1, count // (2 * block))):
+        p50 = {}
+        for mode in ("floor", "exec") if round_ % 2 == 0 else ("exec", "floor"):
+            args = ["--count", str(block), "--concurrency", str(concurrency)]
+            if mode == "exec":
+                args += ["--", *toyvm_command]
+            before, txns_before = bench.cpu_seconds(), bench.etcd_txns()
+            sample = bench.measure(mode, *args)
+            after = bench.cpu_seconds()
+            sample["cpu_s"] = {k: after[k] - before[k] for k in after}
+            sample["etcd_txns"] = bench.etcd_txns() - txns_before
+            runs[mode].append(sample)
+            p50[mode] = percentile(sample["latencies_ms"], 50)
+        rounds.append(p50["exec"] / p50["floor"] - 1)
     out = merged(runs["floor"]), merged(runs["exec"])
     for side in out:
         instances = max(1, side.get("ok", count))
         side["cpu_ms"] = {k: v * 1000 / instances for k, v in side.pop("cpu_s").items()}
         side["etcd_txns_per_instance"] = side.pop("etcd_txns") / instances
+    out[1]["rounds"] = rounds
     return out
 
 
@@ -269,7 +277,7 @@ def run(args):
                            "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                                         if l.startswith("model name")), "?")},
                "command": " ".join(["contrib/bench/run.py", *sys.argv[1:]])}
-    n_single = 50 if args.quick else 200
+    n_single = 80 if args.quick else 400
     n_throughput = 200 if args.quick else 1000
     n_active = 200 if args.quick else 1000
     with tempfile.TemporaryDirectory(prefix="toyvm-bench-") as workdir:
@@ -295,16 +303,18 @@ def run(args):
             bench.measure("floor", "--count", "20")
 
             schedule = [bench.toyvm, "--etcd", bench.etcd_url, "--placement", bench.placement_url, "schedule", QUERY]
-            floor, single = paired(bench, n_single, 1, schedule)
+            floor, single = paired(bench, n_single, 1, schedule, block=20)
             results["floor_ms"] = summary(floor["latencies_ms"])
             results["schedule_ms"] = summary(single["latencies_ms"])
             results["schedule_overhead"] = results["schedule_ms"]["p50"] / results["floor_ms"]["p50"] - 1
+            results["schedule_overhead_rounds"] = single["rounds"]
             print("bench: floor and single schedule done", file=sys.stderr)
 
             results["throughput"] = []
             for concurrency in (1, 4, 16):
                 before = bench.conflicts()
-                ceiling, run_ = paired(bench, n_throughput, concurrency, schedule)
+                ceiling, run_ = paired(bench, n_throughput, concurrency, schedule,
+                                       block=n_throughput // (4 if concurrency == 16 else 10))
                 ok = run_["exit_codes"].get("0", 0)
                 conflicts = bench.conflicts() - before
                 row = {"concurrency": concurrency,
@@ -663,6 +673,9 @@ def report_scheduling(results):
         f"| raw floor: candidates + claim + etcd Txn (ms) | {f['p50']:.2f} | {f['p99']:.2f} |",
         f"| one `toyvm schedule` process (ms) | {s['p50']:.2f} | {s['p99']:.2f} |",
         f"| schedule overhead above the floor | {results['schedule_overhead'] * 100:+.1f}% | |",
+        *([f"| the same, round by round ({len(rounds)} rounds of 20 each): middle half | "
+           f"{percentile(rounds, 25) * 100:+.1f}% to {percentile(rounds, 75) * 100:+.1f}% | |"]
+          if (rounds := results.get("schedule_overhead_rounds")) else []),
         f"| work -> ACTIVE on the test driver (ms; {results['active_failed']} of the builds failed) | "
         f"{results['active_ms']['p50']:.2f} | {results['active_ms']['p99']:.2f} |",
         "",
