@@ -78,7 +78,7 @@ def paired(bench, count, concurrency, toyvm_command, block):
     `rounds`, its p50 over the floor's in each round of one block each."""
     runs = {"floor": [], "exec": []}
     rounds = []
-    for round_ in range(max(1, count // (2 * block))):
+    for round_ in range(max(1, count // block)):
         p50 = {}
         for mode in ("floor", "exec") if round_ % 2 == 0 else ("exec", "floor"):
             args = ["--count", str(block), "--concurrency", str(concurrency)]
@@ -94,7 +94,7 @@ def paired(bench, count, concurrency, toyvm_command, block):
         rounds.append(p50["exec"] / p50["floor"] - 1)
     out = merged(runs["floor"]), merged(runs["exec"])
     for side in out:
-        instances = max(1, side.get("ok", count))
+        instances = max(1, side.get("ok", len(side.get("latencies_ms", []))))
         side["cpu_ms"] = {k: v * 1000 / instances for k, v in side.pop("cpu_s").items()}
         side["etcd_txns_per_instance"] = side.pop("etcd_txns") / instances
     out[1]["rounds"] = rounds
