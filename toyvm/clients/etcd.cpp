@@ -398,8 +398,6 @@ class GrpcEtcdClient final : public EtcdClient {
   explicit GrpcEtcdClient(const EtcdConfig& config)
       : endpoints_text_(fmt::format("{}", fmt::join(config.endpoints, ","))),
         timeout_(std::chrono::milliseconds(int64_t(config.timeout_s * 1000))),
-        user_(config.user),
-        password_(config.password),
         config_(config) {}
 
   // gRPC 1.51 can abort on an internal refcount assertion when a channel is torn down while
@@ -531,12 +529,12 @@ class GrpcEtcdClient final : public EtcdClient {
   template <class Response, class Request, class StartFn>
   awaitable<result<Response>> unary(Request request, StartFn start) {
     for (int attempt = 0;; ++attempt) {
-      if (!user_.empty() && token_.empty()) {
+      if (!config_.user.empty() && token_.empty()) {
         if (auto authenticated = co_await authenticate(); !authenticated) co_return authenticated.error();
       }
       auto [status, response] = co_await call<Response>(request, start, token_);
       if (status.ok()) co_return std::move(response);
-      if (!user_.empty() && attempt == 0 && status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      if (!config_.user.empty() && attempt == 0 && status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
         spdlog::info("etcd: {}; authenticating again", status.error_message());
         token_.clear();
         continue;
@@ -572,14 +570,14 @@ class GrpcEtcdClient final : public EtcdClient {
 
   awaitable<result<void>> authenticate() {
     pb::AuthenticateRequest request;
-    request.set_name(user_);
-    request.set_password(password_);
+    request.set_name(config_.user);
+    request.set_password(config_.password);
     auto start = [auth = stubs().auth.get()](auto* ctx, const auto& req, auto* queue) {
       return auth->PrepareAsyncAuthenticate(ctx, req, queue);
     };
     auto [status, response] = co_await call<pb::AuthenticateResponse>(request, start, "");
     if (!status.ok()) {
-      remember(status, "authenticating as " + user_);
+      remember(status, "authenticating as " + config_.user);
       co_return status.error_code() == grpc::StatusCode::UNAVAILABLE ? errc::etcd_unavailable : errc::etcd_error;
     }
     token_ = response.token();
@@ -594,7 +592,6 @@ class GrpcEtcdClient final : public EtcdClient {
 
   std::string endpoints_text_;
   std::chrono::milliseconds timeout_;
-  std::string user_, password_;
   std::string token_;  // from Authenticate; used and renewed on the event loop's thread
   mutable std::mutex error_mutex_;
   std::string last_error_;
