@@ -37,6 +37,7 @@ from cloud import free_port, overbooked, prometheus_metrics  # noqa: E402
 # thousands of 1 GiB disks would fail their builds (and send them from host to host).
 QUERY = "resources=VCPU:1,MEMORY_MB:64"
 BIG = "VCPU:100000,MEMORY_MB:100000000,DISK_GB:1000000"
+SINGLE_BLOCK = 20  # one schedule at a time: floor and toyvm alternate this many at a time
 LEASES = "/var/lib/libvirt/dnsmasq/virbr0.status"  # the default network's leases
 
 
@@ -303,7 +304,7 @@ def run(args):
             bench.measure("floor", "--count", "20")
 
             schedule = [bench.toyvm, "--etcd", bench.etcd_url, "--placement", bench.placement_url, "schedule", QUERY]
-            floor, single = paired(bench, n_single, 1, schedule, block=20)
+            floor, single = paired(bench, n_single, 1, schedule, block=SINGLE_BLOCK)
             results["floor_ms"] = summary(floor["latencies_ms"])
             results["schedule_ms"] = summary(single["latencies_ms"])
             results["schedule_overhead"] = results["schedule_ms"]["p50"] / results["floor_ms"]["p50"] - 1
@@ -673,7 +674,7 @@ def report_scheduling(results):
         f"| raw floor: candidates + claim + etcd Txn (ms) | {f['p50']:.2f} | {f['p99']:.2f} |",
         f"| one `toyvm schedule` process (ms) | {s['p50']:.2f} | {s['p99']:.2f} |",
         f"| schedule overhead above the floor | {results['schedule_overhead'] * 100:+.1f}% | |",
-        *([f"| the same, round by round ({len(rounds)} rounds of 20 each): middle half | "
+        *([f"| the same, round by round ({len(rounds)} rounds of {SINGLE_BLOCK} each): middle half | "
            f"{percentile(rounds, 25) * 100:+.1f}% to {percentile(rounds, 75) * 100:+.1f}% | |"]
           if (rounds := results.get("schedule_overhead_rounds")) else []),
         f"| work -> ACTIVE on the test driver (ms; {results['active_failed']} of the builds failed) | "
