@@ -38,6 +38,7 @@ from cloud import free_port, overbooked, prometheus_metrics  # noqa: E402
 QUERY = "resources=VCPU:1,MEMORY_MB:64"
 BIG = "VCPU:100000,MEMORY_MB:100000000,DISK_GB:1000000"
 SINGLE_BLOCK = 20  # one schedule at a time: floor and toyvm alternate this many at a time
+ENABLED_ONLY = "required=!COMPUTE_STATUS_DISABLED"  # what `toyvm schedule` adds to every query
 LEASES = "/var/lib/libvirt/dnsmasq/virbr0.status"  # the default network's leases
 
 
@@ -70,35 +71,37 @@ def merged(samples):
     return out
 
 
-def paired(bench, count, concurrency, toyvm_command, block):
-    """The raw floor and `toyvm schedule` at one concurrency, `count` each, in blocks of `block`
-    in the order floor, toyvm, toyvm, floor, floor, toyvm, ... . Placement slows down as
+def alternated(bench, count, concurrency, sides, block):
+    """Each side at one concurrency, `count` each, in blocks of `block`, the sides in their order
+    in even rounds and reversed in odd ones (A, B, B, A, ...). Placement slows down as
     allocations pile up, and this machine's pace changes from one second to the next: short
-    blocks, alternated, let both sides meet the same of it. Each side also gets `cpu_ms`: CPU
-    per instance of Placement, etcd, the agents and the client processes; the toyvm side gets
-    `rounds`, its p50 over the floor's in each round of one block each."""
-    runs = {"floor": [], "exec": []}
-    rounds = []
+    blocks, alternated, let every side meet the same of it. `sides` maps a name to a
+    toyvm-bench mode and its arguments. Each side gets `cpu_ms`: CPU per instance of Placement,
+    etcd, the agents and the client processes; each but the first gets `rounds`, its p50 over
+    the first side's in each round of one block each."""
+    runs = {name: [] for name in sides}
+    rounds = {name: [] for name in sides}
+    order = list(sides)
     for round_ in range(max(1, count // block)):
         p50 = {}
-        for mode in ("floor", "exec") if round_ % 2 == 0 else ("exec", "floor"):
-            args = ["--count", str(block), "--concurrency", str(concurrency)]
-            if mode == "exec":
-                args += ["--", *toyvm_command]
+        for name in order if round_ % 2 == 0 else reversed(order):
+            mode, args = sides[name]
             before, txns_before = bench.cpu_seconds(), bench.etcd_txns()
-            sample = bench.measure(mode, *args)
+            sample = bench.measure(mode, "--count", str(block), "--concurrency", str(concurrency), *args)
             after = bench.cpu_seconds()
             sample["cpu_s"] = {k: after[k] - before[k] for k in after}
             sample["etcd_txns"] = bench.etcd_txns() - txns_before
-            runs[mode].append(sample)
-            p50[mode] = percentile(sample["latencies_ms"], 50)
-        rounds.append(p50["exec"] / p50["floor"] - 1)
-    out = merged(runs["floor"]), merged(runs["exec"])
-    for side in out:
+            runs[name].append(sample)
+            p50[name] = percentile(sample["latencies_ms"], 50)
+        for name in order[1:]:
+            rounds[name].append(p50[name] / p50[order[0]] - 1)
+    out = {name: merged(samples) for name, samples in runs.items()}
+    for name, side in out.items():
         instances = max(1, side.get("ok", len(side.get("latencies_ms", []))))
         side["cpu_ms"] = {k: v * 1000 / instances for k, v in side.pop("cpu_s").items()}
         side["etcd_txns_per_instance"] = side.pop("etcd_txns") / instances
-    out[1]["rounds"] = rounds
+        if name != order[0]:
+            side["rounds"] = rounds[name]
     return out
 
 
@@ -122,8 +125,9 @@ class Bench:
         # in the page cache in a state that costs each exec ~0.2 ms and cannot be paged out.
         (self.dir / "bin").mkdir(parents=True, exist_ok=True)
         self.toyvm = shutil.copy2(build / "toyvm" / "toyvm", self.dir / "bin" / "toyvm")
+        # The same for toyvm-bench, which runs the floor as one process per instance too.
+        self.bench = shutil.copy2(build / "contrib" / "bench" / "toyvm-bench", self.dir / "bin" / "toyvm-bench")
         os.sync()
-        self.bench = str(build / "contrib" / "bench" / "toyvm-bench")
         self.procs = []
         self.etcd_url = self.start_etcd()
         self.placement_url, self.placement_log = self.start_placement("placement", placement_workers)
@@ -304,18 +308,30 @@ def run(args):
             bench.measure("floor", "--count", "20")
 
             schedule = [bench.toyvm, "--etcd", bench.etcd_url, "--placement", bench.placement_url, "schedule", QUERY]
-            floor, single = paired(bench, n_single, 1, schedule, block=SINGLE_BLOCK)
-            results["floor_ms"] = summary(floor["latencies_ms"])
-            results["schedule_ms"] = summary(single["latencies_ms"])
+            # The floor's requests from a process each, started as `toyvm schedule` starts, with
+            # the filter toyvm adds: what any one-shot command on these libraries pays.
+            process_floor = [bench.bench, "floor", "--etcd", bench.etcd_url, "--placement", bench.placement_url,
+                             "--count", "1", "--start-like-schedule", "--query", QUERY + "&" + ENABLED_ONLY]
+            single = alternated(bench, n_single, 1, {"floor": ("floor", []),
+                                                     "process_floor": ("exec", ["--", *process_floor]),
+                                                     "toyvm": ("exec", ["--", *schedule])}, block=SINGLE_BLOCK)
+            results["floor_ms"] = summary(single["floor"]["latencies_ms"])
+            results["process_floor_ms"] = summary(single["process_floor"]["latencies_ms"])
+            results["schedule_ms"] = summary(single["toyvm"]["latencies_ms"])
             results["schedule_overhead"] = results["schedule_ms"]["p50"] / results["floor_ms"]["p50"] - 1
-            results["schedule_overhead_rounds"] = single["rounds"]
+            results["schedule_overhead_rounds"] = single["toyvm"]["rounds"]
+            results["process_floor_overhead"] = results["process_floor_ms"]["p50"] / results["floor_ms"]["p50"] - 1
+            results["process_floor_overhead_rounds"] = single["process_floor"]["rounds"]
+            results["single_cpu_ms_per_instance"] = {name: side["cpu_ms"] for name, side in single.items()}
             print("bench: floor and single schedule done", file=sys.stderr)
 
             results["throughput"] = []
             for concurrency in (1, 4, 16):
                 before = bench.conflicts()
-                ceiling, run_ = paired(bench, n_throughput, concurrency, schedule,
-                                       block=n_throughput // (4 if concurrency == 16 else 10))
+                sides = alternated(bench, n_throughput, concurrency,
+                                   {"floor": ("floor", []), "toyvm": ("exec", ["--", *schedule])},
+                                   block=n_throughput // (4 if concurrency == 16 else 10))
+                ceiling, run_ = sides["floor"], sides["toyvm"]
                 ok = run_["exit_codes"].get("0", 0)
                 conflicts = bench.conflicts() - before
                 row = {"concurrency": concurrency,
@@ -668,15 +684,25 @@ def report(results):
 
 def report_scheduling(results):
     f, s = results["floor_ms"], results["schedule_ms"]
+
+    def by_round(rounds):
+        return ([f"| the same, round by round ({len(rounds)} rounds of {SINGLE_BLOCK} each): middle half | "
+                 f"{percentile(rounds, 25) * 100:+.1f}% to {percentile(rounds, 75) * 100:+.1f}% | |"]
+                if rounds else [])
+
     lines = [
         "| measure | p50 | p99 |",
         "|---|---|---|",
         f"| raw floor: candidates + claim + etcd Txn (ms) | {f['p50']:.2f} | {f['p99']:.2f} |",
+        *([f"| the floor as one process per instance, started as `schedule` starts (ms) | "
+           f"{p['p50']:.2f} | {p['p99']:.2f} |",
+           f"| process floor above the floor | {results['process_floor_overhead'] * 100:+.1f}% | |",
+           *by_round(results["process_floor_overhead_rounds"])]
+          if (p := results.get("process_floor_ms")) else []),
         f"| one `toyvm schedule` process (ms) | {s['p50']:.2f} | {s['p99']:.2f} |",
         f"| schedule overhead above the floor | {results['schedule_overhead'] * 100:+.1f}% | |",
-        *([f"| the same, round by round ({len(rounds)} rounds of {SINGLE_BLOCK} each): middle half | "
-           f"{percentile(rounds, 25) * 100:+.1f}% to {percentile(rounds, 75) * 100:+.1f}% | |"]
-          if (rounds := results.get("schedule_overhead_rounds")) else []),
+        *by_round(results.get("schedule_overhead_rounds")),
+        *([f"| schedule above the process floor | {s['p50'] / p['p50'] * 100 - 100:+.1f}% | |"] if p else []),
         f"| work -> ACTIVE on the test driver (ms; {results['active_failed']} of the builds failed) | "
         f"{results['active_ms']['p50']:.2f} | {results['active_ms']['p99']:.2f} |",
         "",
@@ -698,6 +724,14 @@ def report_scheduling(results):
           + f" | {row['etcd_txns_per_instance'][side]:.2f} |"
           for row in results["throughput"] for side in ("floor", "toyvm")],
     ]
+    if single := results.get("single_cpu_ms_per_instance"):
+        lines += [
+            "",
+            "| one at a time (the p50 rows above) | CPU ms per instance | Placement | etcd | agents | client processes | all |",
+            "|---|---|---|---|---|---|---|",
+            *[f"| | {side.replace('_', ' ')} | " + " | ".join(f"{cpu[g]:.1f}" for g in groups)
+              + f" | {sum(cpu[g] for g in groups):.1f} |" for side, cpu in single.items()],
+        ]
     agent, batch = results["agent"], results["batch"]
     lines += [
         "",

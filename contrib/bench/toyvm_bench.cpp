@@ -3,7 +3,8 @@
 //
 //   floor      GET /allocation_candidates + PUT /allocations + one etcd Txn per instance,
 //              over kept-alive connections, at a given concurrency (the raw floor and, at high
-//              concurrency, Placement's ceiling for the same request mix)
+//              concurrency, Placement's ceiling for the same request mix); with --count 1
+//              --start-like-schedule under `exec`, the same requests from one process each
 //   exec       runs a command N times at a given concurrency, timing each run
 //   active     hands instances straight to one host through etcd and times until ACTIVE
 //   providers  creates N resource providers with inventory
@@ -21,6 +22,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
@@ -35,6 +37,7 @@
 #include <thread>
 
 using namespace toyvm;
+using namespace boost::asio::experimental::awaitable_operators;
 namespace json = boost::json;
 using Clock = std::chrono::steady_clock;
 
@@ -54,6 +57,7 @@ struct Options {
   int concurrency = 1;
   int limit = 50;
   bool new_connections = false;  // floor: a Placement connection per instance, as a process has
+  bool start_like_schedule = false;  // floor: etcd's channel made alongside the candidates
   std::vector<std::string> command;
 };
 
@@ -79,8 +83,8 @@ void run_loop(Fn make_task) {
 
 // One worker: its own Placement connection, `n` instances one after another.
 awaitable<void> floor_worker(asio::io_context& io, const Config& config, std::shared_ptr<EtcdClient> etcd,
-                             std::string query, int n, bool new_connections, std::vector<double>& latencies,
-                             int& failures) {
+                             std::string query, int n, bool new_connections, bool start_like_schedule,
+                             std::vector<double>& latencies, int& failures) {
   std::optional<PlacementClient> placement_client(std::in_place, io.get_executor(), config.placement);
   KeyLayout keys("/toyvm-bench");
   for (int i = 0; i < n; ++i) {
@@ -88,7 +92,20 @@ awaitable<void> floor_worker(asio::io_context& io, const Config& config, std::sh
     auto start = Clock::now();
     if (new_connections) placement_client.emplace(io.get_executor(), config.placement);
     PlacementClient& placement = *placement_client;
-    auto candidates = co_await placement.allocation_candidates(query);
+    result<Candidates> candidates = make_error_code(errc::placement_error);
+    if (start_like_schedule) {
+      // As `toyvm schedule` starts: Placement's connection first, then etcd's channel made and
+      // connected while the candidates are on their way (here by reading one absent key).
+      co_await placement.preconnect();
+      auto [answer, absent] = co_await (placement.allocation_candidates(query) && etcd->range(keys.instance(uuid)));
+      if (!absent) {
+        ++failures;
+        continue;
+      }
+      candidates = std::move(answer);
+    } else {
+      candidates = co_await placement.allocation_candidates(query);
+    }
     if (!candidates || candidates->allocation_requests.empty()) {
       ++failures;
       continue;
@@ -119,7 +136,7 @@ int run_floor(const Options& o) {
   run_loop([&](asio::io_context& io) -> awaitable<void> {
     for (int w = 0; w < o.concurrency; ++w) {
       int n = o.count / o.concurrency + (w < o.count % o.concurrency ? 1 : 0);
-      asio::co_spawn(io, floor_worker(io, config, etcd, query, n, o.new_connections, latencies[size_t(w)], failures), asio::detached);
+      asio::co_spawn(io, floor_worker(io, config, etcd, query, n, o.new_connections, o.start_like_schedule, latencies[size_t(w)], failures), asio::detached);
     }
     co_return;
   });
@@ -339,6 +356,8 @@ int main(int argc, char** argv) {
   };
   auto* floor = app.add_subcommand("floor", "raw GET candidates + PUT allocations + etcd Txn");
   floor->add_flag("--new-connections", o.new_connections, "a new Placement connection per instance");
+  floor->add_flag("--start-like-schedule", o.start_like_schedule,
+                  "open Placement's connection first, make etcd's channel alongside the candidates");
   auto* exec = app.add_subcommand("exec", "time a command");
   auto* active = app.add_subcommand("active", "time work -> ACTIVE on one host");
   auto* providers = app.add_subcommand("providers", "create providers");
