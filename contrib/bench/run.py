@@ -37,7 +37,7 @@ from cloud import free_port, overbooked, prometheus_metrics  # noqa: E402
 # thousands of 1 GiB disks would fail their builds (and send them from host to host).
 QUERY = "resources=VCPU:1,MEMORY_MB:64"
 BIG = "VCPU:100000,MEMORY_MB:100000000,DISK_GB:1000000"
-SINGLE_BLOCK = 20  # one schedule at a time: floor and toyvm alternate this many at a time
+SINGLE_BLOCK = 20  # one schedule at a time: the sides alternate this many at a time
 ENABLED_ONLY = "required=!COMPUTE_STATUS_DISABLED"  # what `toyvm schedule` adds to every query
 LEASES = "/var/lib/libvirt/dnsmasq/virbr0.status"  # the default network's leases
 
@@ -328,13 +328,13 @@ def run(args):
             results["throughput"] = []
             for concurrency in (1, 4, 16):
                 before = bench.conflicts()
-                sides = {"floor": ("floor", []), "toyvm": ("exec", ["--", *schedule])}
+                sides = {"floor": ("floor", [])}
                 if concurrency == 16:  # what processes that only make the floor's requests reach
-                    sides = {"floor": sides["floor"], "process_floor": ("exec", ["--", *process_floor]),
-                             "toyvm": sides["toyvm"]}
-                sides = alternated(bench, n_throughput, concurrency, sides,
-                                   block=n_throughput // (4 if concurrency == 16 else 10))
-                ceiling, run_ = sides["floor"], sides["toyvm"]
+                    sides["process_floor"] = ("exec", ["--", *process_floor])
+                sides["toyvm"] = ("exec", ["--", *schedule])
+                measured = alternated(bench, n_throughput, concurrency, sides,
+                                      block=n_throughput // (4 if concurrency == 16 else 10))
+                ceiling, run_ = measured["floor"], measured["toyvm"]
                 ok = run_["exit_codes"].get("0", 0)
                 conflicts = bench.conflicts() - before
                 row = {"concurrency": concurrency,
@@ -345,10 +345,11 @@ def run(args):
                        "succeeded": ok, "failed": n_throughput - ok,
                        "conflicts_409": conflicts,
                        "extra_attempts_per_success": conflicts / ok if ok else float("nan"),
-                       "cpu_ms_per_instance": {name: side["cpu_ms"] for name, side in sides.items()},
-                       "etcd_txns_per_instance": {name: side["etcd_txns_per_instance"] for name, side in sides.items()}}
+                       "cpu_ms_per_instance": {name: side["cpu_ms"] for name, side in measured.items()},
+                       "etcd_txns_per_instance": {name: side["etcd_txns_per_instance"]
+                                                  for name, side in measured.items()}}
                 row["fraction_of_ceiling"] = row["toyvm_per_s"] / row["ceiling_per_s"]
-                if process := sides.get("process_floor"):
+                if process := measured.get("process_floor"):
                     row["process_floor_per_s"] = process["exit_codes"].get("0", 0) / process["wall_s"]
                     row["process_floor_fraction"] = row["process_floor_per_s"] / row["ceiling_per_s"]
                 results["throughput"].append(row)
