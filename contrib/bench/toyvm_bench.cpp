@@ -83,17 +83,17 @@ void run_loop(Fn make_task) {
 
 // One worker: its own Placement connection, `n` instances one after another.
 awaitable<void> floor_worker(asio::io_context& io, const Config& config, std::shared_ptr<EtcdClient> etcd,
-                             std::string query, int n, bool new_connections, bool start_like_schedule,
-                             std::vector<double>& latencies, int& failures) {
+                             std::string query, int n, const Options& o, std::vector<double>& latencies,
+                             int& failures) {
   std::optional<PlacementClient> placement_client(std::in_place, io.get_executor(), config.placement);
   KeyLayout keys("/toyvm-bench");
   for (int i = 0; i < n; ++i) {
     std::string uuid = new_uuid();
     auto start = Clock::now();
-    if (new_connections) placement_client.emplace(io.get_executor(), config.placement);
+    if (o.new_connections) placement_client.emplace(io.get_executor(), config.placement);
     PlacementClient& placement = *placement_client;
     result<Candidates> candidates = make_error_code(errc::placement_error);
-    if (start_like_schedule) {
+    if (o.start_like_schedule) {
       // As `toyvm schedule` starts: Placement's connection first, then etcd's channel made and
       // connected while the candidates are on their way (here by reading one absent key).
       co_await placement.preconnect();
@@ -136,7 +136,7 @@ int run_floor(const Options& o) {
   run_loop([&](asio::io_context& io) -> awaitable<void> {
     for (int w = 0; w < o.concurrency; ++w) {
       int n = o.count / o.concurrency + (w < o.count % o.concurrency ? 1 : 0);
-      asio::co_spawn(io, floor_worker(io, config, etcd, query, n, o.new_connections, o.start_like_schedule, latencies[size_t(w)], failures), asio::detached);
+      asio::co_spawn(io, floor_worker(io, config, etcd, query, n, o, latencies[size_t(w)], failures), asio::detached);
     }
     co_return;
   });
