@@ -7,7 +7,7 @@ build_pkgs=(
   meson ninja-build pkg-config g++
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsimdjson-dev libcli11-dev libtomlplusplus-dev catch2 libspdlog-dev libfmt-dev
-  libvirt-dev libssl-dev libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
+  libvirt-dev libisofs-dev libssl-dev libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
 )
 # Real servers the integration tests and the quick start run on loopback.
 service_pkgs=(

@@ -111,6 +111,8 @@ int main(int argc, char** argv) {
     sched->add_option("--user-data", schedule.user_data_file, "file given to cloud-init as user data");
     sched->add_option("--key", schedule.keys, "ssh public key as NAME=PUBKEY (repeatable)");
     sched->add_option("--key-file", schedule.key_files, "ssh public key file (repeatable)");
+    sched->add_flag("--config-drive", schedule.config_drive,
+                    "give the guest its metadata on a config drive too (for networks without 169.254.169.254)");
     sched->add_flag("--wait", schedule.wait,
                     "wait for ACTIVE (and the guest IP, with a NIC) or ERROR, printing each state");
     sched->add_option("--timeout", schedule.wait_timeout_s, "seconds to --wait")->capture_default_str();

@@ -212,6 +212,7 @@ TEST_CASE("stop, start and destroy a real guest", "[guests]") {
   CHECK(usage.at("memory_mb").as_int64() == 128);
   CHECK(usage.at("rss_mb").as_int64() > 0);
   CHECK(usage.at("cpu_time_s").as_double() > 0);
+  CHECK_FALSE(usage.as_object().contains("simulated"));  // measured
   CHECK(usage.at("disk_capacity").as_int64() >= int64_t(1) << 30);  // DISK_GB:1
   CHECK(usage.at("disk_allocation").as_int64() >= 0);
   CHECK_THAT(host.servers.toyvm({"show", uuid}).out, Catch::Contains("held on the host") && Catch::Contains("(its overlay)"));

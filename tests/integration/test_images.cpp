@@ -246,6 +246,38 @@ TEST_CASE("stop and start change the power state and keep the domain", "[images]
   CHECK(host.servers.toyvm({"start", "not-a-uuid"}).exit_code == 2);
 }
 
+TEST_CASE("a config drive is made for the instance that asks, or for all, and goes with it", "[images]") {
+  auto drive_of = [](const ImageHost& host, const std::string& uuid) {
+    return host.servers.dir() + "/c1/instances/" + uuid + "/config-drive.iso";
+  };
+  {
+    ImageHost host;
+    std::string user_data = host.servers.dir() + "/user-data";
+    write_file(user_data, "#cloud-config\nruncmd: [echo drive-marker-1c9e]\n");
+    auto [with, record] = host.schedule({"--config-drive", "--user-data", user_data, "--name", "drive-one"}, 0);
+    REQUIRE(record.state == InstanceState::active);
+    auto [without, other] = host.schedule({}, 0);
+    REQUIRE(other.state == InstanceState::active);
+
+    const std::string drive = drive_of(host, with);
+    REQUIRE(fs::exists(drive));
+    CHECK((fs::status(drive).permissions() & fs::perms::all) == (fs::perms::owner_read | fs::perms::owner_write));
+    std::string bytes = read_file(drive);
+    CHECK(bytes.find("drive-marker-1c9e") != std::string::npos);  // the user data
+    CHECK(bytes.find(with) != std::string::npos);                 // the instance-id
+    CHECK_FALSE(fs::exists(drive_of(host, without)));
+
+    REQUIRE(host.servers.toyvm({"destroy", with}).exit_code == 0);
+    CHECK_FALSE(fs::exists(drive));  // it holds secrets: gone with the instance
+  }
+  {
+    ImageHost forced("config_drive = true");  // Nova's force_config_drive
+    auto [uuid, record] = forced.schedule({}, 0);
+    REQUIRE(record.state == InstanceState::active);
+    CHECK(fs::exists(drive_of(forced, uuid)));
+  }
+}
+
 TEST_CASE("show --console prints the tail the agent published", "[images]") {
   ImageHost host("console_interval = 0.2");
   auto [uuid, record] = host.schedule({}, 0);

@@ -4,6 +4,8 @@
 
 #include <simdjson.h>
 
+#include <map>
+
 using namespace toyvm;
 
 namespace {
@@ -69,6 +71,55 @@ TEST_CASE("OpenStack paths answer as cloud-init parses them") {
   CHECK(std::string_view(doc["public_keys"]["alice"]) == "ssh-ed25519 AAAA alice");
   CHECK(int64_t(doc["launch_index"]) == 0);
   CHECK(std::string_view(doc["availability_zone"]) == "nova");
+}
+
+TEST_CASE("network data describes the guest's NIC as Nova does: a link by MAC, DHCP on it, the network's DNS") {
+  GuestView g = guest();
+  g.mac = "52:54:00:ab:cd:ef";
+  g.dns_servers = {"192.168.122.1"};
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(get("/openstack/latest/network_data.json", &g));
+  simdjson::dom::array links = doc["links"];
+  REQUIRE(links.size() == 1);
+  simdjson::dom::element link = links.at(0);
+  CHECK(std::string_view(link["ethernet_mac_address"]) == "52:54:00:ab:cd:ef");
+  CHECK(std::string_view(link["type"]) == "phy");
+  simdjson::dom::array networks = doc["networks"];
+  REQUIRE(networks.size() == 1);
+  CHECK(std::string_view(networks.at(0)["type"]) == "ipv4_dhcp");
+  CHECK(std::string_view(networks.at(0)["link"]) == std::string_view(link["id"]));
+  simdjson::dom::array services = doc["services"];
+  REQUIRE(services.size() == 1);
+  CHECK(std::string_view(services.at(0)["type"]) == "dns");
+  CHECK(std::string_view(services.at(0)["address"]) == "192.168.122.1");
+
+  // No NIC: nothing to configure, and nothing made up.
+  g.mac.clear();
+  doc = parser.parse(get("/openstack/latest/network_data.json", &g));
+  CHECK(simdjson::dom::array(doc["links"]).size() == 0);
+  CHECK(simdjson::dom::array(doc["networks"]).size() == 0);
+  CHECK(simdjson::dom::array(doc["services"]).size() == 0);
+}
+
+TEST_CASE("a config drive holds what the metadata service answers, in Nova's layout") {
+  GuestView g = guest();
+  g.mac = "52:54:00:ab:cd:ef";
+  g.ip.clear();  // not known when the drive is made
+  std::map<std::string, std::string> files;
+  for (const DriveFile& file : config_drive_files(g)) CHECK(files.emplace(file.path, file.content).second);
+  CHECK(files.at("openstack/latest/meta_data.json") == get("/openstack/latest/meta_data.json", &g));
+  CHECK(files.at("openstack/latest/network_data.json") == get("/openstack/latest/network_data.json", &g));
+  CHECK(files.at("openstack/latest/user_data") == g.user_data);
+  CHECK(files.at("openstack/latest/vendor_data.json") == "{}");
+  CHECK(files.at("ec2/latest/user-data") == g.user_data);
+  simdjson::dom::parser parser;
+  simdjson::dom::element ec2 = parser.parse(files.at("ec2/latest/meta-data.json"));
+  CHECK(std::string_view(ec2["instance-id"]) == g.uuid);
+  CHECK(std::string_view(ec2["public-keys"]["1"]["openssh-key"]) == "ssh-rsa BBBB bob\n");
+  CHECK(ec2["local-ipv4"].error() == simdjson::NO_SUCH_FIELD);
+
+  g.user_data.clear();
+  for (const DriveFile& file : config_drive_files(g)) CHECK_THAT(file.path, !Catch::Contains("user"));
 }
 
 TEST_CASE("a guest without user data gets 404 for it, and no listing of it") {

@@ -157,6 +157,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("traits", c.traits);
   compute.get("availability_zone", c.availability_zone);
   compute.get("metadata_interface", c.metadata_interface);
+  compute.get("config_drive", c.config_drive);
   compute.get("lease_ttl", c.lease_ttl_s);
   compute.get("workers", c.workers);
   compute.get("max_instances", c.max_instances);

@@ -52,6 +52,7 @@ struct ComputeConfig {
   std::string availability_zone;    // empty: none
   InventoryPolicy policy;
   std::string metadata_interface;  // e.g. virbr0: the agent serves its guests' metadata there
+  bool config_drive = false;       // every guest gets a config drive, asked for or not
   int lease_ttl_s = 10;
   int workers = 4;            // threads for blocking libvirt and disk work
   int max_instances = 0;      // the host reports FULL at this many; 0: no limit

@@ -62,6 +62,61 @@ bool split_path(std::string_view path, std::vector<std::string_view>& parts) {
   return true;
 }
 
+json::object openstack_meta_data(const GuestView& g) {
+  json::object keys;
+  json::array key_list;
+  for (auto& [name, key] : g.public_keys) {
+    keys[name] = key;
+    key_list.push_back(json::object{{"name", name}, {"type", "ssh"}, {"data", key}});
+  }
+  return json::object{{"uuid", g.uuid},
+                      {"name", g.name.empty() ? g.hostname : g.name},
+                      {"hostname", g.hostname},
+                      {"public_keys", keys},
+                      {"keys", key_list},
+                      {"launch_index", g.launch_index},
+                      {"availability_zone", g.availability_zone},
+                      {"project_id", "toyvm"},
+                      {"meta", json::object{}},
+                      {"devices", json::array{}}};
+}
+
+// As Nova writes it: a link per NIC, found by the guest through its MAC, and a network on it.
+// cloud-init applies exactly this (no NIC here, none configured there), so a guest with a NIC
+// must find it: empty lists would leave it down. The address always comes from DHCP, on a
+// libvirt network and on a bridge alike.
+json::object network_data(const GuestView& g) {
+  json::array links, networks, services;
+  if (!g.mac.empty()) {
+    links.push_back(json::object{{"id", "interface0"},
+                                 {"vif_id", g.uuid},
+                                 {"type", "phy"},
+                                 {"ethernet_mac_address", g.mac},
+                                 {"mtu", nullptr}});
+    networks.push_back(json::object{{"id", "network0"},
+                                    {"link", "interface0"},
+                                    {"network_id", "toyvm"},
+                                    {"type", "ipv4_dhcp"}});
+    for (const std::string& address : g.dns_servers)
+      services.push_back(json::object{{"type", "dns"}, {"address", address}});
+  }
+  return json::object{{"links", links}, {"networks", networks}, {"services", services}};
+}
+
+// The EC2 meta-data tree as one JSON object, as config drives carry it.
+json::object ec2_meta_data(const GuestView& g) {
+  json::object keys;
+  for (size_t i = 0; i < g.public_keys.size(); ++i)
+    keys[std::to_string(i)] = json::object{{"openssh-key", g.public_keys[i].second + "\n"}};
+  json::object meta{{"instance-id", g.uuid},
+                    {"hostname", g.hostname},
+                    {"local-hostname", g.hostname},
+                    {"placement", json::object{{"availability-zone", g.availability_zone}}},
+                    {"public-keys", keys}};
+  if (!g.ip.empty()) meta["local-ipv4"] = g.ip;
+  return meta;
+}
+
 MetadataResponse ec2(const std::vector<std::string_view>& p, const GuestView& g) {
   // p[0] is the version.
   if (p.size() == 1) return text(g.user_data.empty() ? "meta-data/" : "meta-data/\nuser-data");
@@ -105,33 +160,12 @@ MetadataResponse openstack(const std::vector<std::string_view>& p, const GuestVi
                                      : "meta_data.json\nnetwork_data.json\nuser_data\nvendor_data.json");
   if (p.size() != 3) return not_found();
   std::string_view file = p[2];
-  if (file == "meta_data.json") {
-    json::object keys;
-    json::array key_list;
-    for (auto& [name, key] : g.public_keys) {
-      keys[name] = key;
-      key_list.push_back(json::object{{"name", name}, {"type", "ssh"}, {"data", key}});
-    }
-    json::object meta{{"uuid", g.uuid},
-                      {"name", g.name.empty() ? g.hostname : g.name},
-                      {"hostname", g.hostname},
-                      {"public_keys", keys},
-                      {"keys", key_list},
-                      {"launch_index", g.launch_index},
-                      {"availability_zone", g.availability_zone},
-                      {"project_id", "toyvm"},
-                      {"meta", json::object{}},
-                      {"devices", json::array{}}};
-    return {200, "application/json", json::serialize(meta)};
-  }
+  if (file == "meta_data.json") return {200, "application/json", json::serialize(openstack_meta_data(g))};
   if (file == "user_data") {
     if (g.user_data.empty()) return not_found();
     return {200, "application/octet-stream", g.user_data};
   }
-  if (file == "network_data.json") {
-    // No static layout: cloud-init falls back to DHCP on the first NIC.
-    return {200, "application/json", R"({"links":[],"networks":[],"services":[]})"};
-  }
+  if (file == "network_data.json") return {200, "application/json", json::serialize(network_data(g))};
   if (file == "vendor_data.json" || file == "vendor_data2.json") return {200, "application/json", "{}"};
   return not_found();
 }
@@ -160,6 +194,20 @@ GuestView guest_view(const WorkSpec& spec, const std::string& ip, const std::str
   view.user_data = spec.user_data;
   view.public_keys = spec.keys;
   return view;
+}
+
+std::vector<DriveFile> config_drive_files(const GuestView& guest) {
+  std::vector<DriveFile> files{
+      {"openstack/latest/meta_data.json", json::serialize(openstack_meta_data(guest))},
+      {"openstack/latest/network_data.json", json::serialize(network_data(guest))},
+      {"openstack/latest/vendor_data.json", "{}"},
+      {"ec2/latest/meta-data.json", json::serialize(ec2_meta_data(guest))},
+  };
+  if (!guest.user_data.empty()) {
+    files.push_back({"openstack/latest/user_data", guest.user_data});
+    files.push_back({"ec2/latest/user-data", guest.user_data});
+  }
+  return files;
 }
 
 std::string hostname_for(std::string_view name, std::string_view uuid) {

@@ -161,6 +161,7 @@ std::string encode(const InstanceUsage& u) {
   o["rss_mb"] = known(u.rss_mb);
   o["disk_capacity"] = known(u.disk_capacity);
   o["disk_allocation"] = known(u.disk_allocation);
+  if (u.simulated) o["simulated"] = true;
   o["at"] = u.at;
   return json::serialize(o);
 }
@@ -184,6 +185,7 @@ std::string encode(const WorkSpec& s) {
     for (auto& [name, key] : s.keys) keys.push_back(json::object{{"name", name}, {"key", key}});
     o["keys"] = std::move(keys);
   }
+  if (s.config_drive) o["config_drive"] = true;
   if (!s.group.empty()) {
     o["group"] = s.group;
     o["group_policy"] = s.group_policy;
@@ -258,6 +260,7 @@ result<InstanceUsage> decode_usage(std::string_view text, std::string* detail) {
     if (key == "rss_mb") return read_known(v, u.rss_mb);
     if (key == "disk_capacity") return read_known(v, u.disk_capacity);
     if (key == "disk_allocation") return read_known(v, u.disk_allocation);
+    if (key == "simulated") return !v.get_bool().get(u.simulated);
     if (key == "at") return read_int(v, u.at);
     return true;
   });
@@ -305,6 +308,7 @@ result<WorkSpec> decode_work(std::string_view text, std::string* detail) {
       }
       return true;
     }
+    if (key == "config_drive") return !v.get_bool().get(s.config_drive);
     if (key == "group") return read_string(v, s.group) && is_group_name(s.group);
     if (key == "group_policy") return read_string(v, s.group_policy);
     if (key == "power") return read_enum(v, power_names, s.power);

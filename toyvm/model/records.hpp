@@ -48,6 +48,7 @@ struct InstanceUsage {
   int64_t rss_mb = -1;           // what its process holds in host RAM; -1 (null in JSON): unknown
   int64_t disk_capacity = -1;    // the overlay's virtual size in bytes; -1 (null): no disk
   int64_t disk_allocation = -1;  // what of it is allocated on the host, in bytes
+  bool simulated = false;        // libvirt's test driver made the figures up: nothing measured
   int64_t at = 0;                // unix milliseconds
 
   bool operator==(const InstanceUsage&) const = default;
@@ -73,6 +74,7 @@ struct WorkSpec {
   ResourceAmounts resources;  // what it consumes on its host
   std::string user_data;      // raw bytes for cloud-init (base64 in JSON)
   std::vector<std::pair<std::string, std::string>> keys;  // ssh key name, public key
+  bool config_drive = false;  // the guest gets its metadata on a config drive too
   std::string group;          // server group name, empty: none
   std::string group_policy;   // affinity, anti-affinity, soft-anti-affinity
   PowerState power = PowerState::running;

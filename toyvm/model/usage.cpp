@@ -19,6 +19,7 @@ InstanceUsage usage_between(const DomainUsage& first, const DomainUsage& second,
   u.rss_mb = second.rss_kib < 0 ? -1 : second.rss_kib / 1024;
   u.disk_capacity = second.disk_capacity;
   u.disk_allocation = second.disk_allocation;
+  u.simulated = second.simulated;
   return u;
 }
 

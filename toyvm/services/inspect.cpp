@@ -47,6 +47,10 @@ json::object instance_json(const InstanceRecord& r) {
 }
 
 void print_usage(const InstanceUsage& u) {
+  if (u.simulated) {
+    std::printf("usage:  not measured (its host runs libvirt's test driver, whose figures are made up)\n");
+    return;
+  }
   if (u.running)
     std::printf("cpu:    %.2f s; %.1f%% of %lld vCPU(s) over the last %.1f s\n", u.cpu_time_s, u.cpu_share * 100,
                 (long long)u.vcpus, u.window_s);

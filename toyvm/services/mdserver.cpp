@@ -87,8 +87,9 @@ class MetadataIndex {
       return;
     }
     ip_of_[uuid] = record->second.ip;
-    views_.emplace(record->second.ip,
-                   std::make_shared<const GuestView>(guest_view(spec->second, record->second.ip, availability_zone_)));
+    GuestView view = guest_view(spec->second, record->second.ip, availability_zone_);
+    view.mac = record->second.mac;  // its DNS is what DHCP tells it
+    views_.emplace(record->second.ip, std::make_shared<const GuestView>(std::move(view)));
   }
 
   KeyLayout keys_;

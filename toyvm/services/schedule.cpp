@@ -149,6 +149,7 @@ class Scheduler {
       one.image_format = options_.image_format;
       one.query = options_.query;
       one.resources = claim.allocations.at(claim.host);
+      one.config_drive = options_.config_drive;
       one.group = options_.group;
       if (!one.group.empty()) one.group_policy = options_.group_policy;
       one.created_at = unix_seconds();

@@ -26,6 +26,7 @@ struct ScheduleOptions {
   std::string user_data_file;
   std::vector<std::string> keys;       // NAME=PUBKEY
   std::vector<std::string> key_files;  // OpenSSH public key files; named by their comment
+  bool config_drive = false;
   bool wait = false;
   double wait_timeout_s = 600;
 };

@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "model/image.hpp"
+#include "model/metadata.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -33,6 +34,8 @@ struct DomainSpec {
   BootImage image;
   std::string mac;           // the NIC's address; empty: no NIC
   bool start = true;         // false: defined and left off
+  // The files of a read-only config drive (ISO 9660, label config-2); empty: none.
+  std::vector<DriveFile> config_drive;
 };
 
 enum class DomainState { absent, running, stopped };
@@ -54,6 +57,7 @@ struct DomainUsage {
   int64_t rss_kib = -1;       // what its process holds in host RAM; -1: libvirt does not say
   int64_t disk_capacity = -1;    // the overlay's virtual size in bytes; -1: no disk
   int64_t disk_allocation = -1;  // what of it is allocated on the host, in bytes
+  bool simulated = false;        // libvirt's test driver: the figures are made up
 };
 
 struct GuestAddress {
@@ -90,6 +94,9 @@ class VirtBackend {
   virtual VirtResult<bool> destroy(const std::string& uuid) = 0;
   // The configured libvirt network exists and is active (started if it is not).
   virtual VirtResult<bool> ensure_network() = 0;
+  // The DNS servers the guests' network offers (its dnsmasq on a libvirt network); none on a
+  // bridge, whose DHCP server says.
+  virtual VirtResult<std::vector<std::string>> network_dns() = 0;
   // The guest's IPv4 addresses as libvirt knows them (DHCP leases, or ARP on a bridge).
   virtual VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) = 0;
   virtual VirtResult<DomainState> state(const std::string& uuid) = 0;
@@ -121,6 +128,7 @@ inline constexpr const char* owner_namespace = "urn:toyvm:owner:1";
 // Where an instance's files live.
 std::string instance_path(const std::string& instance_dir, const std::string& uuid);
 std::string console_log_path(const std::string& instance_dir, const std::string& uuid);
+std::string config_drive_path(const std::string& instance_dir, const std::string& uuid);
 // A stable locally administered MAC address for an instance (52:54:00 is QEMU's prefix).
 std::string instance_mac(const std::string& uuid);
 
@@ -128,7 +136,12 @@ result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options,
 
 // The domain name toyvm gives an instance, and the reverse.
 std::string domain_name(const std::string& uuid);
-// `disk` is the overlay's path, empty for none.
-std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, const std::string& disk);
+// `disk` is the overlay's path, empty for none; `config_drive` the drive's, empty for none.
+std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, const std::string& disk,
+                       const std::string& config_drive = "");
+
+// The IPv4 addresses a libvirt network's XML gives its host side, where its dnsmasq answers
+// DNS; none when its DNS is turned off.
+std::vector<std::string> network_dns_addresses(std::string_view network_xml);
 
 }  // namespace toyvm

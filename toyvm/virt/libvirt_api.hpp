@@ -43,6 +43,7 @@ namespace toyvm {
   X(virNetworkLookupByName)        \
   X(virNetworkIsActive)            \
   X(virNetworkCreate)              \
+  X(virNetworkGetXMLDesc)          \
   X(virNetworkFree)                \
   X(virStoragePoolLookupByName)    \
   X(virStoragePoolCreateXML)       \

@@ -1,5 +1,6 @@
 #include "virt/backend.hpp"
 
+#include "virt/config_drive.hpp"
 #include "virt/libvirt_api.hpp"
 
 #include "core/sha256.hpp"
@@ -127,8 +128,14 @@ class LibvirtBackend final : public VirtBackend {
       since();
       auto disk = make_overlay(spec);
       if (!disk) return {false, disk.failure};
+      std::string drive;
+      if (!spec.config_drive.empty()) {
+        drive = config_drive_path(options_.instance_dir, spec.uuid);
+        std::string why;
+        if (!write_config_drive(drive, spec.config_drive, &why)) return {false, VirtFailure{"launch_failure", why}};
+      }
       disk_ms = since();
-      dom.ptr = api->virDomainDefineXML(conn_, domain_xml(spec, options_, disk.value).c_str());
+      dom.ptr = api->virDomainDefineXML(conn_, domain_xml(spec, options_, disk.value, drive).c_str());
       if (!dom)
         return fail<bool>(last_error_is(VIR_ERR_NO_NETWORK) ? "network_failure" : "launch_failure",
                           "libvirt refused the domain");
@@ -215,6 +222,7 @@ class LibvirtBackend final : public VirtBackend {
       usage.disk_capacity = int64_t(block.capacity);
       usage.disk_allocation = int64_t(block.allocation);
     }
+    usage.simulated = options_.domain_type == "test";
     return {usage, {}};
   }
 
@@ -281,6 +289,18 @@ class LibvirtBackend final : public VirtBackend {
     }
     free(domains);
     return {std::move(uuids), {}};
+  }
+
+  VirtResult<std::vector<std::string>> network_dns() override {
+    if (!revive()) return unavailable<std::vector<std::string>>();
+    if (options_.network.empty() || !options_.bridge.empty()) return {{}, {}};
+    NetworkHandle network(api->virNetworkLookupByName(conn_, options_.network.c_str()));
+    if (!network) return fail<std::vector<std::string>>("network_failure");
+    char* xml = api->virNetworkGetXMLDesc(network.ptr, 0);
+    if (!xml) return fail<std::vector<std::string>>("network_failure");
+    std::vector<std::string> addresses = network_dns_addresses(xml);
+    free(xml);
+    return {addresses, {}};
   }
 
   VirtResult<bool> ensure_network() override {
@@ -469,12 +489,35 @@ std::string console_log_path(const std::string& instance_dir, const std::string&
   return instance_path(instance_dir, uuid) + "/console.log";
 }
 
+std::string config_drive_path(const std::string& instance_dir, const std::string& uuid) {
+  return instance_path(instance_dir, uuid) + "/config-drive.iso";
+}
+
+std::vector<std::string> network_dns_addresses(std::string_view xml) {
+  // libvirt writes its XML itself, attributes in single quotes; only <ip> elements of the
+  // network carry an address attribute and, for IPv6, family='ipv6'.
+  std::vector<std::string> addresses;
+  if (xml.find("<dns enable='no'") != std::string_view::npos) return addresses;
+  for (size_t at = xml.find("<ip "); at != std::string_view::npos; at = xml.find("<ip ", at + 1)) {
+    std::string_view element = xml.substr(at, xml.find('>', at) - at);
+    if (element.find("family='ipv6'") != std::string_view::npos) continue;
+    constexpr std::string_view attribute = "address='";
+    size_t start = element.find(attribute);
+    if (start == std::string_view::npos) continue;
+    start += attribute.size();
+    size_t end = element.find('\'', start);
+    if (end != std::string_view::npos) addresses.emplace_back(element.substr(start, end - start));
+  }
+  return addresses;
+}
+
 std::string instance_mac(const std::string& uuid) {
   std::string digest = sha256_hex(uuid);
   return fmt::format("52:54:00:{}:{}:{}", digest.substr(0, 2), digest.substr(2, 2), digest.substr(4, 2));
 }
 
-std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, const std::string& disk) {
+std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, const std::string& disk,
+                       const std::string& config_drive) {
   std::string type = options.domain_type.empty() ? "qemu" : options.domain_type;
   std::string boot;
   const BootImage& image = spec.image;
@@ -491,6 +534,12 @@ std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, co
         "    <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>"
         "<source file='{}'/><target dev='vda' bus='virtio'/></disk>\n",
         xml_escape(disk));
+  // Read-only, after the root disk so that the guest still sees its root as vda.
+  if (!config_drive.empty())
+    devices += fmt::format(
+        "    <disk type='file' device='disk'><driver name='qemu' type='raw'/>"
+        "<source file='{}'/><target dev='vdb' bus='virtio'/><readonly/></disk>\n",
+        xml_escape(config_drive));
   if (!spec.mac.empty() && (!options.network.empty() || !options.bridge.empty())) {
     std::string source = options.bridge.empty()
                              ? fmt::format("<interface type='network'><source network='{}'/>", xml_escape(options.network))

@@ -203,6 +203,9 @@ class ComputeAgent {
   awaitable<void> ensure_network() {
     auto network = co_await virt_(&VirtBackend::ensure_network);
     if (!network) spdlog::error("libvirt network {}: {}", config_.compute.network, network.failure->message);
+    // Told to guests in their network data; without it they still have what DHCP says.
+    auto dns = co_await virt_(&VirtBackend::network_dns);
+    if (dns) ctx_.guest_dns = dns.value;
   }
 
   Config config_;

@@ -155,6 +155,8 @@ DomainSpec Builder::domain_spec(const WorkSpec& spec, const BootImage& image) co
   d.image = image;
   d.mac = instance_mac(spec.uuid);  // the NIC itself only with a network or bridge
   d.start = spec.power == PowerState::running;
+  // Its address is not known yet: the guest takes it by DHCP, as its network data says.
+  if (spec.config_drive || ctx_.config.compute.config_drive) d.config_drive = config_drive_files(ctx_.describe_guest(spec, ""));
   return d;
 }
 

@@ -16,6 +16,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace toyvm::compute {
 
@@ -57,8 +58,21 @@ struct AgentContext {
   // Bursts of code run: changes to this host's work seen through the watch, each resync and
   // each report of the host's figures. Once they stop for a while, their pages are given back.
   uint64_t activity = 0;
+  std::vector<std::string> guest_dns;  // what the guests' network offers, read as the agent starts it
 
   bool has_nic() const { return !config.compute.network.empty() || !config.compute.bridge.empty(); }
+
+  // What this host tells the guest of `spec` (at `ip`, empty while unknown), through the
+  // metadata service or a config drive.
+  GuestView describe_guest(const WorkSpec& spec, const std::string& ip) const {
+    const std::string& zone = config.compute.availability_zone;
+    GuestView view = guest_view(spec, ip, zone.empty() ? config.mdserver.availability_zone : zone);
+    if (has_nic()) {
+      view.mac = instance_mac(spec.uuid);
+      view.dns_servers = guest_dns;
+    }
+    return view;
+  }
 };
 
 // Runs `task` detached. An exception ends it with a line in the log, not in silence.

@@ -59,9 +59,7 @@ std::shared_ptr<const GuestView> GuestMetadata::find(const std::string& ip) cons
     spec = &*slot.desired;
   }
   if (!spec) return nullptr;
-  const std::string& zone = ctx_.config.compute.availability_zone;
-  return std::make_shared<const GuestView>(
-      guest_view(*spec, ip, zone.empty() ? ctx_.config.mdserver.availability_zone : zone));
+  return std::make_shared<const GuestView>(ctx_.describe_guest(*spec, ip));
 }
 
 }  // namespace toyvm::compute
