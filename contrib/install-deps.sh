@@ -20,6 +20,9 @@ service_pkgs=(
   python3-prometheus-client
   # Real guests: libvirtd with QEMU, and what contrib/tiny-guest.sh builds the test guest with.
   libvirt-daemon-system qemu-system-x86 qemu-utils busybox-static xz-utils
+  # The Debian guest (contrib/debian-image.sh), reached over ssh, and Debian's cloud-init
+  # unpacked for its network converter (its modules need configobj and yaml).
+  debootstrap e2fsprogs openssh-client python3-configobj python3-yaml
   # What libvirtd runs that its packages only recommend (installed here without them):
   # dnsmasq serves DHCP and DNS on NAT networks such as "default", dmidecode gives it the
   # host's SMBIOS facts. Its firewall backend, iptables, is a hard dependency.

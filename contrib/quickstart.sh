@@ -4,8 +4,12 @@
 # driver, schedules an instance, waits for ACTIVE and shows it. Safe to run again.
 # With --real, the agent runs on qemu:///system instead (libvirtd is started if needed) and
 # the instance is a real guest under QEMU's TCG: contrib/tiny-guest.sh's kernel + busybox.
-#   usage: contrib/quickstart.sh          start everything and schedule an instance
-#          contrib/quickstart.sh --real   the same with a real guest
+# With --debian, the guest is Debian 12 with its own cloud-init (contrib/debian-image.sh),
+# given your ssh key (~/.ssh/id_ed25519.pub or id_rsa.pub; one is made if you have none), and
+# the quick start ends by logging in to it with ssh.
+#   usage: contrib/quickstart.sh           start everything and schedule an instance
+#          contrib/quickstart.sh --real    the same with a real guest
+#          contrib/quickstart.sh --debian  the same with a Debian guest, and ssh into it
 #          contrib/quickstart.sh stop     stop what it started (the data stays)
 # Data: $TOYVM_QUICKSTART_DIR, default /var/tmp/toyvm-quickstart (delete it to start over).
 set -euo pipefail
@@ -75,7 +79,13 @@ fi
 wait_until 20 "$toyvm" show
 wait_until 30 placement_up
 
-if [ "${1:-}" != --real ]; then
+mode=${1:-}
+case "$mode" in
+  ''|--real|--debian) ;;
+  *) echo "usage: $0 [--real|--debian|stop]" >&2; exit 2 ;;
+esac
+
+if [ -z "$mode" ]; then
   if ! alive compute; then
     setsid "$toyvm" compute --state-dir "$data/compute" --libvirt-uri test:///default --name quickstart \
       >"$data/compute.log" 2>&1 < /dev/null &
@@ -87,7 +97,11 @@ if [ "${1:-}" != --real ]; then
   schedule_args=()
 else
   "$root/contrib/start-libvirtd.sh"
-  "$root/contrib/tiny-guest.sh" "$data/images/tiny"
+  if [ "$mode" = --debian ]; then
+    "$root/contrib/debian-image.sh" "$data/images/debian-12"
+  else
+    "$root/contrib/tiny-guest.sh" "$data/images/tiny"
+  fi
   chmod 0755 "$data" "$data/images"
   if ! alive compute-real; then
     cat > "$data/compute-real.toml" <<EOF
@@ -107,8 +121,22 @@ EOF
     echo "started toyvm compute on qemu:///system (log: $data/compute-real.log)"
   fi
   wait_until 60 sh -c "'$toyvm' show --hosts | grep -q '^quickstart-real .* yes '"
-  query='resources=VCPU:1,DISK_GB:1,MEMORY_MB:128&required=CUSTOM_REAL_GUESTS'
-  schedule_args=(--image tiny --timeout 300)
+  if [ "$mode" = --debian ]; then
+    key=
+    for candidate in ~/.ssh/id_ed25519 ~/.ssh/id_rsa "$data/id_ed25519"; do
+      [ -f "$candidate.pub" ] && { key=$candidate; break; }
+    done
+    if [ -z "$key" ]; then
+      key=$data/id_ed25519
+      ssh-keygen -q -t ed25519 -N '' -C toyvm-quickstart -f "$key"
+      echo "made an ssh key for the guest: $key"
+    fi
+    query='resources=VCPU:1,DISK_GB:3,MEMORY_MB:512&required=CUSTOM_REAL_GUESTS'
+    schedule_args=(--image debian-12 --name debian-1 --key-file "$key.pub" --timeout 600)
+  else
+    query='resources=VCPU:1,DISK_GB:1,MEMORY_MB:128&required=CUSTOM_REAL_GUESTS'
+    schedule_args=(--image tiny --timeout 300)
+  fi
 fi
 
 echo
@@ -122,11 +150,23 @@ echo "\$ toyvm show --hosts"
 echo
 echo "\$ toyvm show $uuid"
 "$toyvm" show "$uuid"
-if [ "${1:-}" = --real ]; then
+if [ "$mode" = --real ]; then
   wait_until 120 sh -c "'$toyvm' show $uuid --console | grep -q 'toyvm-guest: \(instance-id\|no metadata\)'" || true
   echo
   echo "\$ toyvm show $uuid --console | tail -n 8"
   "$toyvm" show "$uuid" --console | tail -n 8
+fi
+if [ "$mode" = --debian ]; then
+  ip=$("$toyvm" show "$uuid" --json | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["ip"] or "")')
+  login=(ssh -i "$key" -o UserKnownHostsFile="$data/known_hosts" -o StrictHostKeyChecking=accept-new "debian@$ip")
+  echo
+  echo "waiting for the guest's ssh (cloud-init gives it your key as it boots; minutes under TCG)"
+  wait_until 600 "${login[@]}" -o BatchMode=yes -o ConnectTimeout=5 true
+  echo
+  echo "\$ ${login[*]} 'cloud-init status --wait; hostname; ip -4 -brief addr'"
+  "${login[@]}" 'cloud-init status --wait; hostname; ip -4 -brief addr'
+  echo
+  echo "log in with: ${login[*]}"
 fi
 echo
 echo "toyvm is at $toyvm; the servers keep running. Stop them with: $0 stop"
