@@ -261,6 +261,71 @@ double sample(const std::string& samples, const std::string& name, const std::st
 
 }  // namespace
 
+TEST_CASE("work this agent cannot read leaves its guest and allocation alone, and audit names it", "[operations]") {
+  Servers servers;
+  std::string rp;
+  const uint16_t port = free_port();
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/metrics";
+  auto compute = servers.start_compute("c1", roomy, &rp, {},
+                                       "metrics_listen = '127.0.0.1:" + std::to_string(port) + "'\n"
+                                       "resync_interval = 0.2\n");
+  const std::string uuid = parse_notified(servers.toyvm({"schedule", small, "--wait"}).out).second;
+  REQUIRE(!uuid.empty());
+  REQUIRE(wait_for([&] { return published_domains(servers, rp) == 1; }, 20));
+  auto listings = [&] { return sample(scrape(url), "toyvm_work_listings_total"); };
+
+  // What a newer writer (or a hand edit) might leave: a power state this agent does not know.
+  const std::string key = KeyLayout().work(rp, uuid);
+  std::string value = servers.etcd_prefix(key).front().value;
+  const size_t power = value.find("\"power\":\"running\"");
+  REQUIRE(power != std::string::npos);
+  value.replace(power, 17, "\"power\":\"paused\"");
+  servers.etcd_put(key, value);
+  REQUIRE(wait_for([&] { return compute->output().find("cannot be read") != std::string::npos; }, 20));
+  const double before = listings();
+  // Resyncs list it again (the listing where it used to read as "no work"), and the agent
+  // restarting its watch lists it again too.
+  REQUIRE(wait_for([&] { return listings() >= before + 3; }, 30));
+  servers.stop_etcd();
+  servers.start_etcd_again();
+  REQUIRE(wait_for([&] { return listings() >= before + 5; }, 30));
+  CHECK(published_domains(servers, rp) == 1);  // its guest is still there
+  CHECK(servers.usages(rp)["VCPU"] == 1);       // and its allocation
+  CHECK(servers.allocations(uuid).count(rp) == 1);
+  auto shown = servers.toyvm({"show", uuid, "--json"});
+  CHECK(json::parse(shown.out).at("usage").is_object());  // its agent measured the domain
+  const std::string log = compute->output();
+  size_t said = 0;
+  for (size_t at = 0; (at = log.find("cannot be read", at)) != std::string::npos; ++at) ++said;
+  CHECK(said == 1);  // logged once, not at every resync
+
+  auto audit = servers.toyvm({"audit", "--json"});
+  CHECK(audit.exit_code == 1);
+  auto found = json::parse(audit.out).at("discrepancies").as_array();
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].at("kind").as_string() == "unreadable_value");
+  CHECK(found[0].at("instance").as_string() == uuid);
+  CHECK_FALSE(servers.toyvm({"audit", "--fix", "--grace", "0.1"}).out.find("(fixed)") != std::string::npos);
+
+  // A value it can read again: the instance is the agent's again, and everything agrees.
+  value.replace(power, 16, "\"power\":\"stopped\"");
+  servers.etcd_put(key, value);
+  CHECK(wait_for_record(servers, uuid, [](const InstanceRecord& r) { return r.state == InstanceState::stopped; }));
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
+
+TEST_CASE("audit names an ACTIVE instance whose live host reports no domain for it", "[operations]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  const std::string uuid = parse_notified(servers.toyvm({"schedule", small, "--wait"}).out).second;
+  REQUIRE(wait_for([&] { return published_domains(servers, rp) == 1; }, 20));
+  servers.etcd_erase(KeyLayout().domain(rp, uuid));  // as if the domain were gone behind toyvm
+  auto audit = servers.toyvm({"audit"});
+  CHECK(audit.exit_code == 1);
+  CHECK_THAT(audit.out, Catch::Contains("instance_without_domain") && Catch::Contains(uuid));
+}
+
 TEST_CASE("the agent and the metadata service serve Prometheus metrics, never on the guests' address", "[operations]") {
   Servers servers;
   std::string rp;

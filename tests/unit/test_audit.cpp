@@ -78,6 +78,27 @@ TEST_CASE("every kind of disagreement is named") {
     s.instances["old"] = record("old", host_a, InstanceState::active);
     CHECK(kinds(s) == std::vector<K>{K::record_without_work, K::domain_without_work, K::member_without_instance});
   }
+  SECTION("an ACTIVE or STOPPED instance whose live host reports no domain for it") {
+    s.domains[host_a].erase("i-1");
+    CHECK(kinds(s) == std::vector<K>{K::instance_without_domain});
+    s.instances["i-1"].state = InstanceState::stopped;
+    CHECK(kinds(s) == std::vector<K>{K::instance_without_domain});
+    // Not yet made, or its host is dead (then it says work_on_dead_host): nothing to expect.
+    s.instances["i-1"].state = InstanceState::building;
+    CHECK(kinds(s).empty());
+    s.instances["i-2"].state = InstanceState::active;
+    s.domains.erase(host_b);
+    s.live_hosts.erase(host_b);
+    CHECK(kinds(s) == std::vector<K>{K::work_on_dead_host});
+  }
+  SECTION("a value nobody can read is its own kind, and never taken for a missing one") {
+    s.unreadable.push_back({"i-1", "/toyvm/v1/work/a/i-1", "invalid power"});
+    auto found = find_discrepancies(s);
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].kind == K::unreadable_value);
+    CHECK(found[0].instance == "i-1");
+    CHECK_THAT(found[0].detail, Catch::Contains("/toyvm/v1/work/a/i-1") && Catch::Contains("invalid power"));
+  }
   for (const Discrepancy& d : find_discrepancies(s)) CHECK_FALSE(to_string(d.kind).empty());
 }
 
@@ -88,4 +109,6 @@ TEST_CASE("only unambiguous repairs are fixable") {
   CHECK_FALSE(fixable(AuditKind::instance_without_allocation));
   CHECK_FALSE(fixable(AuditKind::allocation_elsewhere));
   CHECK_FALSE(fixable(AuditKind::domain_without_work));
+  CHECK_FALSE(fixable(AuditKind::instance_without_domain));
+  CHECK_FALSE(fixable(AuditKind::unreadable_value));
 }

@@ -36,6 +36,8 @@ const std::vector<Family>& families() {
       {"toyvm_etcd_requests_total", Type::counter, "etcd calls by gRPC status", {}},
       {"toyvm_etcd_request_seconds", Type::histogram, "etcd call latency", request_buckets},
       {"toyvm_etcd_watch_restarts_total", Type::counter, "Watches that ended and were listed and opened again", {}},
+      {"toyvm_work_listings_total", Type::counter,
+       "Full listings of this host's work compared with its domains (start, resync, a lost watch)", {}},
       {"toyvm_mdserver_requests_total", Type::counter, "Metadata requests by HTTP status", {}},
       {"toyvm_mdserver_request_seconds", Type::histogram, "Metadata request latency, read to written",
        request_buckets},

@@ -15,6 +15,8 @@ std::string_view to_string(AuditKind kind) noexcept {
     case AuditKind::domain_without_work: return "domain_without_work";
     case AuditKind::member_without_instance: return "member_without_instance";
     case AuditKind::record_without_work: return "record_without_work";
+    case AuditKind::instance_without_domain: return "instance_without_domain";
+    case AuditKind::unreadable_value: return "unreadable_value";
   }
   return "unknown";
 }
@@ -68,8 +70,23 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
   }
 
   for (auto& [uuid, record] : s.instances) {
-    if (!s.work_host.count(uuid)) add(AuditKind::record_without_work, uuid, record.host, "no host has work for it");
+    auto work = s.work_host.find(uuid);
+    if (work == s.work_host.end()) {
+      add(AuditKind::record_without_work, uuid, record.host, "no host has work for it");
+      continue;
+    }
+    // Its host is alive and says what domains it has: a guest that should be there is missing.
+    const bool made = record.state == InstanceState::active || record.state == InstanceState::stopped;
+    const std::string& host = work->second;
+    auto listed = s.domains.find(host);
+    if (made && record.host == host && s.live_hosts.count(host) &&
+        (listed == s.domains.end() || !listed->second.count(uuid)))
+      add(AuditKind::instance_without_domain, uuid, host,
+          fmt::format("{}, yet its host reports no domain for it", to_string(record.state)));
   }
+
+  for (const UnreadableValue& value : s.unreadable)
+    add(AuditKind::unreadable_value, value.instance, "", fmt::format("{}: {}", value.key, value.why));
 
   for (auto& [provider, uuids] : s.domains) {
     for (const std::string& uuid : uuids) {

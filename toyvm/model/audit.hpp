@@ -14,6 +14,16 @@
 
 namespace toyvm {
 
+// A value in etcd that cannot be decoded: a newer writer's, or a damaged one. Nothing acts on
+// it as if it were gone.
+struct UnreadableValue {
+  std::string instance;
+  std::string key;
+  std::string why;
+
+  bool operator==(const UnreadableValue&) const = default;
+};
+
 struct AuditSnapshot {
   std::set<std::string> providers;                           // in Placement
   std::map<std::string, Allocations> allocations;            // consumer -> provider -> amounts
@@ -22,6 +32,7 @@ struct AuditSnapshot {
   std::map<std::string, InstanceRecord> instances;           // instance -> record
   std::map<std::string, std::string> group_members;          // instance -> group it is a member of
   std::map<std::string, std::set<std::string>> domains;      // live provider -> domain uuids it reports
+  std::vector<UnreadableValue> unreadable;                   // work and records that do not decode
 };
 
 enum class AuditKind {
@@ -34,6 +45,8 @@ enum class AuditKind {
   domain_without_work,          // a domain its host has no work for
   member_without_instance,      // a server group member whose instance is gone
   record_without_work,          // an instance record with no work anywhere
+  instance_without_domain,      // ACTIVE or STOPPED on a live host that reports no domain for it
+  unreadable_value,             // work or a record toyvm cannot decode; agents leave it alone
 };
 
 std::string_view to_string(AuditKind kind) noexcept;

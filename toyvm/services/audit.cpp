@@ -82,10 +82,23 @@ class Auditor {
     }
     for (const KeyValue& kv : txn->ranges[0].kvs)
       if (auto host = decode_host(kv.value)) s.live_hosts.insert(host->provider);
-    for (const KeyValue& kv : txn->ranges[1].kvs)
-      if (auto key = keys_.parse_work(kv.key)) s.work_host[key->instance] = key->host;
-    for (const KeyValue& kv : txn->ranges[2].kvs)
-      if (auto record = decode_instance(kv.value)) s.instances[record->uuid] = std::move(*record);
+    for (const KeyValue& kv : txn->ranges[1].kvs) {
+      auto key = keys_.parse_work(kv.key);
+      if (!key) continue;
+      s.work_host[key->instance] = key->host;
+      std::string why;
+      auto spec = decode_work(kv.value, &why);
+      if (spec && spec->uuid != key->instance) why = "its uuid is not its key's";
+      if (!spec || !why.empty()) s.unreadable.push_back({key->instance, kv.key, why});
+    }
+    const std::string records_root = keys_.instances_prefix();
+    for (const KeyValue& kv : txn->ranges[2].kvs) {
+      std::string why;
+      if (auto record = decode_instance(kv.value, &why))
+        s.instances[record->uuid] = std::move(*record);
+      else
+        s.unreadable.push_back({kv.key.substr(records_root.size()), kv.key, why});
+    }
     for (const KeyValue& kv : txn->ranges[3].kvs) {
       // <groups_root><name>/<instance>
       std::string_view rest = std::string_view(kv.key).substr(groups_root.size());

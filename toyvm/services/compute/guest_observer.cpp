@@ -26,7 +26,7 @@ awaitable<void> GuestObserver::run() {
     auto now = std::chrono::steady_clock::now();
     std::vector<std::string> looking, given_up, consoles;
     for (auto& [uuid, slot] : slots_) {
-      if (!slot.desired || slot.busy) continue;
+      if (!slot.at_rest()) continue;
       if (ctx_.has_nic() && slot.recorded == InstanceState::active && slot.ip.empty() && !slot.address_given_up)
         (now < slot.address_deadline ? looking : given_up).push_back(uuid);
       if ((slot.recorded == InstanceState::active || slot.recorded == InstanceState::stopped) &&
@@ -60,7 +60,7 @@ awaitable<void> GuestObserver::find_address(std::string uuid) {
   auto it = slots_.find(uuid);  // it may have gone meanwhile
   if (it == slots_.end()) co_return;
   InstanceSlot& slot = it->second;
-  if (!slot.desired || slot.busy || slot.recorded != InstanceState::active) co_return;
+  if (!slot.at_rest() || slot.recorded != InstanceState::active) co_return;
   const std::string mac = instance_mac(uuid);
   slot.ip = found.value.front().ip;
   for (const GuestAddress& address : found.value)
@@ -72,7 +72,7 @@ awaitable<void> GuestObserver::find_address(std::string uuid) {
 // Recorded so that whoever waits for the address stops waiting.
 awaitable<void> GuestObserver::give_up_address(std::string uuid) {
   InstanceSlot& slot = slots_[uuid];
-  if (!slot.desired || slot.busy || slot.recorded != InstanceState::active || !slot.ip.empty()) co_return;
+  if (!slot.at_rest() || slot.recorded != InstanceState::active || !slot.ip.empty()) co_return;
   slot.address_given_up = true;
   spdlog::warn("instance {}: no address within address_timeout ({} s); no longer looking", uuid,
                ctx_.config.compute.address_timeout_s);

@@ -24,6 +24,9 @@ std::optional<std::string> Reconciler::apply(const WatchEvent& event, bool liste
   if (created && !listed) slot.recorded_loaded = true;  // nothing recorded before it
   // A listing taken before a watch event must not undo it (periodic resync runs alongside).
   if (event.kv.mod_revision < slot.revision) return key->instance;
+  // Logged once per value, however often a resync lists it again.
+  if (slot.unreadable && event.kv.mod_revision == slot.revision && event.type != WatchEvent::Type::erase)
+    return key->instance;
   slot.revision = event.kv.mod_revision;
   if (event.type == WatchEvent::Type::erase) {
     slot.desired.reset();
@@ -31,12 +34,16 @@ std::optional<std::string> Reconciler::apply(const WatchEvent& event, bool liste
     std::string detail;
     auto spec = decode_work(event.kv.value, &detail);
     if (!spec || spec->uuid != key->instance) {
-      spdlog::error("ignoring work {}: {}", event.kv.key, spec ? "uuid does not match the key" : detail);
-      if (!slot.busy && !slot.desired) parts_.slots.erase(key->instance);
-      return std::nullopt;
+      // Unknown is not absent: the guest, its disk and its allocation stay as they are, and
+      // the instance counts as listed, until a value this agent can read replaces it.
+      spdlog::error("work {} cannot be read ({}); its instance is left as it is until it can", event.kv.key,
+                    spec ? "its uuid is not its key's" : detail);
+      slot.unreadable = true;
+      return key->instance;
     }
     slot.desired = std::move(*spec);
   }
+  slot.unreadable = false;
   if (slot.waiting && slot.cancelled()) slot.waiting->cancel();
   if (!listed) ++ctx_.activity;
   kick(key->instance);
@@ -52,8 +59,9 @@ awaitable<void> Reconciler::apply_listing(RangeResult listed) {
   // Work that vanished while we were not watching (and did not appear after the listing),
   // and domains nobody asked for.
   for (auto& [uuid, slot] : parts_.slots) {
-    if (!seen.count(uuid) && slot.desired && slot.revision <= listed.revision) {
+    if (!seen.count(uuid) && (slot.desired || slot.unreadable) && slot.revision <= listed.revision) {
       slot.desired.reset();
+      slot.unreadable = false;
       kick(uuid);
     }
   }
@@ -63,6 +71,7 @@ awaitable<void> Reconciler::apply_listing(RangeResult listed) {
     if (!seen.count(uuid) && !parts_.slots.count(uuid)) kick(uuid);
   }
   parts_.presence.publish(domains.value);
+  metrics::count("toyvm_work_listings_total");
 }
 
 void Reconciler::observe(const std::string& uuid, bool started) {
@@ -104,7 +113,7 @@ awaitable<void> Reconciler::reconcile_loop(std::string uuid) {
     InstanceSlot& after = parts_.slots[uuid];
     if (!after.dirty || ctx_.stopping) {
       after.busy = false;
-      if (!after.desired) parts_.slots.erase(uuid);
+      if (!after.desired && !after.unreadable) parts_.slots.erase(uuid);
       co_return;
     }
   }
@@ -113,6 +122,7 @@ awaitable<void> Reconciler::reconcile_loop(std::string uuid) {
 // One step towards the desired state; false when it must be retried.
 awaitable<bool> Reconciler::reconcile_once(std::string uuid) {
   co_await failpoint::pass("reconcile.step");
+  if (parts_.slots[uuid].unreadable) co_return true;  // nothing is decided on what cannot be read
   if (parts_.slots[uuid].desired && !co_await parts_.recorder.load(uuid)) co_return false;
   auto actual = co_await ctx_.virt(&VirtBackend::state, uuid);
   if (!actual) {

@@ -31,9 +31,14 @@ struct InstanceSlot {
   bool address_given_up = false;    // the deadline passed without one: recorded, so --wait ends
   int64_t console_published = -1;   // console log size last put in etcd
   asio::steady_timer* waiting = nullptr;  // a build waiting for its image; cancelled on destroy
+  // Its work value cannot be decoded (a newer writer's, or damaged): it is there, so it is no
+  // reason to remove anything; nothing is done for the instance until it can be read.
+  bool unreadable = false;
 
   // Destroy requested (or the work gone): a build in progress stops at its next step.
   bool cancelled() const { return !desired || desired->power == PowerState::deleted; }
+  // Known work and no step running: what it looks like may be recorded.
+  bool at_rest() const { return desired && !busy && !unreadable; }
 };
 
 using InstanceSlots = std::map<std::string, InstanceSlot>;
