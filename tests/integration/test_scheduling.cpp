@@ -91,6 +91,36 @@ TEST_CASE("--count places all or nothing", "[scheduling]") {
   CHECK(std::count(fits.out.begin(), fits.out.end(), '\n') >= 9 + 9);  // NOTIFIED, then ACTIVE each
 }
 
+TEST_CASE("a batch with big user data is handed over in as many transactions as etcd's limits need",
+          "[scheduling]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:100,DISK_GB:1000,MEMORY_MB:100000", &rp);
+  // 64 KiB of user data each: 20 of them are over etcd's 1.5 MiB for one request.
+  const std::string user_data = servers.dir() + "/user-data";
+  std::ofstream(user_data) << "#cloud-config\n# " << std::string(64 * 1024 - 20, 'x') << "\n";
+  auto batch = servers.toyvm({"schedule", small, "--count", "20", "--user-data", user_data}, 120);
+  INFO(batch.err);
+  CHECK(batch.exit_code == 0);
+  CHECK(targets(batch.out).size() == 20);
+  CHECK(servers.etcd_prefix(KeyLayout().work_prefix(rp)).size() == 20);
+  CHECK(servers.usages(rp)["VCPU"] == 20);
+  auto audit = servers.toyvm({"audit"});
+  INFO(audit.out);
+  CHECK(audit.exit_code == 0);
+
+  // An instance that could never go through etcd is refused before anything is claimed.
+  const std::string key_file = servers.dir() + "/key.pub";
+  std::ofstream(key_file) << "ssh-ed25519 " << std::string(15000, 'A') << " big\n";
+  std::vector<std::string> args{"schedule", small};
+  for (int i = 0; i < 80; ++i) args.insert(args.end(), {"--key-file", key_file});
+  auto refused = servers.toyvm(args);
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.err, Catch::Contains("more than etcd takes in one request"));
+  CHECK(servers.usages(rp)["VCPU"] == 20);
+  CHECK(servers.etcd_prefix(KeyLayout().instances_prefix()).size() == 20);
+}
+
 TEST_CASE("availability zones and CPU traits pick only matching hosts", "[scheduling]") {
   Servers servers;
   std::string east, west;

@@ -8,6 +8,7 @@
 #include "model/image.hpp"
 #include "model/keys.hpp"
 #include "model/records.hpp"
+#include "model/txn_limits.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
 #include "services/placer.hpp"
@@ -113,6 +114,12 @@ class Scheduler {
     WorkSpec spec;
     if (auto read = read_guest_data(options_, spec, &detail); !read)
       co_return report_failure(read.error(), detail);
+    // Checked before anything is claimed: an instance etcd cannot take in one request could
+    // never be handed over, and its claim would only have to be given back.
+    if (const TxnCost one = hand_over_cost(sample_work(spec), sample_record()); !split_by_limits({one}))
+      co_return report_failure(errc::invalid_argument,
+                               fmt::format("the instance's data ({} bytes with its user data and keys) is more than "
+                                           "etcd takes in one request ({} bytes)", one.bytes, etcd_request_budget));
 
     const int count = std::max(1, options_.count);
     std::vector<std::string> uuids(static_cast<size_t>(count));
@@ -291,14 +298,58 @@ class Scheduler {
     error_code error;
   };
 
-  // Create-only transactions, 42 instances each (3 keys apiece, under etcd's 128 operations),
-  // each read back when etcd did not say whether it committed.
+  // What handing one instance over adds to a transaction: its work, record and group
+  // membership, each compared absent and written.
+  TxnCost hand_over_cost(const WorkSpec& spec, const InstanceRecord& record) const {
+    const std::string work = keys_.work(record.host, spec.uuid), instance = keys_.instance(spec.uuid);
+    TxnCost cost{2, 2, 2 * (work.size() + instance.size()) + encode(spec).size() + encode(record).size()};
+    if (!spec.group.empty()) {
+      constexpr size_t member_value = 128;  // host and policy
+      cost.compares += 1;
+      cost.ops += 1;
+      cost.bytes += 2 * keys_.group_member(spec.group, spec.uuid).size() + member_value;
+    }
+    return cost;
+  }
+
+  // An instance of this schedule as big as it can get before its claim says where it goes.
+  WorkSpec sample_work(WorkSpec spec) const {
+    spec.uuid = new_uuid();
+    spec.name = options_.count > 1 && !options_.name.empty() ? fmt::format("{}-{}", options_.name, options_.count)
+                                                               : options_.name;
+    spec.image = options_.image.empty() ? config_.schedule.image : options_.image;
+    spec.image_sha256 = options_.image_sha256;
+    spec.image_format = options_.image_format;
+    spec.query = options_.query;
+    spec.config_drive = options_.config_drive;
+    spec.group = options_.group;
+    spec.group_policy = options_.group_policy;
+    spec.created_at = unix_seconds();
+    return spec;
+  }
+  InstanceRecord sample_record() const {
+    InstanceRecord record;
+    record.uuid = new_uuid();
+    record.name = options_.name;
+    record.host = new_uuid();
+    record.updated_at = unix_millis();
+    return record;
+  }
+
+  // Create-only transactions, as many instances each as etcd's limits on operations and
+  // request size allow, each read back when etcd did not say whether it committed.
   awaitable<HandOver> hand_over(const std::vector<WorkSpec>& specs, const std::vector<InstanceRecord>& records) {
-    constexpr size_t per_txn = 42;
     HandOver out;
+    std::vector<TxnCost> costs;
+    for (size_t i = 0; i < specs.size(); ++i) costs.push_back(hand_over_cost(specs[i], records[i]));
+    auto ends = split_by_limits(costs);
+    if (!ends) {  // checked before claiming; a resource amount cannot make up the difference
+      out.error = make_error_code(errc::invalid_argument);
+      co_return out;
+    }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(config_.etcd.timeout_s * 3000));
-    for (size_t first = 0; first < specs.size(); first = out.handed) {
-      const size_t end = std::min(specs.size(), first + per_txn);
+    for (const size_t end : *ends) {
+      const size_t first = out.handed;
       std::vector<Placed> placed;
       std::vector<EtcdCompare> absent;
       for (size_t i = first; i < end; ++i) {
@@ -307,9 +358,7 @@ class Scheduler {
         absent.push_back(EtcdCompare::absent(keys_.instance(specs[i].uuid)));
         if (!specs[i].group.empty()) absent.push_back(EtcdCompare::absent(keys_.group_member(specs[i].group, specs[i].uuid)));
       }
-      // The uuids are fresh: the first one's record, if there, is ours.
-      Placer::Probe ours{keys_.instance(specs[first].uuid), true};
-      HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), {}, std::move(ours), deadline);
+      HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), {}, deadline);
       switch (txn.outcome) {
         case HandOverResult::Outcome::committed:
           out.revision = txn.revision;
@@ -332,24 +381,30 @@ class Scheduler {
   // fate etcd did not tell keeps its claim (`toyvm audit --fix` resolves it either way).
   awaitable<int> give_up_hand_over(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
                                    std::vector<InstanceRecord> records) {
-    size_t kept = handed.handed;
-    if (kept > 0) {
+    // Taken back in the same groups it went in, each only if no agent has touched it: the
+    // first `undone` are out of etcd again, the rest of what was handed over is kept.
+    size_t undone = 0;
+    std::vector<TxnCost> costs;
+    for (size_t i = 0; i < handed.handed; ++i) costs.push_back(hand_over_cost(specs[i], records[i]));
+    for (const size_t end : split_by_limits(costs).value_or(std::vector<size_t>{})) {
       std::vector<EtcdCompare> untouched;
       std::vector<EtcdOp> remove;
-      for (size_t i = 0; i < kept; ++i) {
+      for (size_t i = undone; i < end; ++i) {
         for (std::string key : {keys_.work(records[i].host, specs[i].uuid), keys_.instance(specs[i].uuid)}) {
           untouched.push_back(EtcdCompare{key, EtcdCompare::Target::version, EtcdCompare::Result::equal, 1, {}});
           remove.push_back(EtcdOp::erase(key));
         }
         if (!specs[i].group.empty()) remove.push_back(EtcdOp::erase(keys_.group_member(specs[i].group, specs[i].uuid)));
       }
-      auto undone = co_await etcd_->txn(std::move(untouched), std::move(remove));
-      if (undone && undone->succeeded) kept = 0;
+      auto taken_back = co_await etcd_->txn(std::move(untouched), std::move(remove));
+      if (!taken_back || !taken_back->succeeded) break;
+      undone = end;
     }
-    std::vector<std::string> release(uuids.begin() + long(kept + handed.in_doubt), uuids.end());
-    if (kept == 0) release.insert(release.end(), uuids.begin(), uuids.begin() + long(handed.handed));
+    std::vector<std::string> release(uuids.begin(), uuids.begin() + long(undone));
+    release.insert(release.end(), uuids.begin() + long(handed.handed + handed.in_doubt), uuids.end());
     co_await release_all(release);
-    for (size_t i = 0; i < kept; ++i)
+    const size_t kept = handed.handed - undone;
+    for (size_t i = undone; i < handed.handed; ++i)
       std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", records[i].host.c_str(), records[i].uuid.c_str());
     std::string what = handed.error == errc::already_exists ? "an instance key already exists" : handed.error.message();
     std::string detail = fmt::format("cannot hand the instance(s) over through etcd at {}: {}", etcd_->endpoints_text(), what);
