@@ -435,6 +435,52 @@ TEST_CASE("show tells what an instance uses, asked of its agent, and leaves noth
   CHECK(json::parse(without.out).at("state").as_string() == "STOPPED");
 }
 
+TEST_CASE("two evacuations of one dead host at once move each instance once, books exact", "[operations]") {
+  Servers servers;
+  std::string rp, b, c;
+  // c1 alone at first, so the batch lands there and can go anywhere later.
+  auto compute = servers.start_compute("c1", roomy, &rp, {}, "lease_ttl = 2\n");
+  auto batch = servers.toyvm({"schedule", small, "--count", "8", "--wait"}, 120);
+  REQUIRE(batch.exit_code == 0);
+  std::vector<std::string> uuids;
+  for (const KeyValue& kv : servers.etcd_prefix(KeyLayout().work_prefix(rp)))
+    uuids.push_back(kv.key.substr(KeyLayout().work_prefix(rp).size()));
+  REQUIRE(uuids.size() == 8);
+  auto compute_b = servers.start_compute("b", roomy, &b);
+  auto compute_c = servers.start_compute("c", roomy, &c);
+  compute->signal(SIGKILL);
+  compute->wait(20);
+  REQUIRE(wait_for([&] { return !host_record(servers, rp).has_value(); }, 30));
+
+  auto first = servers.spawn_toyvm({"evacuate", "c1"}, "evacuate-1.log");
+  auto second = servers.spawn_toyvm({"evacuate", "c1"}, "evacuate-2.log");
+  first->wait(120);
+  second->wait(120);
+  const std::string said = first->output() + second->output();
+  INFO(said);
+  // Each instance is said to have moved exactly once, by one of the two.
+  for (const std::string& uuid : uuids) {
+    size_t moves = 0;
+    for (size_t at = 0; (at = said.find("EVACUATED INSTANCE " + uuid, at)) != std::string::npos; ++at) ++moves;
+    CHECK(moves == 1);
+  }
+  // Its work and its allocation on the same live host, nothing left on the dead one.
+  for (const std::string& uuid : uuids) {
+    auto record = wait_for_record(servers, uuid, [&](const InstanceRecord& r) {
+      return r.host != rp && r.state == InstanceState::active;
+    });
+    REQUIRE(record);
+    CHECK(servers.etcd_prefix(KeyLayout().work(record->host, uuid)).size() == 1);
+    Allocations held = servers.allocations(uuid);
+    CHECK(held.size() == 1);
+    CHECK(held.count(record->host) == 1);
+  }
+  CHECK(servers.etcd_prefix(KeyLayout().work_prefix(rp)).empty());
+  auto audit = servers.toyvm({"audit"});
+  INFO(audit.out);
+  CHECK(audit.exit_code == 0);
+}
+
 TEST_CASE("evacuate rebuilds a dead host's instances elsewhere, moving their allocations, and only a dead host's",
           "[operations]") {
   Servers servers;

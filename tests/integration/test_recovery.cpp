@@ -159,6 +159,42 @@ TEST_CASE("destroy --force cleans up an instance whose host is gone", "[recovery
   CHECK(servers.toyvm({"destroy", uuid, "--force"}).exit_code == 3);
 }
 
+TEST_CASE("destroy --force that loses a race with an evacuation leaves the moved instance whole", "[recovery]") {
+  Servers servers;
+  std::string rp, other;
+  auto compute = servers.start_compute("c1", roomy, &rp, {}, "lease_ttl = 2\n");
+  const std::string uuid = parse_notified(servers.toyvm({"schedule", small, "--wait"}).out).second;
+  REQUIRE(!uuid.empty());
+  auto compute2 = servers.start_compute("c2", roomy, &other);
+  compute->signal(SIGKILL);
+  compute->wait();
+  REQUIRE(wait_for([&] { return !host_record(servers, rp).has_value(); }, 30));
+
+  // destroy --force reads the instance on c1, and waits there while an evacuation moves it.
+  const std::string paused = servers.dir() + "/force-paused";
+  std::ofstream(paused) << "";
+  std::unique_ptr<Process> forced;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "destroy.force=pause(" + paused + ")");
+    forced = servers.spawn_toyvm({"-v", "destroy", uuid, "--force"}, "forced.log");
+  }
+  REQUIRE(wait_for([&] { return forced->output().find("failpoint destroy.force: paused") != std::string::npos; }, 20));
+  auto evacuated = servers.toyvm({"evacuate", "c1"});
+  INFO(evacuated.out << evacuated.err);
+  REQUIRE(evacuated.exit_code == 0);
+  fs::remove(paused);
+  CHECK(forced->wait(30) == 5);
+  CHECK_THAT(forced->output(), Catch::Contains("changed while it was being destroyed"));
+
+  // It runs on c2, holding its resources there, its keys whole.
+  CHECK(wait_for_record(servers, uuid, [&](const InstanceRecord& r) {
+    return r.host == other && r.state == InstanceState::active;
+  }));
+  CHECK(servers.allocations(uuid).count(other) == 1);
+  CHECK(servers.etcd_prefix(KeyLayout().work(other, uuid)).size() == 1);
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
+
 TEST_CASE("Placement down during a destroy: the release happens once it is back", "[recovery]") {
   Servers servers;
   std::string rp;

@@ -25,6 +25,7 @@ class Category final : public boost::system::error_category {
       case errc::virt_error: return "libvirt error";
       case errc::timeout: return "timed out";
       case errc::cancelled: return "cancelled";
+      case errc::changed: return "changed meanwhile";
     }
     return "unknown toyvm error";
   }

@@ -31,6 +31,7 @@ enum class errc {
   virt_error,             // libvirt refused
   timeout,
   cancelled,
+  changed,                // what a guarded write was decided on changed meanwhile
 };
 
 const boost::system::error_category& toyvm_category() noexcept;

@@ -3,6 +3,7 @@
 // its allocation.
 
 #include "clients/etcd.hpp"
+#include "core/failpoint.hpp"
 #include "clients/placement.hpp"
 #include "model/console.hpp"
 #include "model/keys.hpp"
@@ -397,25 +398,50 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
   co_return 0;
 }
 
-// Without the host: the allocation goes first (if Placement is down nothing is removed and
-// the command can be repeated), then every key of the instance in one transaction.
+// Without the host, and only as it was read: the keys go in one transaction guarded by the
+// revisions of the record and the work read here, so an instance that an evacuation or a
+// move took elsewhere meanwhile is left alone; then its allocation, guarded by the consumer
+// generation read before (one that moved since is left for `toyvm audit` to judge).
 awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const Config& config,
-                             const InstanceRecord& record) {
+                             const InstanceRecord& record, int64_t record_revision) {
   PlacementClient placement(io.get_executor(), config.placement);
-  if (!co_await placement.release(record.uuid))
-    co_return report_failure(placement.last_error().code, fmt::format("releasing the allocation of {}: {}",
-                                                                      record.uuid, placement.last_error().detail));
+  auto held = co_await placement.consumer_allocations(record.uuid);
+  if (!held)
+    co_return report_failure(placement.last_error().code, fmt::format("reading the allocation of {}: {}", record.uuid,
+                                                                      placement.last_error().detail));
+  if (!held->allocations.empty() && !held->allocations.count(record.host))
+    co_return report_failure(errc::changed,
+                             fmt::format("instance {} holds its resources on another host than {} (a move in flight?); "
+                                         "nothing removed",
+                                         record.uuid, record.host));
   const std::string work_key = keys.work(record.host, record.uuid);
-  std::vector<EtcdOp> erase{EtcdOp::erase(work_key), EtcdOp::erase(keys.instance(record.uuid))};
   auto work = co_await etcd.range(work_key);
   if (!work) co_return etcd_failure(etcd, work.error());
-  if (!work->kvs.empty()) {
+  std::vector<EtcdOp> erase{EtcdOp::erase(work_key), EtcdOp::erase(keys.instance(record.uuid)),
+                            EtcdOp::erase(keys.console(record.uuid))};
+  std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(keys.instance(record.uuid), record_revision)};
+  if (work->kvs.empty()) {
+    as_read.push_back(EtcdCompare::absent(work_key));
+  } else {
+    as_read.push_back(EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision));
     auto spec = decode_work(work->kvs.front().value);
     if (spec && !spec->group.empty()) erase.push_back(EtcdOp::erase(keys.group_member(spec->group, record.uuid)));
   }
-  std::vector<EtcdCompare> always;
-  auto txn = co_await etcd.txn(std::move(always), std::move(erase));
+  co_await failpoint::pass("destroy.force");  // read, not yet written
+  auto txn = co_await etcd.txn(std::move(as_read), std::move(erase));
   if (!txn) co_return etcd_failure(etcd, txn.error());
+  if (!txn->succeeded)
+    co_return report_failure(errc::changed, fmt::format("instance {} changed while it was being destroyed (moved, "
+                                                         "evacuated, or its host came back); nothing removed",
+                                                         record.uuid));
+  if (held->generation && !held->allocations.empty()) {
+    auto released = co_await placement.replace(record.uuid, {}, *held->generation);
+    if (!released)
+      co_return report_failure(released.error(),
+                               fmt::format("instance {} is removed, but its allocation was not released ({}); "
+                                           "`toyvm audit --fix` releases it",
+                                           record.uuid, placement.last_error().detail));
+  }
   std::printf("DESTROYED INSTANCE %s\n", record.uuid.c_str());
   co_return 0;
 }
@@ -423,7 +449,8 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
 // The instance's record and the work key its host follows.
 struct Target {
   InstanceRecord record;
-  int64_t revision = 0;  // of the read: a watch from here misses nothing
+  int64_t revision = 0;      // of the read: a watch from here misses nothing
+  int64_t mod_revision = 0;  // of the record
 };
 
 awaitable<std::variant<Target, int>> find_target(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid) {
@@ -433,7 +460,7 @@ awaitable<std::variant<Target, int>> find_target(EtcdClient& etcd, const KeyLayo
   auto record = decode_instance(found->kvs.front().value);
   if (!record || !is_uuid(record->host))
     co_return report_failure(errc::corrupt_record, fmt::format("instance {} has a corrupt record in etcd", uuid));
-  co_return Target{std::move(*record), found->revision};
+  co_return Target{std::move(*record), found->revision, found->kvs.front().mod_revision};
 }
 
 // Desired power on the work key, written only over the version we read; 0 on success.
@@ -507,7 +534,7 @@ int run_destroy(const Config& config, const DestroyOptions& options) {
     auto found = co_await find_target(*etcd, keys, options.uuid);
     if (auto* code = std::get_if<int>(&found)) co_return *code;
     const Target& target = std::get<Target>(found);
-    if (options.force) co_return co_await force_destroy(io, *etcd, keys, config, target.record);
+    if (options.force) co_return co_await force_destroy(io, *etcd, keys, config, target.record, target.mod_revision);
     if (int code = co_await request_power(*etcd, keys, target.record, PowerState::deleted)) co_return code;
     if (!options.wait) {
       std::printf("DESTROYING INSTANCE %s\n", options.uuid.c_str());

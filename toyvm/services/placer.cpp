@@ -60,23 +60,20 @@ awaitable<result<Claim>> Placer::claim_first_fit(std::string uuid, std::vector<C
   co_return make_error_code(errc::no_allocations_left);
 }
 
-awaitable<result<bool>> Placer::move_allocation(std::string uuid, Allocations allocations) {
-  for (int attempt = 1; attempt <= config_.schedule.max_claim_attempts; ++attempt) {
-    auto held = co_await placement_.consumer_allocations(uuid);
-    if (!held) co_return result<bool>(boost::system::in_place_error, held.error());
-    // It holds nothing: released meanwhile (destroy --force), and nothing is to be made anew.
-    if (!held->generation || held->allocations.empty()) co_return false;
-    auto put = co_await placement_.replace(uuid, allocations, *held->generation);
-    if (put) co_return true;
-    if (put.error() == errc::placement_capacity) co_return false;
-    if (put.error() != errc::placement_concurrent_update) co_return result<bool>(boost::system::in_place_error, put.error());
-  }
-  co_return false;
+awaitable<result<Placer::Move>> Placer::move_allocation(std::string uuid, ConsumerAllocations read, Allocations to) {
+  // It holds nothing: released meanwhile (destroy --force), and nothing is to be made anew.
+  if (!read.generation || read.allocations.empty()) co_return Move::changed;
+  if (read.allocations == to) co_return Move::moved;
+  auto put = co_await placement_.replace(uuid, std::move(to), *read.generation);
+  if (put) co_return Move::moved;
+  if (put.error() == errc::placement_capacity) co_return Move::no_room;
+  // The generation moved: someone else changed its allocations after they were read.
+  if (put.error() == errc::placement_concurrent_update) co_return Move::changed;
+  co_return put.error();
 }
 
 awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vector<EtcdCompare> guard,
-                                            std::vector<EtcdOp> also, Probe committed_if,
-                                            std::chrono::steady_clock::time_point deadline) {
+                                            std::vector<EtcdOp> also, std::chrono::steady_clock::time_point deadline) {
   std::vector<EtcdOp> writes = std::move(also);
   for (const Placed& one : placed) {
     const std::string& uuid = one.work.uuid;
@@ -85,19 +82,24 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
     if (auto policy = parse_group_policy(one.work.group_policy); policy && !one.work.group.empty())
       writes.push_back(EtcdOp::put(keys_.group_member(one.work.group, uuid), encode_group_member(one.record.host, *policy)));
   }
+  // Our own write, to read back: the value we wrote, or a later one of that key (its agent
+  // acted on it already), is ours; another's change of the guarded keys is not.
+  const Placed& first = placed.front();
+  const std::string probe_key = keys_.work(first.record.host, first.work.uuid);
+  const std::string probe_value = encode(first.work);
   std::chrono::milliseconds delay(100);
   while (true) {
     auto txn = co_await etcd_.txn(guard, writes);
-    if (txn && txn->succeeded) co_return HandOverResult{HandOverResult::Outcome::committed, txn->revision, {}};
-    // Failed, or perhaps not: the probe tells (an agent may have acted on it already).
-    auto now = co_await etcd_.range(committed_if.key);
-    if (now && now->kvs.empty() != committed_if.present) {
-      int64_t revision = now->kvs.empty() ? 0 : now->kvs.front().mod_revision;
-      co_return HandOverResult{HandOverResult::Outcome::committed, revision, {}};
+    if (txn) {
+      if (txn->succeeded) co_return HandOverResult{HandOverResult::Outcome::committed, txn->revision, {}};
+      co_return HandOverResult{HandOverResult::Outcome::refused, 0, {}};  // etcd said so
     }
-    if (txn && now) co_return HandOverResult{HandOverResult::Outcome::refused, 0, {}};
+    // Failed, or perhaps not: our own write tells.
+    auto now = co_await etcd_.range(probe_key);
+    if (now && !now->kvs.empty() && (now->kvs.front().value == probe_value || now->kvs.front().version > 1))
+      co_return HandOverResult{HandOverResult::Outcome::committed, now->kvs.front().create_revision, {}};
     if (std::chrono::steady_clock::now() >= deadline)
-      co_return HandOverResult{HandOverResult::Outcome::unknown, 0, txn ? now.error() : txn.error()};
+      co_return HandOverResult{HandOverResult::Outcome::unknown, 0, txn.error()};
     asio::steady_timer timer(co_await asio::this_coro::executor, delay);
     co_await timer.async_wait(use_awaitable);
     delay = std::min(delay * 2, std::chrono::milliseconds(1000));

@@ -71,23 +71,21 @@ class Placer {
   // conflict moves on to the next; no_allocations_left when none fits.
   awaitable<result<Claim>> claim_first_fit(std::string uuid, std::vector<Choice> choices);
 
-  // The consumer's allocations replaced by `allocations` in one step (Placement's consumer
-  // generation guards it): true when moved; false when they do not fit or the consumer holds
-  // nothing (released meanwhile); retried while the generation moves under it.
-  awaitable<result<bool>> move_allocation(std::string uuid, Allocations allocations);
+  // The consumer's allocations replaced by `to` in one step, only while they are still what
+  // the caller read and decided on (`read`, whose consumer generation guards the write):
+  // moved; no_room where `to` asks; changed: another move or a release got there first (or
+  // the consumer holds nothing), and nothing was written.
+  enum class Move { moved, no_room, changed };
+  awaitable<result<Move>> move_allocation(std::string uuid, ConsumerAllocations read, Allocations to);
 
   // Hands instances over in one transaction under `guard`: their work keys, records and
-  // group memberships are written along with `also`. A transaction that failed with an error
-  // may have committed anyway: `committed_if` is read back, and a transaction that did not
-  // commit is made again until etcd answers or `deadline` passes (then the outcome is
-  // unknown). refused: the guard did not hold.
-  struct Probe {
-    std::string key;
-    bool present = true;  // whether the key's presence (or its absence) means committed
-  };
+  // group memberships are written along with `also`. refused: etcd said the guard did not
+  // hold. A transaction that failed with an error may have committed anyway: it is read back
+  // by its own write (the first work key holding exactly the value written here, not merely
+  // another's change), and one that did not commit is made again until etcd answers or
+  // `deadline` passes (then the outcome is unknown).
   awaitable<HandOverResult> hand_over(std::vector<Placed> placed, std::vector<EtcdCompare> guard,
-                                      std::vector<EtcdOp> also, Probe committed_if,
-                                      std::chrono::steady_clock::time_point deadline);
+                                      std::vector<EtcdOp> also, std::chrono::steady_clock::time_point deadline);
 
   // The weighers as configured, `policy_name` ("spread"/"pack") overriding the config's.
   WeighPolicy weigh_policy(const std::string& policy_name = {}) const;

@@ -54,7 +54,7 @@ class ComputeAgent {
         placement_(io.get_executor(), config_.placement),
         pool_(size_t(config_.compute.workers)),
         virt_(pool_),
-        ctx_{io, config_, KeyLayout(config_.etcd.prefix), EtcdClient::create(config_.etcd), placement_, pool_, virt_, {}, false},
+        ctx_{io, config_, KeyLayout(config_.etcd.prefix), EtcdClient::create(config_.etcd), placement_, pool_, virt_, {}, false, 0, {}},
         placer_(placement_, *ctx_.etcd, config_),
         recorder_(ctx_, slots_),
         presence_(ctx_, slots_),

@@ -216,6 +216,12 @@ awaitable<bool> Builder::release_held(WorkSpec spec) {
 awaitable<result<bool>> Builder::move_elsewhere(WorkSpec spec) {
   auto query = parse_placement_query(spec.query, nullptr);
   if (!query) co_return false;
+  // What it holds, read once: the move is guarded by this reading, so an evacuation or a
+  // destroy --force that changes it meanwhile is never overwritten.
+  auto held = co_await ctx_.placement.consumer_allocations(spec.uuid);
+  if (!held) co_return result<bool>(boost::system::in_place_error, held.error());
+  if (!held->allocations.count(ctx_.host.provider))
+    co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
   auto view = co_await parts_.placer.look(std::move(*query), spec.group, spec.uuid);
   if (!view) co_return result<bool>(boost::system::in_place_error, view.error());
   view->live.erase(ctx_.host.provider);
@@ -223,9 +229,11 @@ awaitable<result<bool>> Builder::move_elsewhere(WorkSpec spec) {
   if (!spec.group.empty()) policy = parse_group_policy(spec.group_policy);
   std::vector<Choice> choices = parts_.placer.rank(*view, parts_.placer.weigh_policy(), 0.0, policy);
   for (const Choice& choice : choices) {
-    auto moved = co_await parts_.placer.move_allocation(spec.uuid, *choice.allocations);
+    auto moved = co_await parts_.placer.move_allocation(spec.uuid, *held, *choice.allocations);
     if (!moved) co_return result<bool>(boost::system::in_place_error, moved.error());
-    if (!*moved) continue;  // no room there after all
+    if (*moved == Placer::Move::no_room) continue;  // no room there after all
+    if (*moved == Placer::Move::changed)  // someone else moved or released it: look again
+      co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
     const InstanceSlot& slot = parts_.slots[spec.uuid];
     // Destroyed meanwhile: removing it releases the allocation wherever it is.
     if (slot.cancelled()) co_return true;
@@ -239,10 +247,8 @@ awaitable<result<bool>> Builder::move_elsewhere(WorkSpec spec) {
     std::vector<Placed> placed{Placed{next, record}};
     std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(here, slot.revision)};
     std::vector<EtcdOp> leave{EtcdOp::erase(here)};
-    // Gone from here: moved (or destroyed meanwhile, which releases it wherever it is).
-    Placer::Probe gone{here, false};
     auto txn = co_await parts_.placer.hand_over(std::move(placed), std::move(unchanged), std::move(leave),
-                                                std::move(gone), std::chrono::steady_clock::now());
+                                                std::chrono::steady_clock::now());
     if (txn.outcome == HandOverResult::Outcome::committed) {
       spdlog::info("instance {}: moved to host {} for attempt {}", spec.uuid, choice.host, next.attempt);
       co_return true;
@@ -262,10 +268,16 @@ awaitable<bool> Builder::take_allocation_back(WorkSpec spec) {
   auto work = co_await ctx_.etcd->range(ctx_.keys.work(ctx_.host.provider, spec.uuid));
   if (!work) co_return false;
   if (work->kvs.empty()) co_return true;
-  Allocations here{{ctx_.host.provider, spec.resources}};
-  auto returned = co_await parts_.placer.move_allocation(spec.uuid, here);
-  if (returned) co_return true;  // back, or nothing left to take back
-  spdlog::warn("instance {}: cannot take its allocation back yet: {}", spec.uuid, ctx_.placement.last_error().detail);
+  auto held = co_await ctx_.placement.consumer_allocations(spec.uuid);
+  if (!held) co_return false;
+  if (held->allocations.empty()) co_return true;  // released meanwhile: nothing to take back
+  Allocations here{{ctx_.host.provider, spec.resources}};  // a named local: GCC 12 cannot keep a braced temporary
+  auto returned = co_await parts_.placer.move_allocation(spec.uuid, *held, std::move(here));
+  if (returned && *returned == Placer::Move::moved) co_return true;
+  std::string why = !returned                                ? ctx_.placement.last_error().detail
+                    : *returned == Placer::Move::no_room ? std::string("no room here now")
+                                                         : std::string("it changed meanwhile");
+  spdlog::warn("instance {}: cannot take its allocation back yet ({}); will try again before building", spec.uuid, why);
   co_return false;
 }
 
