@@ -1,6 +1,7 @@
 // toyvm audit against real etcd and Placement, with libvirt's test driver in the agent.
 
 #include "harness.hpp"
+#include "model/inventory.hpp"
 #include "model/keys.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
@@ -71,6 +72,42 @@ TEST_CASE("audit: clean books, then each planted discrepancy found and the unamb
   CHECK_THAT(dead.out, Catch::Contains("allocation_without_instance") && Catch::Contains("(fixed)"));
   CHECK(servers.allocations(leaked).empty());
   CHECK_FALSE(servers.allocations(grouped).empty());  // the dead host's instance keeps its claim
+}
+
+TEST_CASE("audit --fix leaves another service's providers and consumers in the same Placement alone", "[audit]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:8,DISK_GB:100,MEMORY_MB:4096", &rp);
+  schedule_one(servers);
+  // Another service, as Nova's compute nodes and servers would be: its own provider and
+  // project, one server there and one on toyvm's host.
+  PlacementConfig nova = servers.config.placement;
+  nova.consumer_project = "6b3c9a7e0e5d4c4f9d1a2b3c4d5e6f70";
+  nova.consumer_user = "nova";
+  const std::string node = new_uuid(), on_node = new_uuid(), on_toyvm = new_uuid();
+  const bool made = run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
+    PlacementClient placement(io.get_executor(), nova);
+    Inventory inventory = inventory_from_amounts({{"VCPU", 16}, {"MEMORY_MB", 8192}});
+    Allocations there{{node, {{"VCPU", 2}}}}, here{{rp, {{"VCPU", 1}}}};
+    auto provider = co_await placement.ensure_provider(node, "nova-compute-1");
+    auto stocked = co_await placement.set_inventory(node, std::move(inventory));
+    auto first = co_await placement.claim(on_node, std::move(there));
+    auto second = co_await placement.claim(on_toyvm, std::move(here));
+    co_return provider && stocked && first && second;
+  });
+  REQUIRE(made);
+  // And a leak of toyvm's own, which it does fix.
+  const std::string leaked = new_uuid();
+  servers.claim(leaked, Allocations{{rp, {{"VCPU", 1}}}});
+
+  auto fixed = servers.toyvm({"audit", "--fix", "--grace", "0.2"});
+  INFO(fixed.out << fixed.err);
+  CHECK(fixed.exit_code == 0);
+  CHECK_THAT(fixed.out, Catch::Contains(leaked) && !Catch::Contains(on_node) && !Catch::Contains(on_toyvm));
+  CHECK(servers.allocations(leaked).empty());
+  CHECK(servers.allocations(on_node).count(node) == 1);
+  CHECK(servers.allocations(on_toyvm).count(rp) == 1);
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
 }
 
 TEST_CASE("audit: Placement or etcd down is exit 4 with one line", "[audit]") {

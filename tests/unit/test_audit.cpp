@@ -45,9 +45,18 @@ TEST_CASE("a consistent snapshot has no discrepancy") { CHECK(find_discrepancies
 TEST_CASE("every kind of disagreement is named") {
   using K = AuditKind;
   AuditSnapshot s = consistent();
-  SECTION("an allocation nobody owns") {
+  SECTION("an allocation of toyvm's that no instance owns; another service's is not toyvm's to judge") {
     s.allocations["ghost"] = Allocations{{host_a, {{"VCPU", 2}}}};
+    s.consumer_projects["ghost"] = "toyvm";
+    s.allocations["nova-server"] = Allocations{{"cccccccc-0000-4000-8000-000000000000", {{"VCPU", 4}}}};
+    s.consumer_projects["nova-server"] = "3f1c0a";
+    s.allocations["another-toyvm"] = Allocations{{host_b, {{"VCPU", 1}}}};
+    s.consumer_projects["another-toyvm"] = "toyvm-east";
     CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance});
+    s.own_project = "toyvm-east";
+    auto found = find_discrepancies(s);
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].instance == "another-toyvm");
   }
   SECTION("an instance that holds nothing, and one held elsewhere") {
     s.allocations.erase("i-1");

@@ -163,15 +163,16 @@ awaitable<result<ConsumerAllocations>> PlacementClient::consumer_allocations(std
 }
 
 namespace {
-json::object allocations_json(const Allocations& allocations, std::optional<int64_t> generation) {
+json::object allocations_json(const Allocations& allocations, std::optional<int64_t> generation,
+                              const PlacementConfig& config) {
   json::object body;
   json::object by_provider;
   for (auto& [rp, resources] : allocations)
     by_provider[rp] = json::object{{"resources", amounts_json(resources)}};
   body["allocations"] = std::move(by_provider);
-  // toyvm has no tenants yet; Placement requires both ids.
-  body["project_id"] = "toyvm";
-  body["user_id"] = "toyvm";
+  // Placement requires both ids; they mark the consumer as this toyvm's.
+  body["project_id"] = config.consumer_project;
+  body["user_id"] = config.consumer_user;
   if (generation) {
     body["consumer_generation"] = *generation;
   } else {
@@ -184,7 +185,7 @@ json::object allocations_json(const Allocations& allocations, std::optional<int6
 
 awaitable<result<void>> PlacementClient::claim_all(std::vector<std::pair<std::string, Allocations>> consumers) {
   json::object body;
-  for (auto& [consumer, allocations] : consumers) body[consumer] = allocations_json(allocations, std::nullopt);
+  for (auto& [consumer, allocations] : consumers) body[consumer] = allocations_json(allocations, std::nullopt, config_);
   // Placement takes its time over a large batch: give it 50 ms per instance.
   const auto timeout = std::max(std::chrono::milliseconds(int64_t(config_.timeout_s * 1000)),
                                 std::chrono::milliseconds(50 * int64_t(consumers.size())));
@@ -205,7 +206,7 @@ awaitable<bool> PlacementClient::claimed_before(const std::string& consumer, con
 
 awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, Allocations allocations,
                                                          std::optional<int64_t> generation) {
-  json::object body = allocations_json(allocations, generation);
+  json::object body = allocations_json(allocations, generation, config_);
   auto response = co_await call("PUT", "/allocations/" + consumer, mv_allocations,
                                 json::serialize(body));
   if (!response) co_return response.error();

@@ -144,6 +144,8 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   placement.get("project", config.placement.project);
   placement.get("user_domain", config.placement.user_domain);
   placement.get("project_domain", config.placement.project_domain);
+  placement.get("consumer_project", config.placement.consumer_project);
+  placement.get("consumer_user", config.placement.consumer_user);
   placement.finish();
 
   ComputeConfig& c = config.compute;

@@ -39,6 +39,10 @@ struct PlacementConfig {
   std::string auth_url;      // e.g. http://keystone:5000/v3
   std::string user, password, project;
   std::string user_domain = "Default", project_domain = "Default";
+  // Who toyvm's claims belong to in Placement: audit judges only these consumers, so another
+  // service (or another toyvm with its own ids) sharing the Placement is left alone.
+  std::string consumer_project = "toyvm";
+  std::string consumer_user = "toyvm";
 };
 
 struct ComputeConfig {

@@ -39,7 +39,9 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
 
   for (auto& [consumer, allocations] : s.allocations) {
     if (allocations.empty()) continue;
-    if (!s.instances.count(consumer) && !s.work_host.count(consumer))
+    auto project = s.consumer_projects.find(consumer);
+    const bool ours = project != s.consumer_projects.end() && project->second == s.own_project;
+    if (ours && !s.instances.count(consumer) && !s.work_host.count(consumer))
       add(AuditKind::allocation_without_instance, consumer, providers_of(allocations),
           "resources held by a consumer that is no instance");
   }

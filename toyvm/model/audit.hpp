@@ -33,10 +33,14 @@ struct AuditSnapshot {
   std::map<std::string, std::string> group_members;          // instance -> group it is a member of
   std::map<std::string, std::set<std::string>> domains;      // live provider -> domain uuids it reports
   std::vector<UnreadableValue> unreadable;                   // work and records that do not decode
+  // Whose a consumer is, read for those that hold resources and are no instance: only
+  // `own_project`'s are toyvm's to judge (Nova's, or another toyvm's, share the Placement).
+  std::string own_project = "toyvm";
+  std::map<std::string, std::string> consumer_projects;
 };
 
 enum class AuditKind {
-  allocation_without_instance,  // a consumer holds resources, no instance exists
+  allocation_without_instance,  // a consumer of toyvm's holds resources, no instance exists
   instance_without_allocation,  // an instance that should hold resources holds none
   allocation_elsewhere,         // held on another provider than the work's host
   work_on_unknown_provider,     // work for a provider Placement does not know

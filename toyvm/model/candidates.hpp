@@ -34,6 +34,7 @@ result<Allocations> parse_allocations(const std::string& body);
 struct ConsumerAllocations {
   Allocations allocations;
   std::optional<int64_t> generation;  // none for a consumer Placement does not know
+  std::string project;                // its project_id; empty when it holds nothing
 };
 result<ConsumerAllocations> parse_consumer_allocations(const std::string& body);
 // The uuids in the body of GET /resource_providers.

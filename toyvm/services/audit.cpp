@@ -27,6 +27,7 @@ class Auditor {
  public:
   Auditor(asio::io_context& io, const Config& config, const AuditOptions& options)
       : io_(io),
+        config_(config),
         options_(options),
         keys_(config.etcd.prefix),
         etcd_(EtcdClient::create(config.etcd)),
@@ -108,6 +109,14 @@ class Auditor {
     }
     for (const KeyValue& kv : txn->ranges[4].kvs)
       if (auto key = keys_.parse_domain(kv.key)) s.domains[key->host].insert(key->instance);
+    // Whose each consumer without an instance is: only toyvm's own are judged.
+    s.own_project = config_.placement.consumer_project;
+    for (auto& [consumer, allocations] : s.allocations) {
+      if (allocations.empty() || s.instances.count(consumer) || s.work_host.count(consumer)) continue;
+      auto held = co_await placement_.consumer_allocations(consumer);
+      if (!held) co_return placement_failed(held.error());
+      s.consumer_projects[consumer] = held->project;
+    }
     co_return s;
   }
 
@@ -158,6 +167,7 @@ class Auditor {
   }
 
   asio::io_context& io_;
+  const Config& config_;
   const AuditOptions& options_;
   KeyLayout keys_;
   std::shared_ptr<EtcdClient> etcd_;
