@@ -151,6 +151,20 @@ TEST_CASE("each guest sees only its own metadata, and changes show up live", "[m
     CHECK(wait_for([&] { return get_from("127.0.0.2", md.port, "/latest/user-data").second ==
                                 "#cloud-config\nhostname: renamed\n"; }, 10));
   }
+  SECTION("an instance gone to ERROR is no longer served at its old address") {
+    InstanceRecord crashed;
+    crashed.uuid = vm_a;
+    crashed.host = host;
+    crashed.state = InstanceState::error;
+    crashed.ip = "127.0.0.2";
+    crashed.error_code = "launch_failure";
+    servers.etcd_put(KeyLayout().instance(vm_a), encode(crashed));
+    CHECK(wait_for([&] { return get_from("127.0.0.2", md.port, "/latest/meta-data/instance-id").first == 404; }, 10));
+    // The address can be another guest's now, and that guest gets its own data.
+    const std::string vm_c = "33333333-0000-4000-8000-000000000003";
+    put_instance(servers, vm_c, "gamma", "127.0.0.2", "");
+    CHECK(wait_for([&] { return get_from("127.0.0.2", md.port, "/latest/meta-data/instance-id").second == vm_c; }, 10));
+  }
   SECTION("a destroyed instance disappears") {
     run_sync<bool>([&](asio::io_context&) -> awaitable<bool> {
       auto etcd = EtcdClient::create(servers.config.etcd);

@@ -15,6 +15,14 @@ TEST_CASE("console text keeps lines and tabs and defuses terminal control") {
   CHECK(printable_console("\xE0\x80\xAF") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
 }
 
+TEST_CASE("a name or a reason printed on one line cannot make lines of its own or drive the terminal") {
+  using toyvm::printable_line;
+  CHECK(printable_line("web-1") == "web-1");
+  CHECK(printable_line("a\nFAKE LINE\tx\r\n") == "a^JFAKE LINE^Ix^M^J");
+  CHECK(printable_line("\x1b[2Jreason") == "^[[2Jreason");
+  CHECK(printable_line("caf\xC3\xA9") == "caf\xC3\xA9");
+}
+
 TEST_CASE("console_growth: what a newer tail adds to an older one", "[console]") {
   using toyvm::console_growth;
   CHECK(console_growth("", "boot\n") == "boot\n");

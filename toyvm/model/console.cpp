@@ -22,17 +22,15 @@ size_t utf8_sequence(std::string_view text) {
   return length;
 }
 
-}  // namespace
-
-std::string printable_console(std::string_view text) {
+std::string printable(std::string_view text, bool lines) {
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c == '\n' || c == '\t' || (c >= 0x20 && c < 0x7F)) {
+    if ((lines && (c == '\n' || c == '\t')) || (c >= 0x20 && c < 0x7F)) {
       out.push_back(char(c));
       ++i;
-    } else if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') {
+    } else if (lines && c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') {
       ++i;
     } else if (c < 0x20 || c == 0x7F) {
       out.push_back('^');
@@ -50,6 +48,11 @@ std::string printable_console(std::string_view text) {
   }
   return out;
 }
+
+}  // namespace
+
+std::string printable_console(std::string_view text) { return printable(text, true); }
+std::string printable_line(std::string_view text) { return printable(text, false); }
 
 std::string_view console_growth(std::string_view before, std::string_view after) {
   if (before.empty()) return after;

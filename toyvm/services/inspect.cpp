@@ -120,14 +120,16 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
     co_return 0;
   }
   std::printf("uuid:   %s\n", record->uuid.c_str());
-  if (!record->name.empty()) std::printf("name:   %s\n", record->name.c_str());
+  // Names and messages are anyone's text: never an escape sequence to the terminal.
+  if (!record->name.empty()) std::printf("name:   %s\n", printable_line(record->name).c_str());
   std::printf("state:  %s\n", std::string(to_string(record->state)).c_str());
   std::printf("host:   %s\n", record->host.c_str());
   std::printf("ip:     %s\n", !record->ip.empty() ? record->ip.c_str()
                              : record->no_address ? "- (none within the host's address_timeout)"
                                                   : "-");
   if (!record->error_code.empty())
-    std::printf("error:  %s: %s%s\n", record->error_code.c_str(), record->error_message.c_str(),
+    std::printf("error:  %s: %s%s\n", printable_line(record->error_code).c_str(),
+                printable_line(record->error_message).c_str(),
                 record->releasing ? " (its allocation is being released)" : "");
   if (*usage) print_usage(**usage);
   co_return 0;
@@ -231,7 +233,8 @@ void print_event(const InstanceRecord& r, bool deleted, bool as_json) {
     std::string line = fmt::format("{}  {}  {:<8}  host {}", utc_time(at), r.uuid,
                                    deleted ? "DELETED" : to_string(r.state), r.host.empty() ? "-" : r.host);
     if (!deleted && !r.ip.empty()) line += "  ip " + r.ip;
-    if (!deleted && !r.error_code.empty()) line += fmt::format("  error {}: {}", r.error_code, r.error_message);
+    if (!deleted && !r.error_code.empty())
+      line += fmt::format("  error {}: {}", printable_line(r.error_code), printable_line(r.error_message));
     std::printf("%s\n", line.c_str());
   }
   std::fflush(stdout);
@@ -367,7 +370,7 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
     std::printf("%-20s  %-36s  %-5s  %-8s  %-9s  %-7s  %-5s  %-13s  %-15s  %-40s  %s\n", "NAME", "PROVIDER", "ALIVE",
                 "STATUS", "INSTANCES", "DOMAINS", "LOAD", "MEM_AVAIL_MB", "DISK_AVAIL_MB", "CAPACITY", "USAGE");
   for (auto& [provider, row] : rows) {
-    std::string name = row.record ? row.record->name : "-";
+    std::string name = row.record ? printable_line(row.record->name) : "-";
     std::string status = row.record ? row.record->status : row.disabled ? "DISABLED" : "-";
     ResourceAmounts capacity = row.record ? row.record->capacity : ResourceAmounts{};
     if (options.json) {
@@ -386,7 +389,9 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
       std::string load = row.stats ? fmt::format("{:.2f}", row.stats->load) : "-";
       std::string memory = row.stats ? fmt::format("{}/{}", row.stats->mem_available_mb, row.stats->mem_total_mb) : "-";
       std::string disk = row.stats ? fmt::format("{}/{}", row.stats->disk_available_mb, row.stats->disk_total_mb) : "-";
-      std::string why = row.disabled ? fmt::format("  disabled: {}", row.disabled->reason.empty() ? "-" : row.disabled->reason)
+      std::string why = row.disabled ? fmt::format("  disabled: {}", row.disabled->reason.empty()
+                                                                          ? "-"
+                                                                          : printable_line(row.disabled->reason))
                                      : "";
       std::printf("%-20s  %-36s  %-5s  %-8s  %-9d  %-7lld  %-5s  %-13s  %-15s  %-40s  %s%s\n", name.c_str(),
                   provider.c_str(), row.record ? "yes" : "no", status.c_str(), row.instances,

@@ -78,7 +78,10 @@ class MetadataIndex {
     }
     auto spec = specs_.find(uuid);
     auto record = records_.find(uuid);
-    if (spec == specs_.end() || record == records_.end() || record->second.ip.empty()) return;
+    // An ERROR instance gave its guest up: its old address may be another guest's by now.
+    if (spec == specs_.end() || record == records_.end() || record->second.ip.empty() ||
+        record->second.state == InstanceState::error)
+      return;
     if (auto clash = views_.find(record->second.ip); clash != views_.end()) {
       // Two instances claim one address (a stale record): serve neither rather than guess.
       spdlog::warn("instances {} and {} both have IP {}", clash->second->uuid, uuid, record->second.ip);

@@ -53,7 +53,8 @@ void GuestMetadata::serve_on(const std::string& interface) {
 std::shared_ptr<const GuestView> GuestMetadata::find(const std::string& ip) const {
   const WorkSpec* spec = nullptr;
   for (const auto& [uuid, slot] : slots_) {
-    if (slot.ip != ip || slot.cancelled()) continue;
+    // An ERROR instance gave its guest up: its old address may be another guest's by now.
+    if (slot.ip != ip || slot.cancelled() || slot.recorded == InstanceState::error) continue;
     // Two guests claim one address (one of them stale): answer neither rather than guess.
     if (spec) return nullptr;
     spec = &*slot.desired;
