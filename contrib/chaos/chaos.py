@@ -3,8 +3,12 @@
 operations (schedule, --count, server groups, bad images, stop, start, destroy) and faults
 (agents killed -9 or stopped and restarted, an agent killed and its host evacuated before it
 comes back, an agent restarted with its state dir wiped, etcd restarted or its history
-compacted, Placement's uWSGI restarted). Then it lets things settle and requires: `toyvm
-audit` clean, every instance ACTIVE, STOPPED, ERROR or gone, no provider over its capacity.
+compacted, Placement's uWSGI restarted), and operators acting at once with the agents and
+each other (two evacuations of one dead host, `destroy --force` racing an evacuation, `audit
+--fix` during a large batch, a work value this toyvm cannot read written and later put back,
+batches with user data near its limit). Then it lets things settle and requires: `toyvm
+audit` clean, every instance ACTIVE, STOPPED, ERROR or gone, no provider over its capacity,
+and no guest lost that had work (audit's instance_without_domain).
 The seed fixes the sequence of operations and faults (what they meet depends on timing); it
 is printed first, and `--seed` replays it.
 
@@ -57,6 +61,9 @@ class Campaign:
         self.rng = random.Random(seed)
         self.counts = {}
         self.log = open(cloud.dir / "campaign.log", "w")
+        self.unreadable = {}  # work key -> the value it had before we made it unreadable
+        self.user_data = cloud.dir / "user-data-64k"
+        self.user_data.write_text("#cloud-config\n# " + "x" * (64 * 1024 - 20) + "\n")
 
     def note(self, what, detail=""):
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -95,10 +102,80 @@ class Campaign:
         except subprocess.TimeoutExpired:
             self.note(kind, "timed out")
 
+    def etcdctl(self, *args):
+        return subprocess.run(["etcdctl", "--endpoints", self.cloud.etcd_url, *args], capture_output=True, text=True,
+                              timeout=30)
+
+    def kill_host(self, name):
+        self.cloud.stop(name, signal.SIGKILL)
+        wait_until(f"agent {name} gone", lambda: not self.cloud.agent_alive(name), 30)
+
+    def operator(self):
+        """What operators do while the agents run: at once with each other, and with bad data."""
+        rng, cloud = self.rng, self.cloud
+        kind = rng.choices(["double_evacuate", "force_racing_evacuate", "audit_fix_during_batch", "unreadable_work",
+                            "restore_work", "big_user_data"], weights=[1, 1, 1, 1, 1, 1])[0]
+        try:
+            if kind in ("double_evacuate", "force_racing_evacuate"):
+                name = rng.choice(cloud.agents)
+                provider = cloud.provider(name)
+                on_it = [i["uuid"] for i in cloud.instances() if i["host"] == provider]
+                self.kill_host(name)
+                racers = [["evacuate", name], ["evacuate", name]]
+                if kind == "force_racing_evacuate" and on_it:
+                    racers[1] = ["destroy", on_it[rng.randrange(1 << 30) % len(on_it)], "--force"]
+                procs = [subprocess.Popen([cloud.toyvm, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, env=cloud.env) for args in racers]
+                outs = [p.communicate(timeout=180) for p in procs]
+                self.note(kind, "; ".join(f"{' '.join(a)}: exit {p.returncode}, {o[0].count('EVACUATED')} moved"
+                                          for a, p, o in zip(racers, procs, outs)))
+                cloud.start_agent(name)
+            elif kind == "audit_fix_during_batch":
+                batch = subprocess.Popen([cloud.toyvm, "schedule", rng.choice(FLAVORS), "--count", "30"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cloud.env)
+                audit = cloud.run("audit", "--fix", "--grace", "0.5", timeout=120)
+                out, _ = batch.communicate(timeout=180)
+                self.note(kind, f"batch exit {batch.returncode} ({out.count('NOTIFIED')} placed), "
+                                f"audit exit {audit.returncode}, {audit.stdout.count('(fixed)')} fixed")
+            elif kind == "unreadable_work":
+                instances = [i for i in cloud.instances() if i["state"] in ("ACTIVE", "STOPPED")]
+                if not instances:
+                    return
+                pick = instances[rng.randrange(1 << 30) % len(instances)]
+                key = f"/toyvm/v1/work/{pick['host']}/{pick['uuid']}"
+                value = self.etcdctl("get", key, "--print-value-only").stdout.strip()
+                if '"power":"' not in value or key in self.unreadable:
+                    return
+                # What a newer writer might leave: a power state this toyvm does not know.
+                garbled = value.replace('"power":"running"', '"power":"paused"').replace(
+                    '"power":"stopped"', '"power":"paused"')
+                self.etcdctl("put", key, garbled)
+                self.unreadable[key] = (value, garbled)
+                self.note(kind, pick["uuid"])
+            elif kind == "restore_work":
+                self.restore_unreadable(1)
+            else:
+                result = cloud.run("schedule", FLAVORS[0], "--count", str(rng.randint(2, 12)), "--user-data",
+                                   str(self.user_data), timeout=120)
+                self.note(kind, f"exit {result.returncode}, {result.stdout.count('NOTIFIED')} placed")
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            self.note(kind, f"not done: {e}")
+
+    def restore_unreadable(self, how_many=None):
+        """Puts back what unreadable_work garbled, where it is still as garbled."""
+        for key in list(self.unreadable)[:how_many]:
+            value, garbled = self.unreadable.pop(key)
+            if self.etcdctl("get", key, "--print-value-only").stdout.strip() == garbled:
+                self.etcdctl("put", key, value)
+                self.note("restore_work", key)
+
     def fault(self):
         rng, cloud = self.rng, self.cloud
         kind = rng.choices(["kill_agent", "term_agent", "wipe_agent", "evacuate_agent", "restart_etcd",
-                            "restart_placement", "compact_etcd"], weights=[4, 3, 1, 1, 1, 1, 1])[0]
+                            "restart_placement", "compact_etcd", "operator"], weights=[4, 3, 1, 1, 1, 1, 1, 4])[0]
+        if kind == "operator":
+            self.operator()
+            return
         if kind == "evacuate_agent":
             # A host that dies and is evacuated while the operations go on; then it comes back.
             name = rng.choice(cloud.agents)
@@ -142,6 +219,7 @@ class Campaign:
     def settle(self):
         """Every agent up, every instance final, dead hosts' work removed; then the checks."""
         cloud = self.cloud
+        self.restore_unreadable()
         for name in cloud.agents:
             if cloud.procs[name].poll() is not None:
                 cloud.start_agent(name)
