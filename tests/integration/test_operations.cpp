@@ -259,16 +259,20 @@ double sample(const std::string& samples, const std::string& name, const std::st
   return -1;
 }
 
+// An agent "c1" that serves its metrics at `url`; `more` is more of its [compute] settings.
+std::unique_ptr<Process> start_measured_agent(Servers& servers, std::string* rp, std::string* url,
+                                              const std::string& more = "") {
+  const uint16_t port = free_port();
+  *url = "http://127.0.0.1:" + std::to_string(port) + "/metrics";
+  return servers.start_compute("c1", roomy, rp, {}, "metrics_listen = '127.0.0.1:" + std::to_string(port) + "'\n" + more);
+}
+
 }  // namespace
 
 TEST_CASE("work this agent cannot read leaves its guest and allocation alone, and audit names it", "[operations]") {
   Servers servers;
-  std::string rp;
-  const uint16_t port = free_port();
-  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/metrics";
-  auto compute = servers.start_compute("c1", roomy, &rp, {},
-                                       "metrics_listen = '127.0.0.1:" + std::to_string(port) + "'\n"
-                                       "resync_interval = 0.2\n");
+  std::string rp, url;
+  auto compute = start_measured_agent(servers, &rp, &url, "resync_interval = 0.2\n");
   const std::string uuid = parse_notified(servers.toyvm({"schedule", small, "--wait"}).out).second;
   REQUIRE(!uuid.empty());
   REQUIRE(wait_for([&] { return published_domains(servers, rp) == 1; }, 20));
@@ -328,11 +332,8 @@ TEST_CASE("audit names an ACTIVE instance whose live host reports no domain for 
 
 TEST_CASE("the agent and the metadata service serve Prometheus metrics, never on the guests' address", "[operations]") {
   Servers servers;
-  std::string rp;
-  const uint16_t port = free_port();
-  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/metrics";
-  auto compute = servers.start_compute("c1", roomy, &rp, {},
-                                       "metrics_listen = '127.0.0.1:" + std::to_string(port) + "'");
+  std::string rp, url;
+  auto compute = start_measured_agent(servers, &rp, &url);
   std::vector<std::string> uuids;
   for (int i = 0; i < 2; ++i) uuids.push_back(parse_notified(servers.toyvm({"schedule", small, "--wait"}).out).second);
   REQUIRE(servers.toyvm({"stop", uuids[1]}).exit_code == 0);

@@ -64,12 +64,17 @@ awaitable<result<Placer::Move>> Placer::move_allocation(std::string uuid, Consum
   // It holds nothing: released meanwhile (destroy --force), and nothing is to be made anew.
   if (!read.generation || read.allocations.empty()) co_return Move::changed;
   if (read.allocations == to) co_return Move::moved;
-  auto put = co_await placement_.replace(uuid, std::move(to), *read.generation);
-  if (put) co_return Move::moved;
-  if (put.error() == errc::placement_capacity) co_return Move::no_room;
-  // The generation moved: someone else changed its allocations after they were read.
-  if (put.error() == errc::placement_concurrent_update) co_return Move::changed;
-  co_return put.error();
+  for (int attempt = 1; attempt <= config_.schedule.max_claim_attempts; ++attempt) {
+    auto put = co_await placement_.replace(uuid, to, *read.generation);
+    if (put) co_return Move::moved;
+    if (put.error() == errc::placement_capacity) co_return Move::no_room;
+    if (put.error() != errc::placement_concurrent_update) co_return put.error();
+    // The consumer's generation moved: someone else changed its allocations after they
+    // were read. Any other conflict is a provider's generation (a claim beside ours): again.
+    if (placement_.last_error().detail.find("consumer generation conflict") != std::string::npos)
+      co_return Move::changed;
+  }
+  co_return Move::no_room;
 }
 
 awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vector<EtcdCompare> guard,
