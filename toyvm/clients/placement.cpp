@@ -2,6 +2,7 @@
 
 #include "core/metrics.hpp"
 
+#include <algorithm>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
@@ -352,6 +353,29 @@ awaitable<result<void>> PlacementClient::set_aggregates(std::string uuid, std::v
   json::array list;
   for (const std::string& aggregate : aggregates) list.emplace_back(aggregate);
   co_return co_await put_with_generation(std::move(uuid), "aggregates", mv_aggregates, json::serialize(list));
+}
+
+awaitable<result<void>> PlacementClient::add_trait(std::string uuid, std::string trait) {
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    auto response = co_await call("GET", "/resource_providers/" + uuid + "/traits", mv_traits);
+    if (!response) co_return response.error();
+    if (response->status != 200) co_return last_error_.code;
+    auto traits = parse_traits(response->body);
+    int64_t generation = 0;
+    simdjson::dom::parser parser;
+    if (!traits || parser.parse(response->body)["resource_provider_generation"].get_int64().get(generation))
+      co_return make_error_code(errc::placement_error);
+    if (std::find(traits->begin(), traits->end(), trait) != traits->end()) co_return result<void>{};
+    json::array names;
+    for (const std::string& name : *traits) names.emplace_back(name);
+    names.emplace_back(trait);
+    json::object body{{"resource_provider_generation", generation}, {"traits", std::move(names)}};
+    auto put = co_await call("PUT", "/resource_providers/" + uuid + "/traits", mv_traits, json::serialize(body));
+    if (!put) co_return put.error();
+    if (put->status == 200) co_return result<void>{};
+    if (last_error_.code != errc::placement_concurrent_update) co_return last_error_.code;
+  }
+  co_return make_error_code(errc::placement_concurrent_update);
 }
 
 awaitable<result<void>> PlacementClient::set_traits(std::string uuid, std::vector<std::string> traits) {

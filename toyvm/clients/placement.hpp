@@ -53,6 +53,9 @@ class PlacementClient {
   awaitable<result<void>> set_aggregates(std::string uuid, std::vector<std::string> aggregates);
   // Creates custom traits as needed and sets the provider's traits to exactly these.
   awaitable<result<void>> set_traits(std::string uuid, std::vector<std::string> traits);
+  // Adds one standard trait and leaves the others as they are when it is written: the list
+  // and its generation are read together and written back under that generation.
+  awaitable<result<void>> add_trait(std::string uuid, std::string trait);
 
   // Placement's words about the last failure, for messages.
   const PlacementError& last_error() const { return last_error_; }

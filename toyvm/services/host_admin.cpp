@@ -60,13 +60,9 @@ class HostAdmin {
     HostMaintenance maintenance{options_.reason, unix_seconds()};
     auto put = co_await etcd_->put(keys_.disabled(provider), encode(maintenance));
     if (!put) co_return etcd_failure(*etcd_, put.error());
-    auto traits = co_await placement_.traits(provider);
-    if (!traits) co_return placement_failure();
-    if (std::find(traits->begin(), traits->end(), disabled_trait) == traits->end()) {
-      traits->push_back(disabled_trait);
-      auto set = co_await placement_.set_traits(provider, std::move(*traits));
-      if (!set) co_return placement_failure();
-    }
+    // Traits its agent registers meanwhile stay: only this one is added, under the generation
+    // read with the rest.
+    if (!co_await placement_.add_trait(provider, disabled_trait)) co_return placement_failure();
     std::printf("DISABLED HOST %s (%s)\n", options_.host.c_str(), provider.c_str());
     co_return 0;
   }
