@@ -301,9 +301,9 @@ TEST_CASE("show --console prints the tail the agent published", "[images]") {
   CHECK_THAT(raw, Catch::EndsWith("\r\n\x1b]0;owned\x07\x1b[2Jlogin: \n"));
 
   // Read and gone: nobody asks, so a console that keeps growing costs etcd nothing.
-  CHECK(host.servers.etcd_prefix(KeyLayout().console(uuid)).empty());
+  CHECK(host.servers.etcd_prefix(KeyLayout().console_prefix(uuid)).empty());
   write_file(log, std::string(20000, '.') + "\r\nlogin: root\r\n# ");
-  CHECK_FALSE(wait_for([&] { return !host.servers.etcd_prefix(KeyLayout().console(uuid)).empty(); }, 2));
+  CHECK_FALSE(wait_for([&] { return !host.servers.etcd_prefix(KeyLayout().console_prefix(uuid)).empty(); }, 2));
 
   // --follow prints what the guest writes next, once.
   auto follow = host.servers.spawn_toyvm({"show", uuid, "--console", "--follow"}, "follow.log");
@@ -321,10 +321,22 @@ TEST_CASE("show --console prints the tail the agent published", "[images]") {
   std::string followed = follow->output();
   CHECK(followed.find("login: root") == followed.rfind("login: root"));
   // Its request and the console go with its lease.
-  CHECK(wait_for([&] { return host.servers.etcd_prefix(KeyLayout().console(uuid)).empty(); }, 20));
+  CHECK(wait_for([&] { return host.servers.etcd_prefix(KeyLayout().console_prefix(uuid)).empty(); }, 20));
+
+  // Two followers at once: the second one leaving does not end the first one's.
+  auto first = host.servers.spawn_toyvm({"show", uuid, "--console", "--follow"}, "follow-1.log");
+  auto second = host.servers.spawn_toyvm({"show", uuid, "--console", "--follow"}, "follow-2.log");
+  CHECK(wait_for([&] { return second->output().find("after etcd") != std::string::npos &&
+                              first->output().find("after etcd") != std::string::npos; }, 10));
+  second->signal(SIGINT);
+  second->wait();
+  write_file(log, std::string(20000, '.') + "\r\n# date\r\nafter etcd\r\n# echo still\r\nstill followed\r\n# ");
+  CHECK(wait_for([&] { return first->output().find("still followed") != std::string::npos; }, 10));
+  first->signal(SIGINT);
+  first->wait();
 
   CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
-  CHECK(host.servers.etcd_prefix(KeyLayout().console(uuid)).empty());
+  CHECK(host.servers.etcd_prefix(KeyLayout().console_prefix(uuid)).empty());
 }
 
 TEST_CASE("show --console says so when the instance's host does not answer", "[images]") {

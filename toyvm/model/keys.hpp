@@ -4,8 +4,8 @@
 //   <prefix>/work/<rp>/<instance>    desired state of an instance on a host
 //   <prefix>/instances/<instance>    observed state of an instance
 //   <prefix>/groups/<name>/<instance> server group membership: the member's host
-//   <prefix>/console/<instance>      the tail of the instance's serial console, while asked for
-//   <prefix>/console-requests/<rp>/<instance>  someone asks for it (under the asker's lease)
+//   <prefix>/console/<instance>/<asker>  the tail of the serial console, for one asker (under its lease)
+//   <prefix>/console-requests/<rp>/<instance>/<asker>  an asker asks for it (under its lease)
 //   <prefix>/usage/<instance>        what the instance uses (CPU, memory, disk), while asked for
 //   <prefix>/usage-requests/<rp>/<instance>  someone asks for it (under the asker's lease)
 //   <prefix>/domains/<rp>/<instance> a domain the host's agent has (no value), under its lease
@@ -31,12 +31,17 @@ class KeyLayout {
   std::string work(std::string_view rp, std::string_view instance) const;
   std::string instances_prefix() const { return prefix_ + "/instances/"; }
   std::string instance(std::string_view uuid) const;
-  std::string console(std::string_view uuid) const { return prefix_ + "/console/" + std::string(uuid); }
+  // Each asker (named by its lease, in hex) has a request and a copy of its own: askers come
+  // and go without ending each other's.
+  std::string console_prefix(std::string_view uuid) const { return prefix_ + "/console/" + std::string(uuid) + "/"; }
+  std::string console(std::string_view uuid, std::string_view asker) const {
+    return console_prefix(uuid) + std::string(asker);
+  }
   std::string console_requests_prefix(std::string_view rp) const {
     return prefix_ + "/console-requests/" + std::string(rp) + "/";
   }
-  std::string console_request(std::string_view rp, std::string_view uuid) const {
-    return console_requests_prefix(rp) + std::string(uuid);
+  std::string console_request(std::string_view rp, std::string_view uuid, std::string_view asker) const {
+    return console_requests_prefix(rp) + std::string(uuid) + "/" + std::string(asker);
   }
   std::string usage(std::string_view uuid) const { return prefix_ + "/usage/" + std::string(uuid); }
   std::string usage_requests_prefix(std::string_view rp) const {

@@ -170,7 +170,9 @@ awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowO
   if (!record) co_return report_failure(ExitCode::failed, fmt::format("instance {} has a corrupt record", options.uuid));
   auto lease = co_await etcd.lease_grant(10);
   if (!lease) co_return etcd_failure(etcd, lease.error());
-  const std::string request_key = keys.console_request(record->host, options.uuid);
+  const std::string asker = fmt::format("{:x}", *lease);
+  const std::string request_key = keys.console_request(record->host, options.uuid, asker);
+  const std::string console_key = keys.console(options.uuid, asker);
   auto asked = co_await etcd.put(request_key, "", *lease);
   if (!asked) co_return etcd_failure(etcd, asked.error());
 
@@ -188,7 +190,7 @@ awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowO
     return !std::exchange(answered, true) || !options.follow;
   };
   // The host has timeout_s to answer.
-  auto first = co_await follow_key(etcd, keys.console(options.uuid), revision + 1,
+  auto first = co_await follow_key(etcd, console_key, revision + 1,
                                    std::chrono::milliseconds(int64_t(options.timeout_s * 1000)), published);
   if (!first) co_return etcd_failure(etcd, first.error());
   if (!*first)
@@ -198,7 +200,7 @@ awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowO
   if (options.follow) {
     using namespace asio::experimental::awaitable_operators;
     // Until interrupted: follow_key rides over etcd going away, keep_asking keeps the request.
-    co_await (follow_key(etcd, keys.console(options.uuid), revision + 1, std::chrono::hours(24 * 365), published) ||
+    co_await (follow_key(etcd, console_key, revision + 1, std::chrono::hours(24 * 365), published) ||
               keep_asking(etcd, request_key, *lease));
   }
   if (!shown.empty() && shown.back() != '\n') std::fputc('\n', stdout);
@@ -423,7 +425,7 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
   auto work = co_await etcd.range(work_key);
   if (!work) co_return etcd_failure(etcd, work.error());
   std::vector<EtcdOp> erase{EtcdOp::erase(work_key), EtcdOp::erase(keys.instance(record.uuid)),
-                            EtcdOp::erase(keys.console(record.uuid))};
+                            EtcdOp::erase(keys.console_prefix(record.uuid), prefix_range_end(keys.console_prefix(record.uuid)))};
   std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(keys.instance(record.uuid), record_revision)};
   if (work->kvs.empty()) {
     as_read.push_back(EtcdCompare::absent(work_key));

@@ -92,22 +92,28 @@ awaitable<void> GuestObserver::follow_console_requests() {
 }
 
 // A new asker gets the console at the next tick, even one that has not grown since it was
-// last published: what was published went with the previous asker's lease.
+// last published: it has no copy yet.
 void GuestObserver::apply_request(const KeyValue& kv, bool erased) {
-  auto uuid = ctx_.keys.leaf(kv.key, ctx_.keys.console_requests_prefix(ctx_.host.provider));
-  if (!uuid) return;
+  const std::string prefix = ctx_.keys.console_requests_prefix(ctx_.host.provider);
+  if (!kv.key.starts_with(prefix)) return;
+  const std::string_view rest = std::string_view(kv.key).substr(prefix.size());  // <instance>/<asker>
+  const size_t slash = rest.find('/');
+  if (slash == std::string_view::npos || slash + 1 == rest.size()) return;
+  const std::string uuid(rest.substr(0, slash)), asker(rest.substr(slash + 1));
   if (erased) {
-    console_requests_.erase(*uuid);
+    auto asked = console_requests_.find(uuid);
+    if (asked != console_requests_.end() && asked->second.erase(asker) && asked->second.empty())
+      console_requests_.erase(asked);
     return;
   }
-  console_requests_[*uuid] = kv.lease;
-  auto slot = slots_.find(*uuid);
+  console_requests_[uuid][asker] = kv.lease;
+  auto slot = slots_.find(uuid);
   if (slot != slots_.end()) slot->second.console_published = -1;
   next_console_ = std::chrono::steady_clock::now();
 }
 
 // The last 16 KiB of each asked-for serial console that has grown (or an empty one for a
-// guest that wrote none), put in etcd under the asker's lease for `toyvm show --console`.
+// guest that wrote none), put in etcd for each asker under its lease for `toyvm show --console`.
 // One trip to the worker pool reads them all.
 awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) {
   struct Tail {
@@ -140,7 +146,8 @@ awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) 
     std::vector<EtcdCompare> compare{EtcdCompare::present(ctx_.keys.work(ctx_.host.provider, tail.uuid))};
     auto asked = console_requests_.find(tail.uuid);
     if (asked == console_requests_.end()) continue;  // no longer asked for
-    std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.console(tail.uuid), std::move(tail.text), asked->second)};
+    std::vector<EtcdOp> ops;
+    for (const auto& [asker, lease] : asked->second) ops.push_back(EtcdOp::put(ctx_.keys.console(tail.uuid, asker), tail.text, lease));
     auto put = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
     auto it = slots_.find(tail.uuid);
     if (put && put->succeeded && it != slots_.end()) it->second.console_published = tail.size;

@@ -47,7 +47,7 @@ class GuestObserver {
   AgentContext& ctx_;
   InstanceSlots& slots_;
   InstanceRecorder& recorder_;
-  std::map<std::string, int64_t> console_requests_;  // instance -> the asker's lease
+  std::map<std::string, std::map<std::string, int64_t>> console_requests_;  // instance -> asker -> its lease
   std::chrono::steady_clock::time_point next_console_;
   asio::steady_timer tick_;
   bool woken_ = false;  // a wake-up that came while run() was not waiting

@@ -199,7 +199,7 @@ awaitable<bool> Reconciler::remove(WorkSpec spec) {
     co_return false;
   }
   std::vector<EtcdOp> ops{EtcdOp::erase(ctx_.keys.work(ctx_.host.provider, spec.uuid)),
-                          EtcdOp::erase(ctx_.keys.instance(spec.uuid)), EtcdOp::erase(ctx_.keys.console(spec.uuid))};
+                          EtcdOp::erase(ctx_.keys.instance(spec.uuid)), EtcdOp::erase(ctx_.keys.console_prefix(spec.uuid), prefix_range_end(ctx_.keys.console_prefix(spec.uuid)))};
   if (!spec.group.empty()) ops.push_back(EtcdOp::erase(ctx_.keys.group_member(spec.group, spec.uuid)));
   const EtcdOp domain_key = parts_.presence.domain_erase(spec.uuid);
   ops.push_back(domain_key);
