@@ -33,7 +33,9 @@ packages=(
   cloud-init python3-cffi-backend openssh-server sudo locales
 )
 echo "debian-image: debootstrap bookworm from $mirror (a few minutes)" >&2
-debootstrap --variant=minbase --include="$(IFS=,; echo "${packages[*]}")" bookworm "$root" "$mirror" \
+# The archive's signature is checked, never skipped for want of a keyring.
+debootstrap --variant=minbase --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
+  --include="$(IFS=,; echo "${packages[*]}")" bookworm "$root" "$mirror" \
   > "$work/debootstrap.log" 2>&1 || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
 
 echo 'debian' > "$root/etc/hostname"

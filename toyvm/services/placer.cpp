@@ -91,7 +91,6 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
   // acted on it already), is ours; another's change of the guarded keys is not.
   const Placed& first = placed.front();
   const std::string probe_key = keys_.work(first.record.host, first.work.uuid);
-  const std::string probe_value = encode(first.work);
   std::chrono::milliseconds delay(100);
   while (true) {
     auto txn = co_await etcd_.txn(guard, writes);
@@ -101,7 +100,7 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
     }
     // Failed, or perhaps not: our own write tells.
     auto now = co_await etcd_.range(probe_key);
-    if (now && !now->kvs.empty() && (now->kvs.front().value == probe_value || now->kvs.front().version > 1))
+    if (now && !now->kvs.empty() && (now->kvs.front().value == encode(first.work) || now->kvs.front().version > 1))
       co_return HandOverResult{HandOverResult::Outcome::committed, now->kvs.front().create_revision, {}};
     if (std::chrono::steady_clock::now() >= deadline)
       co_return HandOverResult{HandOverResult::Outcome::unknown, 0, txn.error()};

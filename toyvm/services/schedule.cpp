@@ -116,12 +116,13 @@ class Scheduler {
       co_return report_failure(read.error(), detail);
     // Checked before anything is claimed: an instance etcd cannot take in one request could
     // never be handed over, and its claim would only have to be given back.
-    if (const TxnCost one = hand_over_cost(sample_work(spec), sample_record()); !split_by_limits({one}))
+    const int count = std::max(1, options_.count);
+    const Placed biggest = instance(spec, new_uuid(), count - 1, new_uuid(), {});  // its host not known yet
+    if (const TxnCost one = hand_over_cost(biggest.work, biggest.record); !split_by_limits({one}))
       co_return report_failure(errc::invalid_argument,
                                fmt::format("the instance's data ({} bytes with its user data and keys) is more than "
                                            "etcd takes in one request ({} bytes)", one.bytes, etcd_request_budget));
 
-    const int count = std::max(1, options_.count);
     std::vector<std::string> uuids(static_cast<size_t>(count));
     for (std::string& uuid : uuids) uuid = new_uuid();
     result<std::vector<Claim>> claims = make_error_code(errc::no_allocations_left);
@@ -148,24 +149,9 @@ class Scheduler {
     std::vector<InstanceRecord> records;
     for (int i = 0; i < count; ++i) {
       const Claim& claim = (*claims)[size_t(i)];
-      WorkSpec& one = specs.emplace_back(spec);
-      one.uuid = uuids[size_t(i)];
-      one.name = count == 1 || options_.name.empty() ? options_.name : fmt::format("{}-{}", options_.name, i + 1);
-      one.image = options_.image.empty() ? config_.schedule.image : options_.image;
-      one.image_sha256 = options_.image_sha256;
-      one.image_format = options_.image_format;
-      one.query = options_.query;
-      one.resources = claim.allocations.at(claim.host);
-      one.config_drive = options_.config_drive;
-      one.group = options_.group;
-      if (!one.group.empty()) one.group_policy = options_.group_policy;
-      one.created_at = unix_seconds();
-      InstanceRecord& record = records.emplace_back();
-      record.uuid = one.uuid;
-      record.name = one.name;
-      record.host = claim.host;
-      record.state = InstanceState::scheduled;
-      record.updated_at = unix_millis();
+      Placed one = instance(spec, uuids[size_t(i)], i, claim.host, claim.allocations.at(claim.host));
+      specs.push_back(std::move(one.work));
+      records.push_back(std::move(one.record));
     }
     HandOver handed = co_await hand_over(specs, records);
     if (handed.error) co_return co_await give_up_hand_over(handed, uuids, specs, records);
@@ -312,28 +298,30 @@ class Scheduler {
     return cost;
   }
 
-  // An instance of this schedule as big as it can get before its claim says where it goes.
-  WorkSpec sample_work(WorkSpec spec) const {
-    spec.uuid = new_uuid();
-    spec.name = options_.count > 1 && !options_.name.empty() ? fmt::format("{}-{}", options_.name, options_.count)
-                                                               : options_.name;
-    spec.image = options_.image.empty() ? config_.schedule.image : options_.image;
-    spec.image_sha256 = options_.image_sha256;
-    spec.image_format = options_.image_format;
-    spec.query = options_.query;
-    spec.config_drive = options_.config_drive;
-    spec.group = options_.group;
-    spec.group_policy = options_.group_policy;
-    spec.created_at = unix_seconds();
-    return spec;
-  }
-  InstanceRecord sample_record() const {
-    InstanceRecord record;
-    record.uuid = new_uuid();
-    record.name = options_.name;
-    record.host = new_uuid();
+  // The `index`th instance of this schedule, as it is handed over: its work (the command
+  // line's guest data in `guest`) and its first record.
+  Placed instance(const WorkSpec& guest, std::string uuid, int index, std::string host, ResourceAmounts resources) const {
+    Placed one{guest, {}};
+    WorkSpec& work = one.work;
+    work.uuid = std::move(uuid);
+    work.name = options_.count <= 1 || options_.name.empty() ? options_.name
+                                                             : fmt::format("{}-{}", options_.name, index + 1);
+    work.image = options_.image.empty() ? config_.schedule.image : options_.image;
+    work.image_sha256 = options_.image_sha256;
+    work.image_format = options_.image_format;
+    work.query = options_.query;
+    work.resources = std::move(resources);
+    work.config_drive = options_.config_drive;
+    work.group = options_.group;
+    if (!work.group.empty()) work.group_policy = options_.group_policy;
+    work.created_at = unix_seconds();
+    InstanceRecord& record = one.record;
+    record.uuid = work.uuid;
+    record.name = work.name;
+    record.host = std::move(host);
+    record.state = InstanceState::scheduled;
     record.updated_at = unix_millis();
-    return record;
+    return one;
   }
 
   // Create-only transactions, as many instances each as etcd's limits on operations and
