@@ -10,8 +10,12 @@
 
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
+
 using namespace toyvm;
 using namespace toyvm::test;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -96,6 +100,11 @@ TEST_CASE("audit --fix leaves another service's providers and consumers in the s
     co_return provider && stocked && first && second;
   });
   REQUIRE(made);
+  // Its node has the room toyvm's host lacks, and is still no candidate: it is not toyvm's.
+  auto big = servers.toyvm({"schedule", "resources=VCPU:12"});
+  INFO(big.out << big.err);
+  CHECK(big.exit_code == 1);
+  CHECK_THAT(big.out, Catch::Contains("NO ALLOCATIONS LEFT"));
   // And a leak of toyvm's own, which it does fix.
   const std::string leaked = new_uuid();
   servers.claim(leaked, Allocations{{rp, {{"VCPU", 1}}}});
@@ -108,6 +117,120 @@ TEST_CASE("audit --fix leaves another service's providers and consumers in the s
   CHECK(servers.allocations(on_node).count(node) == 1);
   CHECK(servers.allocations(on_toyvm).count(rp) == 1);
   CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
+
+namespace {
+
+bool paused_at(const Process& process, const std::string& point) {
+  return process.output().find("failpoint " + point + ": paused") != std::string::npos;
+}
+
+size_t held_claims(const Servers& servers) { return servers.etcd_prefix(KeyLayout().claims_prefix()).size(); }
+
+}  // namespace
+
+TEST_CASE("audit --fix leaves a running schedule's claims alone, and gives back a dead one's once its hold lapses",
+          "[audit]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:8,DISK_GB:100,MEMORY_MB:4096", &rp);
+  // Two schedules that claimed and wait before handing over, as a slow etcd would make them.
+  const std::string paused = servers.dir() + "/schedules-paused";
+  std::ofstream(paused) << "";
+  std::unique_ptr<Process> slow, dead;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "schedule.hand_over=pause(" + paused + ")");
+    slow = servers.spawn_toyvm({"-v", "schedule", small, "--count", "3"}, "slow.log");
+    dead = servers.spawn_toyvm({"-v", "schedule", small}, "dead.log");
+  }
+  REQUIRE(wait_for([&] { return paused_at(*slow, "schedule.hand_over") && paused_at(*dead, "schedule.hand_over"); }, 20));
+  CHECK(held_claims(servers) == 4);
+  REQUIRE(servers.usages(rp)["VCPU"] == 4);
+
+  // Claims without instances, seen in both looks: on their way, not leaks.
+  auto during = servers.toyvm({"audit", "--fix", "--grace", "0.2"});
+  INFO(during.out << during.err);
+  CHECK(during.exit_code == 0);
+  CHECK_THAT(during.out, Catch::Contains("clean"));
+  CHECK(servers.usages(rp)["VCPU"] == 4);
+
+  // One schedule dies there. Once its hold lapses nothing can hand its claim over: given back.
+  dead->signal(SIGKILL);
+  dead->wait();
+  REQUIRE(wait_for([&] { return held_claims(servers) == 3; }, 30));
+  auto after = servers.toyvm({"audit", "--fix", "--grace", "0.2"});
+  INFO(after.out << after.err);
+  CHECK(after.exit_code == 0);
+  CHECK_THAT(after.out, Catch::Contains("allocation_without_instance") && Catch::Contains("(fixed)"));
+  CHECK(servers.usages(rp)["VCPU"] == 3);
+
+  // The other goes on: its three instances handed over with their claims, its hold let go.
+  fs::remove(paused);
+  CHECK(slow->wait(30) == 0);
+  const std::string notified = slow->output();
+  size_t handed = 0;
+  for (size_t at = notified.find("NOTIFIED TARGET"); at != std::string::npos; at = notified.find("NOTIFIED TARGET", at + 1))
+    ++handed;
+  CHECK(handed == 3);
+  CHECK(held_claims(servers) == 0);
+  REQUIRE(wait_for([&] { return published_domains(servers, rp) == 3; }, 20));
+  auto clean = servers.toyvm({"audit"});
+  INFO(clean.out << clean.err);
+  CHECK(clean.exit_code == 0);
+}
+
+TEST_CASE("a schedule whose hold lapsed hands nothing over and gives its claim back", "[audit]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:8,DISK_GB:100,MEMORY_MB:4096", &rp);
+  const std::string paused = servers.dir() + "/schedule-paused";
+  std::ofstream(paused) << "";
+  std::unique_ptr<Process> schedule;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "schedule.hand_over=pause(" + paused + ")");
+    schedule = servers.spawn_toyvm({"-v", "schedule", small}, "schedule.log");
+  }
+  REQUIRE(wait_for([&] { return paused_at(*schedule, "schedule.hand_over"); }, 20));
+  // What its lease running out would do (etcd out of its reach for longer than the TTL).
+  auto held = servers.etcd_prefix(KeyLayout().claims_prefix());
+  REQUIRE(held.size() == 1);
+  servers.etcd_erase(held.front().key);
+  fs::remove(paused);
+  CHECK(schedule->wait(30) == 4);
+  CHECK_THAT(schedule->output(), Catch::Contains("hold on its claims lapsed"));
+  CHECK(servers.usages(rp)["VCPU"] == 0);
+  CHECK(servers.etcd_prefix(KeyLayout().instances_prefix()).empty());
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
+
+TEST_CASE("audit --fix releases only what the consumer still holds as it last read it", "[audit]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:8,DISK_GB:100,MEMORY_MB:4096", &rp);
+  const std::string leaked = new_uuid();
+  servers.claim(leaked, Allocations{{rp, {{"VCPU", 1}}}});
+  const std::string paused = servers.dir() + "/audit-paused";
+  std::ofstream(paused) << "";
+  std::unique_ptr<Process> audit;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "audit.fix=pause(" + paused + ")");
+    audit = servers.spawn_toyvm({"-v", "audit", "--fix", "--grace", "0.2"}, "audit.log");
+  }
+  REQUIRE(wait_for([&] { return paused_at(*audit, "audit.fix"); }, 20));
+  // Between its look and its fix, the consumer's allocations change.
+  const bool changed = run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
+    PlacementClient placement(io.get_executor(), servers.config.placement);
+    auto read = co_await placement.consumer_allocations(leaked);
+    if (!read || !read->generation) co_return false;
+    Allocations more{{rp, {{"VCPU", 2}}}};
+    auto replaced = co_await placement.replace(leaked, std::move(more), *read->generation);
+    co_return bool(replaced);
+  });
+  REQUIRE(changed);
+  fs::remove(paused);
+  CHECK(audit->wait(30) == 1);
+  CHECK_THAT(audit->output(), Catch::Contains("allocation_without_instance") && !Catch::Contains("(fixed)"));
+  CHECK(servers.allocations(leaked)[rp]["VCPU"] == 2);
 }
 
 TEST_CASE("audit: Placement or etcd down is exit 4 with one line", "[audit]") {

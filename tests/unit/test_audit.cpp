@@ -47,16 +47,24 @@ TEST_CASE("every kind of disagreement is named") {
   AuditSnapshot s = consistent();
   SECTION("an allocation of toyvm's that no instance owns; another service's is not toyvm's to judge") {
     s.allocations["ghost"] = Allocations{{host_a, {{"VCPU", 2}}}};
-    s.consumer_projects["ghost"] = "toyvm";
+    s.consumers["ghost"].project = "toyvm";
     s.allocations["nova-server"] = Allocations{{"cccccccc-0000-4000-8000-000000000000", {{"VCPU", 4}}}};
-    s.consumer_projects["nova-server"] = "3f1c0a";
+    s.consumers["nova-server"].project = "3f1c0a";
     s.allocations["another-toyvm"] = Allocations{{host_b, {{"VCPU", 1}}}};
-    s.consumer_projects["another-toyvm"] = "toyvm-east";
+    s.consumers["another-toyvm"].project = "toyvm-east";
     CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance});
     s.own_project = "toyvm-east";
     auto found = find_discrepancies(s);
     REQUIRE(found.size() == 1);
     CHECK(found[0].instance == "another-toyvm");
+  }
+  SECTION("a claim a running schedule holds is on its way, not a leak") {
+    s.allocations["claimed"] = Allocations{{host_a, {{"VCPU", 1}}}};
+    s.consumers["claimed"].project = "toyvm";
+    s.claiming.insert("claimed");
+    CHECK(kinds(s).empty());
+    s.claiming.clear();  // the schedule is gone: nothing can hand it over any more
+    CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance});
   }
   SECTION("an instance that holds nothing, and one held elsewhere") {
     s.allocations.erase("i-1");

@@ -62,6 +62,9 @@ TEST_CASE("typos and wrong types are errors that say where") {
       {"[etcd\n", "line 1"},
       {"etcd = 3", "[etcd] must be a table"},
       {"[etcd]\nendpoints = []", "etcd.endpoints is empty"},
+      {"[placement]\nprovider_trait = \"TOYVM\"", "placement.provider_trait must be CUSTOM_"},
+      {"[placement]\nprovider_trait = \"CUSTOM_toyvm\"", "placement.provider_trait must be CUSTOM_"},
+      {"[placement]\nprovider_trait = \"CUSTOM_\"", "placement.provider_trait must be CUSTOM_"},
   };
   for (const Case& c : cases) {
     INFO(c.toml);

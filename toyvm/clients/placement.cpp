@@ -242,8 +242,8 @@ awaitable<result<std::optional<std::string>>> PlacementClient::provider_named(st
   co_return std::optional<std::string>(uuids->front());
 }
 
-awaitable<result<std::vector<std::string>>> PlacementClient::providers() {
-  auto response = co_await call("GET", "/resource_providers", mv_providers);
+awaitable<result<std::vector<std::string>>> PlacementClient::providers(std::string trait) {
+  auto response = co_await call("GET", "/resource_providers?required=" + trait, mv_providers);  // 1.18+
   if (!response) co_return response.error();
   if (response->status != 200) co_return last_error_.code;
   co_return parse_provider_uuids(response->body);

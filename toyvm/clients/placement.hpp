@@ -37,8 +37,9 @@ class PlacementClient {
   awaitable<result<ResourceAmounts>> usages(std::string provider);
   // The uuid of the provider named `name`, if there is one.
   awaitable<result<std::optional<std::string>>> provider_named(std::string name);
-  // Every provider's uuid, and what each consumer holds of one provider (consumer -> amounts).
-  awaitable<result<std::vector<std::string>>> providers();
+  // The uuids of the providers that carry `trait`, and what each consumer holds of one
+  // provider (consumer -> amounts).
+  awaitable<result<std::vector<std::string>>> providers(std::string trait);
   awaitable<result<std::map<std::string, ResourceAmounts>>> provider_allocations(std::string provider);
   awaitable<result<Inventory>> inventory(std::string provider);
   awaitable<result<std::vector<std::string>>> traits(std::string provider);

@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -100,6 +101,13 @@ std::string check_url(std::string_view what, std::string_view url) {
   return fmt::format("{} '{}' is not a URL: expected http://HOST:PORT or https://HOST:PORT", what, url);
 }
 
+// Placement's rule for custom trait names.
+bool is_custom_trait(std::string_view name) {
+  constexpr std::string_view custom = "CUSTOM_";
+  if (!name.starts_with(custom) || name.size() == custom.size() || name.size() > 255) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) { return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; });
+}
+
 }  // namespace
 
 result<Config> parse_config(std::string_view text, std::string* detail) {
@@ -146,6 +154,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   placement.get("project_domain", config.placement.project_domain);
   placement.get("consumer_project", config.placement.consumer_project);
   placement.get("consumer_user", config.placement.consumer_user);
+  placement.get("provider_trait", config.placement.provider_trait);
   placement.finish();
 
   ComputeConfig& c = config.compute;
@@ -221,6 +230,8 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
       error = fmt::format("unknown section [{}]", key.str());
   }
   if (error.empty() && config.etcd.endpoints.empty()) error = "etcd.endpoints is empty";
+  if (error.empty() && !is_custom_trait(config.placement.provider_trait))
+    error = "placement.provider_trait must be CUSTOM_ followed by A-Z, 0-9 and _ (255 characters at most)";
   if (error.empty() && config.schedule.policy != "spread" && config.schedule.policy != "pack")
     error = "schedule.policy must be \"spread\" or \"pack\"";
   if (error.empty() && config.compute.on_guest_crash != "restart" && config.compute.on_guest_crash != "error")

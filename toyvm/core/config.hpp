@@ -43,6 +43,9 @@ struct PlacementConfig {
   // service (or another toyvm with its own ids) sharing the Placement is left alone.
   std::string consumer_project = "toyvm";
   std::string consumer_user = "toyvm";
+  // The trait every agent puts on its provider: schedules pick only such providers and audit
+  // judges only them (CUSTOM_ and 1 to 248 of A-Z 0-9 _).
+  std::string provider_trait = "CUSTOM_TOYVM_HOST";
 };
 
 struct ComputeConfig {

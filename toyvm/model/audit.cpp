@@ -39,9 +39,10 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
 
   for (auto& [consumer, allocations] : s.allocations) {
     if (allocations.empty()) continue;
-    auto project = s.consumer_projects.find(consumer);
-    const bool ours = project != s.consumer_projects.end() && project->second == s.own_project;
-    if (ours && !s.instances.count(consumer) && !s.work_host.count(consumer))
+    auto read = s.consumers.find(consumer);
+    const bool ours = read != s.consumers.end() && read->second.project == s.own_project;
+    // A running schedule's claim is on its way to becoming an instance.
+    if (ours && !s.instances.count(consumer) && !s.work_host.count(consumer) && !s.claiming.count(consumer))
       add(AuditKind::allocation_without_instance, consumer, providers_of(allocations),
           "resources held by a consumer that is no instance");
   }

@@ -33,10 +33,12 @@ struct AuditSnapshot {
   std::map<std::string, std::string> group_members;          // instance -> group it is a member of
   std::map<std::string, std::set<std::string>> domains;      // live provider -> domain uuids it reports
   std::vector<UnreadableValue> unreadable;                   // work and records that do not decode
-  // Whose a consumer is, read for those that hold resources and are no instance: only
+  std::set<std::string> claiming;                            // instances a running schedule claims for
+  // Consumers read one by one (those that hold resources and are no instance, and ERROR
+  // instances that hold some): whose they are, and the generation a fix is guarded by. Only
   // `own_project`'s are toyvm's to judge (Nova's, or another toyvm's, share the Placement).
   std::string own_project = "toyvm";
-  std::map<std::string, std::string> consumer_projects;
+  std::map<std::string, ConsumerAllocations> consumers;
 };
 
 enum class AuditKind {
@@ -67,8 +69,9 @@ struct Discrepancy {
 std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& snapshot);
 
 // What `--fix` may repair without guessing, provided it was seen in two snapshots a grace
-// period apart: allocations with no instance (released), resources an ERROR instance still
-// holds (released), members of a gone instance (deleted).
+// period apart: allocations with no instance and no schedule claiming for it (released),
+// resources an ERROR instance still holds (released), members of a gone instance (deleted).
+// Releases are guarded by the consumer generation of the second snapshot.
 bool fixable(AuditKind kind) noexcept;
 
 }  // namespace toyvm

@@ -11,6 +11,7 @@
 //   <prefix>/domains/<rp>/<instance> a domain the host's agent has (no value), under its lease
 //   <prefix>/stats/<rp>              the host's figures (memory, disk, load), under its lease
 //   <prefix>/disabled/<rp>           an operator took the host out of service, and why
+//   <prefix>/claims/<instance>       a schedule is claiming for it (under that schedule's lease)
 
 #include <optional>
 #include <string>
@@ -59,6 +60,10 @@ class KeyLayout {
   std::string stats(std::string_view rp) const { return stats_prefix() + std::string(rp); }
   std::string disabled_prefix() const { return prefix_ + "/disabled/"; }
   std::string disabled(std::string_view rp) const { return disabled_prefix() + std::string(rp); }
+  // A schedule puts these before it claims and keeps them while it hands over; its hand-over
+  // requires them. `audit --fix` leaves a claim alone while its key is there.
+  std::string claims_prefix() const { return prefix_ + "/claims/"; }
+  std::string claim(std::string_view instance) const { return claims_prefix() + std::string(instance); }
   std::string group_prefix(std::string_view group) const;
   std::string group_member(std::string_view group, std::string_view instance) const;
 

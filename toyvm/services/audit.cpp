@@ -1,11 +1,13 @@
 // toyvm audit: compares Placement (every consumer's allocations on every provider), etcd (work,
 // instance records, server groups, live hosts) and the domains each live agent reports, and
 // lists every way they disagree (model/audit.hpp). With --fix it repairs what is unambiguous,
-// once the same discrepancy is seen again after a grace period (a schedule in flight claims
-// before it hands over, and must not be mistaken for a leak).
+// once the same discrepancy is seen again after a grace period, each release guarded by the
+// consumer generation it last read. A schedule in flight claims before it hands over: its
+// claims are held in etcd under its lease while it runs, and are not leaks.
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
+#include "core/failpoint.hpp"
 #include "model/audit.hpp"
 #include "model/keys.hpp"
 #include "services/common.hpp"
@@ -15,6 +17,7 @@
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 
@@ -46,6 +49,7 @@ class Auditor {
       if (!again) co_return failure_;
       std::vector<Discrepancy> still = find_discrepancies(*again);
       fixed.assign(still.size(), false);
+      co_await failpoint::pass("audit.fix");  // looked twice, not yet fixed
       for (size_t i = 0; i < still.size(); ++i) {
         const bool seen_before = std::find(found.begin(), found.end(), still[i]) != found.end();
         if (seen_before && fixable(still[i].kind)) fixed[i] = co_await fix(still[i], *again);
@@ -63,7 +67,7 @@ class Auditor {
   // Placement first, then etcd in one transaction (one revision).
   awaitable<std::optional<AuditSnapshot>> take_snapshot() {
     AuditSnapshot s;
-    auto providers = co_await placement_.providers();
+    auto providers = co_await placement_.providers(config_.placement.provider_trait);
     if (!providers) co_return placement_failed(providers.error());
     for (const std::string& provider : *providers) {
       s.providers.insert(provider);
@@ -73,8 +77,8 @@ class Auditor {
     }
     const std::string groups_root = keys_.prefix() + "/groups/";
     std::vector<EtcdOp> reads;
-    for (const std::string& prefix :
-         {keys_.hosts_prefix(), keys_.work_root(), keys_.instances_prefix(), groups_root, keys_.domains_root()})
+    for (const std::string& prefix : {keys_.hosts_prefix(), keys_.work_root(), keys_.instances_prefix(), groups_root,
+                                      keys_.domains_root(), keys_.claims_prefix()})
       reads.push_back(EtcdOp::get(prefix, prefix_range_end(prefix)));
     auto txn = co_await etcd_->txn({}, std::move(reads));
     if (!txn) {
@@ -109,13 +113,18 @@ class Auditor {
     }
     for (const KeyValue& kv : txn->ranges[4].kvs)
       if (auto key = keys_.parse_domain(kv.key)) s.domains[key->host].insert(key->instance);
-    // Whose each consumer without an instance is: only toyvm's own are judged.
+    for (const KeyValue& kv : txn->ranges[5].kvs)
+      if (auto uuid = keys_.leaf(kv.key, keys_.claims_prefix())) s.claiming.insert(*uuid);
+    // Whose each consumer without an instance is (only toyvm's own are judged), and the
+    // generation of those a fix may release.
     s.own_project = config_.placement.consumer_project;
     for (auto& [consumer, allocations] : s.allocations) {
-      if (allocations.empty() || s.instances.count(consumer) || s.work_host.count(consumer)) continue;
+      auto record = s.instances.find(consumer);
+      const bool error = record != s.instances.end() && record->second.state == InstanceState::error;
+      if (allocations.empty() || (!error && (record != s.instances.end() || s.work_host.count(consumer)))) continue;
       auto held = co_await placement_.consumer_allocations(consumer);
       if (!held) co_return placement_failed(held.error());
-      s.consumer_projects[consumer] = held->project;
+      s.consumers[consumer] = std::move(*held);
     }
     co_return s;
   }
@@ -133,7 +142,15 @@ class Auditor {
       if (group == s.group_members.end()) co_return false;
       co_return bool(co_await etcd_->erase(keys_.group_member(group->second, d.instance)));
     }
-    co_return bool(co_await placement_.release(d.instance));  // nothing of it is owed to anyone
+    // Nothing of it is owed to anyone, as of the second look: released only if it still holds
+    // what it held then (an empty PUT under that consumer generation).
+    auto read = s.consumers.find(d.instance);
+    if (read == s.consumers.end() || !read->second.generation) co_return false;
+    Allocations none;
+    auto released = co_await placement_.replace(d.instance, std::move(none), *read->second.generation);
+    if (!released)
+      spdlog::warn("not releasing {}: {}", d.instance, placement_.last_error().detail);
+    co_return bool(released);
   }
 
   void report(const std::vector<Discrepancy>& found, const std::vector<bool>& fixed, const AuditSnapshot& s) {

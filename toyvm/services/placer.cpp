@@ -11,7 +11,9 @@ using namespace asio::experimental::awaitable_operators;
 
 awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string group, std::string moving,
                                               int limit) {
-  // Stopped agents mark their providers so (microversion 1.39 lets `required` repeat).
+  // Only toyvm's agents' providers; stopped agents mark theirs disabled (microversion 1.39
+  // lets `required` repeat).
+  query.params.emplace_back("required", config_.placement.provider_trait);
   query.params.emplace_back("required", "!COMPUTE_STATUS_DISABLED");
   // Placement's answer is the long wait: its request goes out first, and etcd's client starts
   // (in a short command, gRPC's set-up: a millisecond or two of this thread) while it waits.

@@ -1,9 +1,12 @@
 // toyvm schedule: claims resources in Placement and hands the instance to the chosen host
 // through etcd. The claim is the commitment; the etcd write is create-only, and if it cannot
-// be made the claim is released, so a failed schedule leaves nothing behind.
+// be made the claim is released, so a failed schedule leaves nothing behind. While it runs, a
+// key per instance under its lease says its claims are still on their way (`audit --fix`
+// leaves them alone); the hand-over requires those keys, so once they lapse it cannot happen.
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
+#include "core/failpoint.hpp"
 #include "model/groups.hpp"
 #include "model/image.hpp"
 #include "model/keys.hpp"
@@ -14,6 +17,7 @@
 #include "services/placer.hpp"
 #include "services/services.hpp"
 
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
@@ -27,8 +31,12 @@
 namespace toyvm {
 namespace {
 
+using namespace asio::experimental::awaitable_operators;
+
 // Nova's limit on user data; etcd's on a request is 1.5 MiB.
 constexpr size_t max_user_data = 64 * 1024;
+// How long a schedule's hold on its claims outlives it (killed, or cut off from etcd).
+constexpr int64_t claim_hold_ttl_s = 10;
 
 std::optional<std::string> read_small_file(const std::string& path, size_t limit) {
   std::ifstream in(path, std::ios::binary);
@@ -125,13 +133,22 @@ class Scheduler {
 
     std::vector<std::string> uuids(static_cast<size_t>(count));
     for (std::string& uuid : uuids) uuid = new_uuid();
+    auto placed = co_await (place(std::move(*query), std::move(spec), std::move(uuids)) || keep_holding());
+    co_return std::get<0>(placed);
+  }
+
+ private:
+  awaitable<int> place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids) {
+    const int count = int(uuids.size());
+    uuids_ = uuids;
     result<std::vector<Claim>> claims = make_error_code(errc::no_allocations_left);
     if (count == 1) {
-      claims = co_await claim_one(std::move(*query), uuids.front());
+      claims = co_await claim_one(std::move(query), uuids.front());
     } else {
-      claims = co_await claim_batch(std::move(*query), uuids);
+      claims = co_await claim_batch(std::move(query), uuids);
     }
     if (!claims) {
+      co_await let_go();
       if (claims.error() == errc::no_allocations_left) {
         std::printf("NO ALLOCATIONS LEFT\n");
         co_return static_cast<int>(ExitCode::no_allocations);
@@ -153,7 +170,9 @@ class Scheduler {
       specs.push_back(std::move(one.work));
       records.push_back(std::move(one.record));
     }
+    co_await failpoint::pass("schedule.hand_over");  // claimed, not yet handed over
     HandOver handed = co_await hand_over(specs, records);
+    co_await let_go();  // handed over or not, the claims are no longer on their way
     if (handed.error) co_return co_await give_up_hand_over(handed, uuids, specs, records);
     spdlog::debug("schedule: handed over through etcd");
     for (const InstanceRecord& record : records)
@@ -168,7 +187,49 @@ class Scheduler {
     co_return worst;
   }
 
- private:
+  // Before anything is claimed: a key per instance, under a lease of this schedule's.
+  awaitable<result<void>> hold_claims() {
+    auto lease = co_await etcd_->lease_grant(claim_hold_ttl_s);
+    if (!lease) co_return lease.error();
+    hold_lease_ = *lease;
+    std::vector<TxnCost> costs(uuids_.size(), TxnCost{0, 1, keys_.claim(uuids_.front()).size()});
+    size_t first = 0;
+    for (const size_t end : split_by_limits(costs).value_or(std::vector<size_t>{})) {
+      std::vector<EtcdOp> puts;
+      for (size_t i = first; i < end; ++i) puts.push_back(EtcdOp::put(keys_.claim(uuids_[i]), "", *lease));
+      auto put = co_await etcd_->txn({}, std::move(puts));
+      if (!put) co_return put.error();
+      first = end;
+    }
+    co_return result<void>{};
+  }
+
+  // Renews the hold while the schedule runs; never ends by itself. A hold that lapsed is not
+  // put again: audit may have given its claims back meanwhile.
+  awaitable<void> keep_holding() {
+    asio::steady_timer timer(io_);
+    std::unique_ptr<EtcdLeaseKeeper> keeper;
+    while (true) {
+      timer.expires_after(std::chrono::seconds(claim_hold_ttl_s) / 3);
+      co_await timer.async_wait(use_awaitable);
+      if (!hold_lease_) continue;
+      if (!keeper) keeper = etcd_->keep_alive(hold_lease_);
+      auto ttl = co_await keeper->ping();
+      if (!ttl || *ttl == 0) keeper.reset();
+    }
+  }
+
+  awaitable<void> let_go() {
+    if (const int64_t lease = std::exchange(hold_lease_, 0)) co_await etcd_->lease_revoke(lease);
+  }
+
+  // The first look and the hold go out together: neither waits for the other.
+  awaitable<result<PlacementView>> first_look(PlacementQuery query, int limit) {
+    auto [view, held] = co_await (look(std::move(query), limit) && hold_claims());
+    if (!held) co_return held.error();
+    co_return std::move(view);
+  }
+
   // Candidates, live hosts and the group's members, with the group's policy checked.
   awaitable<result<PlacementView>> look(PlacementQuery query, int limit) {
     spdlog::debug("schedule: asking Placement and etcd");
@@ -193,7 +254,7 @@ class Scheduler {
 
   // One instance: the weighed candidates tried in turn.
   awaitable<result<std::vector<Claim>>> claim_one(PlacementQuery query, std::string uuid) {
-    auto view = co_await look(std::move(query), 0);
+    auto view = co_await first_look(std::move(query), 0);
     if (!view) co_return view.error();
     std::uniform_real_distribution<double> uniform(0.0, 1.0);
     std::mt19937_64 rng{random_seed()};
@@ -213,7 +274,12 @@ class Scheduler {
     int limit = std::max<int>(config_.placement.candidate_limit, int(uuids.size()));
     std::mt19937_64 rng{random_seed()};
     for (int round = 1;; ++round) {
-      auto view = co_await look(query, limit);
+      result<PlacementView> view = make_error_code(errc::no_allocations_left);
+      if (round == 1) {
+        view = co_await first_look(query, limit);
+      } else {
+        view = co_await look(query, limit);
+      }
       if (!view) co_return view.error();
       const bool truncated = !own_limit && view->candidates.allocation_requests.size() >= size_t(limit);
       auto plan = plan_batch(std::move(*view), uuids.size(), rng);
@@ -281,6 +347,7 @@ class Scheduler {
     int64_t revision = 0;
     size_t handed = 0;     // the first `handed` instances are in etcd
     size_t in_doubt = 0;   // the next ones may be: etcd did not say
+    bool hold_lapsed = false;
     error_code error;
   };
 
@@ -288,7 +355,8 @@ class Scheduler {
   // membership, each compared absent and written.
   TxnCost hand_over_cost(const WorkSpec& spec, const InstanceRecord& record) const {
     const std::string work = keys_.work(record.host, spec.uuid), instance = keys_.instance(spec.uuid);
-    TxnCost cost{2, 2, 2 * (work.size() + instance.size()) + encode(spec).size() + encode(record).size()};
+    const std::string claim = keys_.claim(spec.uuid);
+    TxnCost cost{3, 2, 2 * (work.size() + instance.size()) + claim.size() + encode(spec).size() + encode(record).size()};
     if (!spec.group.empty()) {
       constexpr size_t member_value = 128;  // host and policy
       cost.compares += 1;
@@ -344,6 +412,7 @@ class Scheduler {
         placed.push_back(Placed{specs[i], records[i]});
         absent.push_back(EtcdCompare::absent(keys_.work(records[i].host, specs[i].uuid)));
         absent.push_back(EtcdCompare::absent(keys_.instance(specs[i].uuid)));
+        absent.push_back(EtcdCompare::present(keys_.claim(specs[i].uuid)));  // our hold stands
         if (!specs[i].group.empty()) absent.push_back(EtcdCompare::absent(keys_.group_member(specs[i].group, specs[i].uuid)));
       }
       HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), {}, deadline);
@@ -352,9 +421,12 @@ class Scheduler {
           out.revision = txn.revision;
           out.handed = end;
           break;
-        case HandOverResult::Outcome::refused:  // keys exist that are not ours
-          out.error = make_error_code(errc::already_exists);
+        case HandOverResult::Outcome::refused: {  // keys exist that are not ours, or our hold lapsed
+          auto hold = co_await etcd_->range(keys_.claim(specs[first].uuid));
+          out.hold_lapsed = hold && hold->kvs.empty();
+          out.error = make_error_code(out.hold_lapsed ? errc::timeout : errc::already_exists);
           co_return out;
+        }
         case HandOverResult::Outcome::unknown:
           out.in_doubt = end - first;
           out.error = txn.error;
@@ -394,7 +466,10 @@ class Scheduler {
     const size_t kept = handed.handed - undone;
     for (size_t i = undone; i < handed.handed; ++i)
       std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", records[i].host.c_str(), records[i].uuid.c_str());
-    std::string what = handed.error == errc::already_exists ? "an instance key already exists" : handed.error.message();
+    std::string what = handed.error == errc::already_exists ? "an instance key already exists"
+                       : handed.hold_lapsed ? fmt::format("this schedule's hold on its claims lapsed (etcd out of reach "
+                                                          "for more than {} s)", claim_hold_ttl_s)
+                                            : handed.error.message();
     std::string detail = fmt::format("cannot hand the instance(s) over through etcd at {}: {}", etcd_->endpoints_text(), what);
     if (kept > 0) detail += fmt::format("; {} were handed over already and are kept", kept);
     if (handed.in_doubt > 0)
@@ -468,6 +543,8 @@ class Scheduler {
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;
   Placer placer_;
+  std::vector<std::string> uuids_;  // the instances of this schedule
+  int64_t hold_lease_ = 0;          // the lease its claims are held under, while they are
   std::string group_clash_;  // why the group refused, when it did
   bool claiming_ = false;    // a claim went to Placement
 };

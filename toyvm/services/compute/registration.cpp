@@ -101,6 +101,7 @@ awaitable<result<void>> ProviderRegistration::register_once() {
   auto known = co_await placement.known_traits("HW_CPU_X86_");
   if (!known) co_return known.error();
   traits_ = ctx_.config.compute.traits;
+  traits_.push_back(ctx_.config.placement.provider_trait);  // schedules and audit know toyvm's by it
   for (const std::string& trait : cpu_traits_)
     if (std::find(known->begin(), known->end(), trait) != known->end()) traits_.push_back(trait);
   const bool disabled = operator_disabled_;
