@@ -115,21 +115,23 @@ class HostAdmin {
         co_return placement_failure();
       }
       switch (moved->outcome) {
-        case Evacuation::Outcome::moved:
+        case Relocated::Outcome::moved:
           std::printf("EVACUATED INSTANCE %s TO %s\n", work->uuid.c_str(), moved->host.c_str());
           break;
-        case Evacuation::Outcome::no_room:
+        case Relocated::Outcome::no_room:
           std::printf("NO ALLOCATIONS LEFT FOR INSTANCE %s\n", work->uuid.c_str());
           ++no_room;
           break;
-        case Evacuation::Outcome::changed:
+        case Relocated::Outcome::lost_race:
+        case Relocated::Outcome::put_back:
+          if (moved->unknown) co_return etcd_failure(*etcd_, moved->unknown);
           std::fprintf(stderr,
                        "toyvm: instance %s changed while it was evacuated (stopped, started, destroyed, moved by "
                        "another evacuation, or its host came back); left\n",
                        work->uuid.c_str());
           ++changed;
           break;
-        case Evacuation::Outcome::stranded:
+        case Relocated::Outcome::stranded:
           std::fprintf(stderr,
                        "toyvm: instance %s stays on its host, but its allocation could not be put back from %s "
                        "(toyvm audit: allocation_elsewhere)\n",
@@ -143,84 +145,20 @@ class HostAdmin {
     co_return no_room > 0 ? int(ExitCode::no_allocations) : 0;
   }
 
-  struct Evacuation {
-    enum class Outcome { moved, no_room, changed, stranded };
-    Outcome outcome = Outcome::no_room;
-    std::string host;  // moved: where to; stranded: where its allocation stayed
-  };
-
-  // no_room: no other host has room for it; changed: its work or its allocation changed
-  // since they were read (a stop, start or destroy, another evacuation, the host back).
-  // Either way it stays, holding what it held. stranded: its move in Placement could not be
-  // put back after etcd refused the hand-over: its allocation is elsewhere (audit says so).
-  awaitable<result<Evacuation>> evacuate_one(const std::string& provider, WorkSpec work, int64_t revision) {
-    Evacuation evacuation;  // no room, unless it moves
-    auto query = parse_placement_query(work.query, nullptr);
-    if (!query) co_return evacuation;
-    // What it holds, read once: every move below is guarded by this reading's generation, so
-    // of two evacuations of one host exactly one moves each instance.
-    auto held = co_await placement_.consumer_allocations(work.uuid);
-    if (!held) co_return held.error();
-    if (!held->allocations.count(provider)) {
-      evacuation.outcome = Evacuation::Outcome::changed;
-      co_return evacuation;
-    }
-    auto view = co_await placer_.look(std::move(*query), work.group, work.uuid);
-    if (!view) co_return view.error();
-    view->live.erase(provider);
-    std::optional<GroupPolicy> policy;
-    if (!work.group.empty()) policy = parse_group_policy(work.group_policy);
-    for (const Choice& choice : placer_.rank(*view, placer_.weigh_policy(), 0.0, policy)) {
-      auto moved = co_await placer_.move_allocation(work.uuid, *held, *choice.allocations);
-      if (!moved) co_return moved.error();
-      if (*moved == Placer::Move::no_room) continue;
-      if (*moved == Placer::Move::changed) {
-        evacuation.outcome = Evacuation::Outcome::changed;
-        co_return evacuation;
-      }
-      WorkSpec next = work;
-      next.attempt = 1;
-      next.resources = choice.allocations->at(choice.host);
-      InstanceRecord record;
-      record.uuid = work.uuid;
-      record.name = work.name;
-      record.host = choice.host;
-      record.updated_at = unix_millis();
-      const std::string there = keys_.work(provider, work.uuid);
-      std::vector<EtcdCompare> guard{EtcdCompare::mod_revision_is(there, revision),
-                                     EtcdCompare::absent(keys_.host(provider))};
-      std::vector<EtcdOp> leave{EtcdOp::erase(there)};
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      std::vector<Placed> placed{Placed{next, record}};
-      auto txn = co_await placer_.hand_over(std::move(placed), std::move(guard), std::move(leave), deadline);
-      if (txn.outcome == HandOverResult::Outcome::committed) {
-        evacuation.outcome = Evacuation::Outcome::moved;
-        evacuation.host = choice.host;
-        co_return evacuation;
-      }
-      // Not moved: the allocation goes back to the dead host while the work is still there,
-      // and only from where this evacuation put it.
-      auto still = co_await etcd_->range(there);
-      if (still && !still->kvs.empty()) {
-        bool put_back = false;
-        if (auto now = co_await placement_.consumer_allocations(work.uuid); now && now->allocations.empty()) {
-          put_back = true;  // released meanwhile (destroy --force): nothing is held to put back
-        } else if (now && now->allocations == *choice.allocations) {
-          Allocations home{{provider, work.resources}};  // a named local: GCC 12 cannot keep a braced temporary
-          auto back = co_await placer_.move_allocation(work.uuid, *now, std::move(home));
-          put_back = back && *back == Placer::Move::moved;
-        }
-        if (!put_back) {
-          evacuation.outcome = Evacuation::Outcome::stranded;
-          evacuation.host = choice.host;
-          co_return evacuation;
-        }
-      }
-      if (txn.outcome == HandOverResult::Outcome::unknown) co_return txn.error;
-      evacuation.outcome = Evacuation::Outcome::changed;
-      co_return evacuation;
-    }
-    co_return evacuation;
+  // Off the dead host through the placer's one move engine, guarded by the work's revision
+  // and by the host staying dead (an agent that comes back takes its work up again).
+  awaitable<result<Relocated>> evacuate_one(const std::string& provider, WorkSpec work, int64_t revision) {
+    Relocation move;
+    move.work = std::move(work);
+    move.work.attempt = 1;
+    move.record.uuid = move.work.uuid;
+    move.record.name = move.work.name;
+    move.record.updated_at = unix_millis();
+    move.from = provider;
+    move.work_revision = revision;
+    move.also_require = {EtcdCompare::absent(keys_.host(provider))};
+    move.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    co_return co_await placer_.relocate(std::move(move));
   }
 
   int placement_failure() {

@@ -112,6 +112,69 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
   }
 }
 
+awaitable<result<Relocated>> Placer::relocate(Relocation move) {
+  Relocated out;  // no room, unless it moves
+  const std::string uuid = move.work.uuid;
+  auto query = parse_placement_query(move.work.query, nullptr);
+  if (!query) co_return out;
+  // What it holds, read once: every write below is guarded by this reading, so of two moves
+  // of one instance (two evacuations, an evacuation and a destroy --force) one wins.
+  auto held = co_await placement_.consumer_allocations(uuid);
+  if (!held) co_return held.error();
+  if (!held->allocations.count(move.from)) {
+    out.outcome = Relocated::Outcome::lost_race;
+    co_return out;
+  }
+  auto view = co_await look(std::move(*query), move.work.group, uuid);
+  if (!view) co_return view.error();
+  view->live.erase(move.from);
+  std::optional<GroupPolicy> policy;
+  if (!move.work.group.empty()) policy = parse_group_policy(move.work.group_policy);
+  for (const Choice& choice : rank(*view, weigh_policy(), 0.0, policy)) {
+    auto moved = co_await move_allocation(uuid, *held, *choice.allocations);
+    if (!moved) co_return moved.error();
+    if (*moved == Move::no_room) continue;  // no room there after all
+    if (*moved == Move::changed) {
+      out.outcome = Relocated::Outcome::lost_race;
+      co_return out;
+    }
+    WorkSpec next = move.work;
+    next.resources = choice.allocations->at(choice.host);
+    InstanceRecord record = move.record;
+    record.host = choice.host;
+    const std::string source = keys_.work(move.from, uuid);
+    std::vector<EtcdCompare> guard = move.also_require;
+    guard.push_back(EtcdCompare::mod_revision_is(source, move.work_revision));
+    std::vector<EtcdOp> leave{EtcdOp::erase(source)};
+    std::vector<Placed> placed{Placed{std::move(next), std::move(record)}};
+    auto txn = co_await hand_over(std::move(placed), std::move(guard), std::move(leave), move.deadline);
+    out.host = choice.host;
+    if (txn.outcome == HandOverResult::Outcome::committed) {
+      out.outcome = Relocated::Outcome::moved;
+      co_return out;
+    }
+    if (txn.outcome == HandOverResult::Outcome::unknown) out.unknown = txn.error;
+    out.outcome = co_await put_back(uuid, move.from, move.work.resources, *choice.allocations);
+    co_return out;
+  }
+  co_return out;
+}
+
+awaitable<Relocated::Outcome> Placer::put_back(std::string uuid, std::string from, ResourceAmounts resources,
+                                               Allocations put) {
+  // Gone from its source: it moved on (our hand-over after all, or another's), or was
+  // destroyed; whoever took it has its allocation to answer for.
+  auto still = co_await etcd_.range(keys_.work(from, uuid));
+  if (still && still->kvs.empty()) co_return Relocated::Outcome::lost_race;
+  auto now = co_await placement_.consumer_allocations(uuid);
+  // Released meanwhile (destroy --force): nothing is held to put back.
+  if (still && now && now->allocations.empty()) co_return Relocated::Outcome::put_back;
+  if (!still || !now || now->allocations != put) co_return Relocated::Outcome::stranded;
+  Allocations home{{from, std::move(resources)}};  // a named local: GCC 12 cannot keep a braced temporary
+  auto back = co_await move_allocation(uuid, *now, std::move(home));
+  co_return back && *back == Move::moved ? Relocated::Outcome::put_back : Relocated::Outcome::stranded;
+}
+
 WeighPolicy Placer::weigh_policy(const std::string& policy_name) const {
   const ScheduleConfig& c = config_.schedule;
   WeighPolicy policy;

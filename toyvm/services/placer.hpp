@@ -1,8 +1,9 @@
 #pragma once
-// Where an instance goes, for `toyvm schedule` (new instances) and for the compute agent (a
-// failed build moving to another host), so the two cannot drift apart: Placement's
-// candidates for the instance's query, narrowed to live toyvm hosts and to what its server
-// group allows, weighed, claimed first-fit, then handed over to the chosen host in etcd.
+// Where an instance goes, for `toyvm schedule` (new instances), for the compute agent (a
+// failed build moving to another host) and for `toyvm evacuate`, so they cannot drift apart:
+// Placement's candidates for the instance's query, narrowed to live toyvm hosts and to what
+// its server group allows, weighed, claimed first-fit (or moved), then handed over to the
+// chosen host in etcd.
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
@@ -51,6 +52,31 @@ struct HandOverResult {
   error_code error;      // unknown: why etcd did not tell
 };
 
+// An instance to move off `from` to another live host (a failed build, an evacuation).
+struct Relocation {
+  WorkSpec work;               // as its new host gets it; its resources become the chosen host's
+  InstanceRecord record;       // its first record there; `host` becomes the chosen host
+  std::string from;            // the provider it leaves
+  int64_t work_revision = 0;   // of its work on `from`, as read when deciding: the hand-over requires it
+  std::vector<EtcdCompare> also_require;  // more the hand-over requires (a dead host staying dead)
+  std::chrono::steady_clock::time_point deadline;  // for an etcd that does not answer the hand-over
+};
+
+struct Relocated {
+  enum class Outcome {
+    moved,      // its allocation and its work are on `host`
+    no_room,    // no other live host fits it: it holds what it held
+    lost_race,  // its allocation or its work changed since they were read (a stop, a destroy,
+                // another move): nothing of ours is left written
+    put_back,   // etcd refused the hand-over, and its allocation is back on `from`
+    stranded,   // etcd refused (or did not tell), and its allocation could not be put back
+                // from `host`, where it stays (`toyvm audit`: allocation_elsewhere)
+  };
+  Outcome outcome = Outcome::no_room;
+  std::string host;
+  error_code unknown;  // set when etcd did not tell whether it took the hand-over
+};
+
 class Placer {
  public:
   Placer(PlacementClient& placement, EtcdClient& etcd, const Config& config)
@@ -87,10 +113,21 @@ class Placer {
   awaitable<HandOverResult> hand_over(std::vector<Placed> placed, std::vector<EtcdCompare> guard,
                                       std::vector<EtcdOp> also, std::chrono::steady_clock::time_point deadline);
 
+  // The one move engine: candidates for the instance's own query and group (its source left
+  // out), its allocation moved to the best that has room under the consumer generation read
+  // first, its work handed over under `work_revision`; when etcd refuses, the allocation goes
+  // back to `from`, and only from where this move put it, while the work is still there.
+  // Errors: Placement or etcd did not answer before anything was written.
+  awaitable<result<Relocated>> relocate(Relocation move);
+
   // The weighers as configured, `policy_name` ("spread"/"pack") overriding the config's.
   WeighPolicy weigh_policy(const std::string& policy_name = {}) const;
 
  private:
+  // After a refused hand-over: the allocation `put` where it now is goes back to `from`.
+  awaitable<Relocated::Outcome> put_back(std::string uuid, std::string from, ResourceAmounts resources,
+                                         Allocations put);
+
   PlacementClient& placement_;
   EtcdClient& etcd_;
   KeyLayout keys_;

@@ -207,59 +207,38 @@ awaitable<bool> Builder::release_held(WorkSpec spec) {
   co_return true;
 }
 
-// Moves the instance to another live host. Placement moves its allocation in one step (a PUT
-// naming the new provider under the consumer's generation replaces this host's), then etcd
-// moves its work in one transaction guarded by the revision of the work acted on, so a
-// destroy or stop that lands meanwhile is never overwritten. Nothing is released before
-// something else holds the instance. true: moved, or destroyed meanwhile; false: no other
-// host fits; an error: Placement or etcd did not answer (the step is retried).
+// Moves the instance to another live host (Placer::relocate), guarded by the revision of the
+// work acted on, so a destroy or stop that lands meanwhile is never overwritten. Nothing is
+// released before something else holds the instance. true: moved; false: no other host
+// fits; an error: it changed meanwhile, or Placement or etcd did not answer (the step is
+// retried).
 awaitable<result<bool>> Builder::move_elsewhere(WorkSpec spec) {
-  auto query = parse_placement_query(spec.query, nullptr);
-  if (!query) co_return false;
-  // What it holds, read once: the move is guarded by this reading, so an evacuation or a
-  // destroy --force that changes it meanwhile is never overwritten.
-  auto held = co_await ctx_.placement.consumer_allocations(spec.uuid);
-  if (!held) co_return result<bool>(boost::system::in_place_error, held.error());
-  if (!held->allocations.count(ctx_.host.provider))
-    co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
-  auto view = co_await parts_.placer.look(std::move(*query), spec.group, spec.uuid);
-  if (!view) co_return result<bool>(boost::system::in_place_error, view.error());
-  view->live.erase(ctx_.host.provider);
-  std::optional<GroupPolicy> policy;
-  if (!spec.group.empty()) policy = parse_group_policy(spec.group_policy);
-  std::vector<Choice> choices = parts_.placer.rank(*view, parts_.placer.weigh_policy(), 0.0, policy);
-  for (const Choice& choice : choices) {
-    auto moved = co_await parts_.placer.move_allocation(spec.uuid, *held, *choice.allocations);
-    if (!moved) co_return result<bool>(boost::system::in_place_error, moved.error());
-    if (*moved == Placer::Move::no_room) continue;  // no room there after all
-    if (*moved == Placer::Move::changed)  // someone else moved or released it: look again
-      co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
-    const InstanceSlot& slot = parts_.slots[spec.uuid];
-    // Destroyed meanwhile: removing it releases the allocation wherever it is.
-    if (slot.cancelled()) co_return true;
-    WorkSpec next = *slot.desired;
-    next.attempt = spec.attempt + 1;
-    next.resources = choice.allocations->at(choice.host);
-    InstanceRecord record = parts_.recorder.make(next, InstanceState::scheduled);
-    record.host = choice.host;
-    const std::string here = ctx_.keys.work(ctx_.host.provider, spec.uuid);
-    // One try, read back if etcd does not answer: a failed step is retried as a whole.
-    std::vector<Placed> placed{Placed{next, record}};
-    std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(here, slot.revision)};
-    std::vector<EtcdOp> leave{EtcdOp::erase(here)};
-    auto txn = co_await parts_.placer.hand_over(std::move(placed), std::move(unchanged), std::move(leave),
-                                                std::chrono::steady_clock::now());
-    if (txn.outcome == HandOverResult::Outcome::committed) {
-      spdlog::info("instance {}: moved to host {} for attempt {}", spec.uuid, choice.host, next.attempt);
+  const InstanceSlot& slot = parts_.slots[spec.uuid];
+  if (slot.cancelled()) co_return true;  // destroyed meanwhile: removing it releases what it holds
+  Relocation move;
+  move.work = *slot.desired;
+  move.work.attempt = spec.attempt + 1;
+  move.record = parts_.recorder.make(move.work, InstanceState::scheduled);
+  move.from = ctx_.host.provider;
+  move.work_revision = slot.revision;
+  move.deadline = std::chrono::steady_clock::now();  // one try: a failed step is retried as a whole
+  auto moved = co_await parts_.placer.relocate(std::move(move));
+  if (!moved) co_return result<bool>(boost::system::in_place_error, moved.error());
+  switch (moved->outcome) {
+    case Relocated::Outcome::moved:
+      spdlog::info("instance {}: moved to host {} for attempt {}", spec.uuid, moved->host, spec.attempt + 1);
       co_return true;
-    }
-    // Not moved (the work changed since it was read: stopped, destroyed), or etcd did not
-    // tell: the allocation comes back here if the work is still here, now or on the retry.
-    if (!co_await take_allocation_back(spec)) parts_.slots[spec.uuid].allocation_elsewhere = true;
-    if (txn.outcome == HandOverResult::Outcome::unknown) co_return result<bool>(boost::system::in_place_error, txn.error);
-    co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
+    case Relocated::Outcome::no_room:
+      co_return false;
+    case Relocated::Outcome::stranded:  // taken back before it builds here again
+      parts_.slots[spec.uuid].allocation_elsewhere = true;
+      break;
+    case Relocated::Outcome::lost_race:
+    case Relocated::Outcome::put_back:
+      break;
   }
-  co_return false;
+  if (moved->unknown) co_return result<bool>(boost::system::in_place_error, moved->unknown);
+  co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
 }
 
 // After a move that did not happen, the instance's allocation comes back to this host, if
