@@ -172,8 +172,12 @@ class Scheduler {
     }
     co_await failpoint::pass("schedule.hand_over");  // claimed, not yet handed over
     HandOver handed = co_await hand_over(specs, records);
-    co_await let_go();  // handed over or not, the claims are no longer on their way
-    if (handed.error) co_return co_await give_up_hand_over(handed, uuids, specs, records);
+    if (handed.error) {
+      co_await let_go();  // nothing more of this schedule's is on its way
+      co_return co_await give_up_hand_over(handed, uuids, specs, records);
+    }
+    // Its keys went with the hand-over; the lease, now holding nothing, runs out by itself.
+    hold_lease_ = 0;
     spdlog::debug("schedule: handed over through etcd");
     for (const InstanceRecord& record : records)
       std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", record.host.c_str(), record.uuid.c_str());
@@ -352,11 +356,11 @@ class Scheduler {
   };
 
   // What handing one instance over adds to a transaction: its work, record and group
-  // membership, each compared absent and written.
+  // membership, each compared absent and written; its hold, compared present and erased.
   TxnCost hand_over_cost(const WorkSpec& spec, const InstanceRecord& record) const {
     const std::string work = keys_.work(record.host, spec.uuid), instance = keys_.instance(spec.uuid);
     const std::string claim = keys_.claim(spec.uuid);
-    TxnCost cost{3, 2, 2 * (work.size() + instance.size()) + claim.size() + encode(spec).size() + encode(record).size()};
+    TxnCost cost{3, 3, 2 * (work.size() + instance.size() + claim.size()) + encode(spec).size() + encode(record).size()};
     if (!spec.group.empty()) {
       constexpr size_t member_value = 128;  // host and policy
       cost.compares += 1;
@@ -408,14 +412,16 @@ class Scheduler {
       const size_t first = out.handed;
       std::vector<Placed> placed;
       std::vector<EtcdCompare> absent;
+      std::vector<EtcdOp> done;  // the hold on what is handed over
       for (size_t i = first; i < end; ++i) {
         placed.push_back(Placed{specs[i], records[i]});
+        done.push_back(EtcdOp::erase(keys_.claim(specs[i].uuid)));
         absent.push_back(EtcdCompare::absent(keys_.work(records[i].host, specs[i].uuid)));
         absent.push_back(EtcdCompare::absent(keys_.instance(specs[i].uuid)));
         absent.push_back(EtcdCompare::present(keys_.claim(specs[i].uuid)));  // our hold stands
         if (!specs[i].group.empty()) absent.push_back(EtcdCompare::absent(keys_.group_member(specs[i].group, specs[i].uuid)));
       }
-      HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), {}, deadline);
+      HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), std::move(done), deadline);
       switch (txn.outcome) {
         case HandOverResult::Outcome::committed:
           out.revision = txn.revision;
