@@ -1,5 +1,6 @@
 // libFuzzer target: decoding every record toyvm reads from etcd, and the metadata routes.
 #include "model/groups.hpp"
+#include "core/base64.hpp"
 #include "model/metadata.hpp"
 #include "model/records.hpp"
 

@@ -75,3 +75,16 @@ TEST_CASE("new uuids are random version 4 uuids, never repeated") {
   CHECK(seen.size() == 10'000);
   CHECK(random_seed() != random_seed());
 }
+
+TEST_CASE("an instance's keys are listed in one place: its work, record, membership, console copies and usage") {
+  KeyLayout keys("/p");
+  using Range = KeyLayout::Range;
+  const std::vector<Range> alone{{"/p/work/rp/i-1", ""},
+                                 {"/p/instances/i-1", ""},
+                                 {"/p/console/i-1/", "/p/console/i-10"},
+                                 {"/p/usage/i-1", ""}};
+  CHECK(keys.instance_keys("rp", "i-1", "") == alone);
+  std::vector<Range> grouped = alone;
+  grouped.push_back({"/p/groups/web/i-1", ""});
+  CHECK(keys.instance_keys("rp", "i-1", "web") == grouped);
+}

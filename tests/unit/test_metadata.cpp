@@ -1,3 +1,4 @@
+#include "core/base64.hpp"
 #include "model/metadata.hpp"
 
 #include "catch_result.hpp"

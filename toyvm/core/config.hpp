@@ -3,8 +3,8 @@
 // Every key is documented in README.md ("Configuration").
 
 #include "core/error.hpp"
-#include "model/inventory.hpp"
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +46,16 @@ struct PlacementConfig {
   // The trait every agent puts on its provider: schedules pick only such providers and audit
   // judges only them (CUSTOM_ and 1 to 248 of A-Z 0-9 _).
   std::string provider_trait = "CUSTOM_TOYVM_HOST";
+};
+
+// Reserved amounts and allocation ratios of a measured host's inventory (Nova's defaults).
+struct InventoryPolicy {
+  int64_t reserved_vcpu = 0;
+  int64_t reserved_memory_mb = 512;
+  int64_t reserved_disk_gb = 0;
+  double cpu_allocation_ratio = 4.0;
+  double ram_allocation_ratio = 1.0;
+  double disk_allocation_ratio = 1.0;
 };
 
 struct ComputeConfig {

@@ -13,6 +13,10 @@
 
 namespace toyvm {
 
+// Placement's standard trait of a host out of service: every schedule forbids it. An agent
+// that stops cleanly, and an operator's `host disable`, put it on the host's provider.
+inline constexpr std::string_view disabled_trait = "COMPUTE_STATUS_DISABLED";
+
 // One way to satisfy a request: resource provider uuid -> what to claim from it.
 using Allocations = std::map<std::string, ResourceAmounts>;
 

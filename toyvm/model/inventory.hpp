@@ -1,6 +1,7 @@
 #pragma once
 // The inventory a compute host reports to Placement: measured from the host, or given.
 
+#include "core/config.hpp"
 #include "model/query.hpp"
 
 #include <cstdint>
@@ -31,16 +32,6 @@ struct HostFacts {
   int64_t cpus = 0;
   int64_t memory_mb = 0;
   int64_t disk_gb = 0;  // the filesystem that holds the instance dir
-};
-
-// Reserved amounts and allocation ratios (Nova's defaults).
-struct InventoryPolicy {
-  int64_t reserved_vcpu = 0;
-  int64_t reserved_memory_mb = 512;
-  int64_t reserved_disk_gb = 0;
-  double cpu_allocation_ratio = 4.0;
-  double ram_allocation_ratio = 1.0;
-  double disk_allocation_ratio = 1.0;
 };
 
 Inventory inventory_from_host(const HostFacts& facts, const InventoryPolicy& policy);

@@ -64,6 +64,16 @@ std::optional<KeyLayout::HostInstance> KeyLayout::parse_domain(std::string_view 
   return parse_host_instance(domains_root(), key);
 }
 
+std::vector<KeyLayout::Range> KeyLayout::instance_keys(std::string_view host, std::string_view uuid,
+                                                       std::string_view group) const {
+  std::vector<Range> keys{{work(host, uuid), {}},
+                          {instance(uuid), {}},
+                          {console_prefix(uuid), prefix_range_end(console_prefix(uuid))},
+                          {usage(uuid), {}}};
+  if (!group.empty()) keys.push_back({group_member(group, uuid), {}});
+  return keys;
+}
+
 std::optional<std::string> KeyLayout::leaf(std::string_view key, std::string_view prefix) const {
   if (!key.starts_with(prefix)) return std::nullopt;
   key.remove_prefix(prefix.size());

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace toyvm {
 
@@ -66,6 +67,17 @@ class KeyLayout {
   std::string claim(std::string_view instance) const { return claims_prefix() + std::string(instance); }
   std::string group_prefix(std::string_view group) const;
   std::string group_member(std::string_view group, std::string_view instance) const;
+
+  // A key, or with `range_end` every key from it up to that, as etcd's ranges take them.
+  struct Range {
+    std::string key;
+    std::string range_end;
+
+    bool operator==(const Range&) const = default;
+  };
+  // Every key one instance owns, as its removal erases them: its work on `host`, its record,
+  // its server group membership (`group` may be empty), its console copies and its usage.
+  std::vector<Range> instance_keys(std::string_view host, std::string_view uuid, std::string_view group) const;
 
   struct HostInstance {
     std::string host;

@@ -51,8 +51,4 @@ std::vector<DriveFile> config_drive_files(const GuestView& guest);
 // A hostname cloud-init accepts: the name reduced to [a-z0-9-], or one made from the uuid.
 std::string hostname_for(std::string_view name, std::string_view uuid);
 
-std::string base64_encode(std::string_view bytes);
-// Empty optional-like: returns false on malformed input.
-bool base64_decode(std::string_view text, std::string& out);
-
 }  // namespace toyvm

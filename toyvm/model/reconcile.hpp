@@ -2,8 +2,8 @@
 // The compute agent's decision for one instance: desired state (etcd) against actual state
 // (libvirt) and what the agent last recorded. Pure, so every case is unit-tested.
 
+#include "model/domain.hpp"
 #include "model/records.hpp"
-#include "virt/backend.hpp"
 
 #include <optional>
 

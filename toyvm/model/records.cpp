@@ -1,7 +1,7 @@
 #include "model/records.hpp"
 
+#include "core/base64.hpp"
 #include "model/keys.hpp"
-#include "model/metadata.hpp"
 #include "model/uuid.hpp"
 
 #include <boost/json/array.hpp>

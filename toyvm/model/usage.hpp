@@ -2,8 +2,8 @@
 // An instance's usage from two samples of its domain taken `window_s` apart: CPU time is a
 // counter, so its share of the instance's vCPUs needs two.
 
+#include "model/domain.hpp"
 #include "model/records.hpp"
-#include "virt/backend.hpp"
 
 namespace toyvm {
 

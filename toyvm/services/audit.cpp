@@ -130,9 +130,7 @@ class Auditor {
   }
 
   std::optional<AuditSnapshot> placement_failed(const error_code& ec) {
-    const PlacementError& error = placement_.last_error();
-    failure_ = report_failure(ec, fmt::format("Placement at {}: {}", placement_.endpoint(),
-                                              error.detail.empty() ? ec.message() : error.detail));
+    failure_ = placement_failure(placement_, ec, placement_.last_error());
     return std::nullopt;
   }
 

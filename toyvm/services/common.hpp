@@ -2,6 +2,7 @@
 // Helpers shared by the subcommands' entry functions.
 
 #include "clients/etcd.hpp"
+#include "clients/placement.hpp"
 #include "core/async.hpp"
 #include "core/error.hpp"
 
@@ -28,6 +29,14 @@ inline int etcd_failure(const EtcdClient& etcd, const error_code& ec) {
   std::string said = etcd.last_error();
   return report_failure(ec, fmt::format("etcd at {}: {}{}{}", etcd.endpoints_text(), ec.message(),
                                         said.empty() ? "" : ": ", said));
+}
+
+// "Placement at <endpoint>: <what Placement said>". `said` is the client's last_error() as
+// the failing call left it (a later call overwrites it).
+inline int placement_failure(const PlacementClient& placement, const error_code& ec, const PlacementError& said) {
+  std::string detail = said.detail.empty() ? ec.message() : said.detail;
+  if (ec == errc::placement_unavailable) return report_failure(ec, detail);  // it names the endpoint
+  return report_failure(ec, fmt::format("Placement at {}: {}", placement.endpoint(), detail));
 }
 
 // Runs `task` on `io` until it ends; its value is the exit code.

@@ -24,8 +24,6 @@
 namespace toyvm {
 namespace {
 
-constexpr const char* disabled_trait = "COMPUTE_STATUS_DISABLED";
-
 class HostAdmin {
  public:
   HostAdmin(asio::io_context& io, const Config& config, const HostOptions& options)
@@ -62,7 +60,7 @@ class HostAdmin {
     if (!put) co_return etcd_failure(*etcd_, put.error());
     // Traits its agent registers meanwhile stay: only this one is added, under the generation
     // read with the rest.
-    if (!co_await placement_.add_trait(provider, disabled_trait)) co_return placement_failure();
+    if (!co_await placement_.add_trait(provider, std::string(disabled_trait))) co_return placement_failure();
     std::printf("DISABLED HOST %s (%s)\n", options_.host.c_str(), provider.c_str());
     co_return 0;
   }
@@ -162,9 +160,8 @@ class HostAdmin {
   }
 
   int placement_failure() {
-    const PlacementError& error = placement_.last_error();
-    return report_failure(make_error_code(error.code),
-                          fmt::format("Placement at {}: {}", placement_.endpoint(), error.detail));
+    const PlacementError& said = placement_.last_error();
+    return toyvm::placement_failure(placement_, make_error_code(said.code), said);
   }
 
   const HostOptions& options_;

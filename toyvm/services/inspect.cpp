@@ -424,16 +424,17 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
   const std::string work_key = keys.work(record.host, record.uuid);
   auto work = co_await etcd.range(work_key);
   if (!work) co_return etcd_failure(etcd, work.error());
-  std::vector<EtcdOp> erase{EtcdOp::erase(work_key), EtcdOp::erase(keys.instance(record.uuid)),
-                            EtcdOp::erase(keys.console_prefix(record.uuid), prefix_range_end(keys.console_prefix(record.uuid)))};
   std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(keys.instance(record.uuid), record_revision)};
+  std::string group;
   if (work->kvs.empty()) {
     as_read.push_back(EtcdCompare::absent(work_key));
   } else {
     as_read.push_back(EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision));
-    auto spec = decode_work(work->kvs.front().value);
-    if (spec && !spec->group.empty()) erase.push_back(EtcdOp::erase(keys.group_member(spec->group, record.uuid)));
+    if (auto spec = decode_work(work->kvs.front().value)) group = spec->group;
   }
+  std::vector<EtcdOp> erase;
+  for (auto& [key, range_end] : keys.instance_keys(record.host, record.uuid, group))
+    erase.push_back(EtcdOp::erase(key, range_end));
   co_await failpoint::pass("destroy.force");  // read, not yet written
   auto txn = co_await etcd.txn(std::move(as_read), std::move(erase));
   if (!txn) co_return etcd_failure(etcd, txn.error());

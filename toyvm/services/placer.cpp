@@ -14,7 +14,7 @@ awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string 
   // Only toyvm's agents' providers; stopped agents mark theirs disabled (microversion 1.39
   // lets `required` repeat).
   query.params.emplace_back("required", config_.placement.provider_trait);
-  query.params.emplace_back("required", "!COMPUTE_STATUS_DISABLED");
+  query.params.emplace_back("required", "!" + std::string(disabled_trait));
   // Placement's answer is the long wait: its request goes out first, and etcd's client starts
   // (in a short command, gRPC's set-up: a millisecond or two of this thread) while it waits.
   co_await placement_.preconnect();

@@ -447,20 +447,26 @@ class Scheduler {
   // fate etcd did not tell keeps its claim (`toyvm audit --fix` resolves it either way).
   awaitable<int> give_up_hand_over(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
                                    std::vector<InstanceRecord> records) {
-    // Taken back in the same groups it went in, each only if no agent has touched it: the
+    // Taken back in groups within etcd's limits, each only if no agent has touched it: the
     // first `undone` are out of etcd again, the rest of what was handed over is kept.
     size_t undone = 0;
-    std::vector<TxnCost> costs;
-    for (size_t i = 0; i < handed.handed; ++i) costs.push_back(hand_over_cost(specs[i], records[i]));
+    std::vector<TxnCost> costs;  // two compares and an erase of each of its keys
+    for (size_t i = 0; i < handed.handed; ++i) {
+      TxnCost cost{2, 0, 0};
+      for (auto& [key, range_end] : keys_.instance_keys(records[i].host, specs[i].uuid, specs[i].group)) {
+        cost.ops += 1;
+        cost.bytes += 2 * key.size() + range_end.size();
+      }
+      costs.push_back(cost);
+    }
     for (const size_t end : split_by_limits(costs).value_or(std::vector<size_t>{})) {
       std::vector<EtcdCompare> untouched;
       std::vector<EtcdOp> remove;
       for (size_t i = undone; i < end; ++i) {
-        for (std::string key : {keys_.work(records[i].host, specs[i].uuid), keys_.instance(specs[i].uuid)}) {
+        for (std::string key : {keys_.work(records[i].host, specs[i].uuid), keys_.instance(specs[i].uuid)})
           untouched.push_back(EtcdCompare{key, EtcdCompare::Target::version, EtcdCompare::Result::equal, 1, {}});
-          remove.push_back(EtcdOp::erase(key));
-        }
-        if (!specs[i].group.empty()) remove.push_back(EtcdOp::erase(keys_.group_member(specs[i].group, specs[i].uuid)));
+        for (auto& [key, range_end] : keys_.instance_keys(records[i].host, specs[i].uuid, specs[i].group))
+          remove.push_back(EtcdOp::erase(key, range_end));
       }
       auto taken_back = co_await etcd_->txn(std::move(untouched), std::move(remove));
       if (!taken_back || !taken_back->succeeded) break;
@@ -534,12 +540,8 @@ class Scheduler {
 
   int etcd_failure(const error_code& ec) { return toyvm::etcd_failure(*etcd_, ec); }
 
-  int placement_failure(const error_code& ec) { return placement_failure(ec, placement_.last_error()); }
-
-  int placement_failure(const error_code& ec, const PlacementError& error) {
-    std::string detail = error.detail.empty() ? ec.message() : error.detail;
-    if (ec == errc::placement_unavailable) return report_failure(ec, detail);
-    return report_failure(ec, fmt::format("Placement at {}: {}", placement_.endpoint(), detail));
+  int placement_failure(const error_code& ec, const PlacementError& said) {
+    return toyvm::placement_failure(placement_, ec, said);
   }
 
   asio::io_context& io_;

@@ -3,6 +3,7 @@
 // worker pool. Implementations: libvirt (virt/libvirt_backend.cpp) and a fake for unit tests.
 
 #include "core/error.hpp"
+#include "model/domain.hpp"
 #include "model/image.hpp"
 #include "model/metadata.hpp"
 
@@ -36,28 +37,6 @@ struct DomainSpec {
   bool start = true;         // false: defined and left off
   // The files of a read-only config drive (ISO 9660, label config-2); empty: none.
   std::vector<DriveFile> config_drive;
-};
-
-enum class DomainState { absent, running, stopped };
-
-// Why a domain is shut off, as libvirt tells it.
-enum class StopCause {
-  unknown,    // libvirt does not know (it restarted, the host rebooted), or it never ran
-  shutdown,   // the guest powered itself off
-  destroyed,  // someone pulled the plug (virsh destroy, or toyvm's own stop)
-  crashed,    // QEMU died, or the guest crashed
-};
-
-// What a domain uses at one moment, as libvirt tells it.
-struct DomainUsage {
-  bool running = false;
-  int64_t vcpus = 0;
-  uint64_t cpu_time_ns = 0;   // all its vCPUs together, since its guest started
-  uint64_t memory_kib = 0;    // what the guest has now
-  int64_t rss_kib = -1;       // what its process holds in host RAM; -1: libvirt does not say
-  int64_t disk_capacity = -1;    // the overlay's virtual size in bytes; -1: no disk
-  int64_t disk_allocation = -1;  // what of it is allocated on the host, in bytes
-  bool simulated = false;        // libvirt's test driver: the figures are made up
 };
 
 struct GuestAddress {

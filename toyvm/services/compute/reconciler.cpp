@@ -198,9 +198,9 @@ awaitable<bool> Reconciler::remove(WorkSpec spec) {
     spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid, ctx_.placement.last_error().detail);
     co_return false;
   }
-  std::vector<EtcdOp> ops{EtcdOp::erase(ctx_.keys.work(ctx_.host.provider, spec.uuid)),
-                          EtcdOp::erase(ctx_.keys.instance(spec.uuid)), EtcdOp::erase(ctx_.keys.console_prefix(spec.uuid), prefix_range_end(ctx_.keys.console_prefix(spec.uuid)))};
-  if (!spec.group.empty()) ops.push_back(EtcdOp::erase(ctx_.keys.group_member(spec.group, spec.uuid)));
+  std::vector<EtcdOp> ops;
+  for (auto& [key, range_end] : ctx_.keys.instance_keys(ctx_.host.provider, spec.uuid, spec.group))
+    ops.push_back(EtcdOp::erase(key, range_end));
   const EtcdOp domain_key = parts_.presence.domain_erase(spec.uuid);
   ops.push_back(domain_key);
   auto erased = co_await ctx_.etcd->txn({}, std::move(ops));

@@ -117,7 +117,7 @@ awaitable<result<void>> ProviderRegistration::register_once() {
 
 std::vector<std::string> ProviderRegistration::traits_with_status(bool disabled) const {
   std::vector<std::string> traits = traits_;
-  if (disabled) traits.push_back("COMPUTE_STATUS_DISABLED");
+  if (disabled) traits.emplace_back(disabled_trait);
   return traits;
 }
 

@@ -1,0 +1,13 @@
+#pragma once
+// Base64 (RFC 4648, with padding): user data in etcd values and in the metadata service.
+
+#include <string>
+#include <string_view>
+
+namespace toyvm {
+
+std::string base64_encode(std::string_view bytes);
+// false on malformed or non-canonical input (each text has one meaning).
+bool base64_decode(std::string_view text, std::string& out);
+
+}  // namespace toyvm

@@ -1,0 +1,31 @@
+#pragma once
+// What the model knows of a domain, as a hypervisor reports it (virt/backend.hpp fills these
+// in): its state, why it stopped, what it uses.
+
+#include <cstdint>
+
+namespace toyvm {
+
+enum class DomainState { absent, running, stopped };
+
+// Why a domain is shut off, as libvirt tells it.
+enum class StopCause {
+  unknown,    // libvirt does not know (it restarted, the host rebooted), or it never ran
+  shutdown,   // the guest powered itself off
+  destroyed,  // someone pulled the plug (virsh destroy, or toyvm's own stop)
+  crashed,    // QEMU died, or the guest crashed
+};
+
+// What a domain uses at one moment, as libvirt tells it.
+struct DomainUsage {
+  bool running = false;
+  int64_t vcpus = 0;
+  uint64_t cpu_time_ns = 0;   // all its vCPUs together, since its guest started
+  uint64_t memory_kib = 0;    // what the guest has now
+  int64_t rss_kib = -1;       // what its process holds in host RAM; -1: libvirt does not say
+  int64_t disk_capacity = -1;    // the overlay's virtual size in bytes; -1: no disk
+  int64_t disk_allocation = -1;  // what of it is allocated on the host, in bytes
+  bool simulated = false;        // libvirt's test driver: the figures are made up
+};
+
+}  // namespace toyvm
