@@ -27,6 +27,11 @@ TEST_CASE("work specs survive a round trip") {
   auto back = decode_work(encode(s));
   REQUIRE(back);
   CHECK(*back == s);
+  s.group = "web";
+  s.group_policy = GroupPolicy::soft_anti_affinity;
+  back = decode_work(encode(s));
+  REQUIRE(back);
+  CHECK(*back == s);
 }
 
 TEST_CASE("instance records survive a round trip, with and without an error") {
@@ -82,6 +87,8 @@ TEST_CASE("work specs with bad field values are refused") {
       R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","resources":{"VCPU":"one"}})",
       R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","resources":{"vcpu":1}})",
       R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","attempt":-1})",
+      // A policy added by a newer writer: not to be read as "no policy".
+      R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","group":"web","group_policy":"rack-anti-affinity"})",
   };
   for (const char* text : bad) {
     INFO(text);

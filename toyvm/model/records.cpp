@@ -188,7 +188,7 @@ std::string encode(const WorkSpec& s) {
   if (s.config_drive) o["config_drive"] = true;
   if (!s.group.empty()) {
     o["group"] = s.group;
-    o["group_policy"] = s.group_policy;
+    if (s.group_policy) o["group_policy"] = to_string(*s.group_policy);
   }
   o["power"] = to_string(s.power);
   o["attempt"] = s.attempt;
@@ -310,7 +310,13 @@ result<WorkSpec> decode_work(std::string_view text, std::string* detail) {
     }
     if (key == "config_drive") return !v.get_bool().get(s.config_drive);
     if (key == "group") return read_string(v, s.group) && is_group_name(s.group);
-    if (key == "group_policy") return read_string(v, s.group_policy);
+    if (key == "group_policy") {  // a policy this reader does not know makes the value unreadable
+      std::string name;
+      if (!read_string(v, name)) return false;
+      if (name.empty()) return true;
+      s.group_policy = parse_group_policy(name);
+      return s.group_policy.has_value();
+    }
     if (key == "power") return read_enum(v, power_names, s.power);
     if (key == "attempt") return read_int(v, attempt) && attempt > 0 && attempt < 1000;
     if (key == "created_at") return read_int(v, s.created_at);

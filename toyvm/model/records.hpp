@@ -3,6 +3,7 @@
 // anything malformed comes back as errc::corrupt_record with a detail.
 
 #include "core/error.hpp"
+#include "model/groups.hpp"
 #include "model/query.hpp"
 
 #include <cstdint>
@@ -76,7 +77,7 @@ struct WorkSpec {
   std::vector<std::pair<std::string, std::string>> keys;  // ssh key name, public key
   bool config_drive = false;  // the guest gets its metadata on a config drive too
   std::string group;          // server group name, empty: none
-  std::string group_policy;   // affinity, anti-affinity, soft-anti-affinity
+  std::optional<GroupPolicy> group_policy;  // with a group: its policy
   PowerState power = PowerState::running;
   int attempt = 1;
   int64_t created_at = 0;     // unix seconds

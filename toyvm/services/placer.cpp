@@ -86,8 +86,9 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
     const std::string& uuid = one.work.uuid;
     writes.push_back(EtcdOp::put(keys_.work(one.record.host, uuid), encode(one.work)));
     writes.push_back(EtcdOp::put(keys_.instance(uuid), encode(one.record)));
-    if (auto policy = parse_group_policy(one.work.group_policy); policy && !one.work.group.empty())
-      writes.push_back(EtcdOp::put(keys_.group_member(one.work.group, uuid), encode_group_member(one.record.host, *policy)));
+    if (one.work.group_policy && !one.work.group.empty())
+      writes.push_back(EtcdOp::put(keys_.group_member(one.work.group, uuid),
+                                   encode_group_member(one.record.host, *one.work.group_policy)));
   }
   // Our own write, to read back: the value we wrote, or a later one of that key (its agent
   // acted on it already), is ours; another's change of the guarded keys is not.
@@ -129,7 +130,7 @@ awaitable<result<Relocated>> Placer::relocate(Relocation move) {
   if (!view) co_return view.error();
   view->live.erase(move.from);
   std::optional<GroupPolicy> policy;
-  if (!move.work.group.empty()) policy = parse_group_policy(move.work.group_policy);
+  if (!move.work.group.empty()) policy = move.work.group_policy;
   for (const Choice& choice : rank(*view, weigh_policy(), 0.0, policy)) {
     auto moved = co_await move_allocation(uuid, *held, *choice.allocations);
     if (!moved) co_return moved.error();

@@ -108,7 +108,9 @@ class Scheduler {
         keys_(config.etcd.prefix),
         etcd_(EtcdClient::create(config.etcd)),
         placement_(io.get_executor(), config.placement),
-        placer_(placement_, *etcd_, config) {}
+        placer_(placement_, *etcd_, config),
+        // Checked on the command line to be one of the three.
+        group_policy_(options.group.empty() ? std::nullopt : parse_group_policy(options.group_policy)) {}
 
   awaitable<int> run() {
     std::string detail;
@@ -240,7 +242,7 @@ class Scheduler {
     auto view = co_await placer_.look(std::move(query), options_.group, {}, limit);
     if (!view) co_return view.error();
     for (GroupPolicy policy : view->group_policies) {
-      if (to_string(policy) != options_.group_policy) {
+      if (policy != group_policy()) {
         group_clash_ = fmt::format("server group {} has policy {}, not {}", options_.group, to_string(policy),
                                    options_.group_policy);
         co_return make_error_code(errc::invalid_argument);
@@ -251,10 +253,7 @@ class Scheduler {
     co_return view;
   }
 
-  std::optional<GroupPolicy> group_policy() const {
-    if (options_.group.empty()) return std::nullopt;
-    return parse_group_policy(options_.group_policy);
-  }
+  std::optional<GroupPolicy> group_policy() const { return group_policy_; }
 
   // One instance: the weighed candidates tried in turn.
   awaitable<result<std::vector<Claim>>> claim_one(PlacementQuery query, std::string uuid) {
@@ -385,7 +384,7 @@ class Scheduler {
     work.resources = std::move(resources);
     work.config_drive = options_.config_drive;
     work.group = options_.group;
-    if (!work.group.empty()) work.group_policy = options_.group_policy;
+    work.group_policy = group_policy();
     work.created_at = unix_seconds();
     InstanceRecord& record = one.record;
     record.uuid = work.uuid;
@@ -553,6 +552,7 @@ class Scheduler {
   Placer placer_;
   std::vector<std::string> uuids_;  // the instances of this schedule
   int64_t hold_lease_ = 0;          // the lease its claims are held under, while they are
+  std::optional<GroupPolicy> group_policy_;  // with a group
   std::string group_clash_;  // why the group refused, when it did
   bool claiming_ = false;    // a claim went to Placement
 };

@@ -31,7 +31,8 @@ awaitable<bool> Builder::build(WorkSpec spec) {
     if (!allowed) co_return false;
     if (!*allowed)
       co_return co_await fail(spec, "no_valid_host",
-                              fmt::format("server group {} ({}) does not allow this host", spec.group, spec.group_policy));
+                              fmt::format("server group {} ({}) does not allow this host", spec.group,
+                                          spec.group_policy ? to_string(*spec.group_policy) : "no policy"));
   }
   spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image, format_amounts(spec.resources));
   const auto started = std::chrono::steady_clock::now();
@@ -263,7 +264,7 @@ awaitable<bool> Builder::take_allocation_back(WorkSpec spec) {
 // Nova's late check: concurrent schedules may have put members of a hard group against
 // its policy; the member created later gives way.
 awaitable<result<bool>> Builder::group_allows_here(WorkSpec spec) {
-  auto policy = parse_group_policy(spec.group_policy);
+  const std::optional<GroupPolicy> policy = spec.group_policy;
   if (!policy) co_return true;
   const std::string prefix = ctx_.keys.group_prefix(spec.group);
   auto listed = co_await ctx_.etcd->range_prefix(prefix);
