@@ -1,6 +1,7 @@
 #include "clients/etcd.hpp"
 
 #include "core/address.hpp"
+#include "core/backoff.hpp"
 #include "core/metrics.hpp"
 #include "model/keys.hpp"
 #include "rpc.grpc.pb.h"
@@ -629,8 +630,7 @@ awaitable<result<RangeResult>> EtcdClient::range_prefix(std::string prefix) {
 awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string range_end,
                              std::function<void(const RangeResult&)> listed,
                              std::function<void(const WatchEvent&)> changed, std::function<bool()> stopping) {
-  asio::steady_timer timer(co_await asio::this_coro::executor);
-  std::chrono::milliseconds delay(100);
+  Backoff backoff;
   while (!stopping()) {
     auto listing = co_await etcd.range(key, range_end);
     if (listing) {
@@ -639,7 +639,7 @@ awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string rang
       while (!stopping()) {
         WatchBatch batch = co_await watch->next();
         if (batch.error || batch.canceled || batch.compact_revision) break;
-        delay = std::chrono::milliseconds(100);
+        backoff.reset();
         for (const WatchEvent& event : batch.events) changed(event);
       }
       if (!stopping()) {
@@ -650,9 +650,7 @@ awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string rang
       spdlog::warn("etcd at {}: {}; retrying", etcd.endpoints_text(), listing.error().message());
     }
     if (stopping()) break;
-    timer.expires_after(delay);
-    co_await timer.async_wait(use_awaitable);
-    delay = std::min<std::chrono::milliseconds>(delay * 2, std::chrono::seconds(5));
+    co_await backoff.wait();
   }
 }
 
@@ -677,8 +675,7 @@ awaitable<result<bool>> follow_key(EtcdClient& etcd, std::string key, int64_t re
     shared->expired = true;
     if (shared->watch) shared->watch->abort();
   });
-  asio::steady_timer pause(executor);
-  std::chrono::milliseconds delay(100);
+  Backoff backoff(std::chrono::milliseconds(100), std::chrono::seconds(2));
   error_code unanswered;  // what etcd said last, while it did not answer
   bool warned = false;    // once per outage
   while (!expired) {
@@ -715,16 +712,14 @@ awaitable<result<bool>> follow_key(EtcdClient& etcd, std::string key, int64_t re
           revision = 0;
           break;
         }
-        delay = std::chrono::milliseconds(100);
+        backoff.reset();
         for (const WatchEvent& event : batch.events)
           if (seen(event)) co_return true;
       }
       watch.reset();
     }
     if (expired) break;
-    pause.expires_at(std::min(std::chrono::steady_clock::now() + delay, deadline));
-    co_await pause.async_wait(asio::as_tuple(use_awaitable));
-    delay = std::min<std::chrono::milliseconds>(delay * 2, std::chrono::seconds(2));
+    co_await backoff.wait(deadline);
   }
   if (unanswered) co_return result<bool>(boost::system::in_place_error, unanswered);
   co_return false;

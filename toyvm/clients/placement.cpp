@@ -1,5 +1,6 @@
 #include "clients/placement.hpp"
 
+#include "core/backoff.hpp"
 #include "core/metrics.hpp"
 
 #include <algorithm>
@@ -111,8 +112,7 @@ awaitable<result<HttpResponse>> PlacementClient::call(std::string method, std::s
 awaitable<result<HttpResponse>> PlacementClient::send(const HttpRequest& request) {
   // sqlite-backed Placement answers 500 "database is locked" under concurrent writers, and a
   // restarting Placement refuses connections: a few quick retries ride over both.
-  asio::steady_timer timer(co_await asio::this_coro::executor);
-  std::chrono::milliseconds backoff{50};
+  Backoff backoff(std::chrono::milliseconds(50), std::chrono::milliseconds(400));
   const auto started = std::chrono::steady_clock::now();
   for (int attempt = 1;; ++attempt) {
     auto response = co_await http_.request(request);
@@ -133,9 +133,7 @@ awaitable<result<HttpResponse>> PlacementClient::send(const HttpRequest& request
     }
     spdlog::debug("placement {} {}: {}, retrying", request.method, request.target,
                   response ? fmt::format("HTTP {}", response->status) : response.error().message());
-    timer.expires_after(backoff);
-    co_await timer.async_wait(use_awaitable);
-    backoff *= 2;
+    co_await backoff.wait();
   }
 }
 

@@ -1,5 +1,6 @@
 #include "services/placer.hpp"
 
+#include "core/backoff.hpp"
 #include "model/records.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -94,7 +95,7 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
   // acted on it already), is ours; another's change of the guarded keys is not.
   const Placed& first = placed.front();
   const std::string probe_key = keys_.work(first.record.host, first.work.uuid);
-  std::chrono::milliseconds delay(100);
+  Backoff backoff(std::chrono::milliseconds(100), std::chrono::seconds(1));
   while (true) {
     auto txn = co_await etcd_.txn(guard, writes);
     if (txn) {
@@ -107,9 +108,7 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
       co_return HandOverResult{HandOverResult::Outcome::committed, now->kvs.front().create_revision, {}};
     if (std::chrono::steady_clock::now() >= deadline)
       co_return HandOverResult{HandOverResult::Outcome::unknown, 0, txn.error()};
-    asio::steady_timer timer(co_await asio::this_coro::executor, delay);
-    co_await timer.async_wait(use_awaitable);
-    delay = std::min(delay * 2, std::chrono::milliseconds(1000));
+    co_await backoff.wait();
   }
 }
 

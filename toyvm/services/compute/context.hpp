@@ -6,6 +6,7 @@
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
 #include "core/async.hpp"
+#include "core/backoff.hpp"
 #include "core/config.hpp"
 #include "model/keys.hpp"
 #include "virt/backend.hpp"
@@ -85,13 +86,6 @@ inline void spawn_detached(asio::io_context& io, awaitable<void> task, std::stri
       spdlog::critical("{} ended: {}", what, e.what());
     }
   });
-}
-
-// Waits with capped exponential backoff; used wherever a server may come back.
-inline awaitable<void> backoff(asio::io_context& io, std::chrono::milliseconds& delay) {
-  asio::steady_timer timer(io, delay);
-  co_await timer.async_wait(use_awaitable);
-  delay = std::min<std::chrono::milliseconds>(delay * 2, std::chrono::seconds(5));
 }
 
 }  // namespace toyvm::compute

@@ -7,7 +7,7 @@ namespace toyvm::compute {
 using namespace std::chrono_literals;
 
 awaitable<void> HostMaintenanceFollower::load() {
-  std::chrono::milliseconds delay = 100ms;
+  Backoff backoff;
   const std::string key = ctx_.keys.disabled(ctx_.host.provider);
   while (!ctx_.stopping) {
     auto found = co_await ctx_.etcd->range(key);
@@ -16,7 +16,7 @@ awaitable<void> HostMaintenanceFollower::load() {
       co_return;
     }
     spdlog::warn("reading {} in etcd: {}; retrying", key, found.error().message());
-    co_await backoff(ctx_.io, delay);
+    co_await backoff.wait();
   }
 }
 

@@ -37,7 +37,7 @@ HostRecord HostPresence::host_record() const {
 }
 
 awaitable<void> HostPresence::announce() {
-  std::chrono::milliseconds delay = 100ms;
+  Backoff backoff;
   while (!ctx_.stopping) {
     auto lease = co_await ctx_.etcd->lease_grant(ctx_.config.compute.lease_ttl_s);
     if (lease) {
@@ -57,7 +57,7 @@ awaitable<void> HostPresence::announce() {
       }
     }
     spdlog::warn("announcing host in etcd at {}: unavailable; retrying", ctx_.etcd->endpoints_text());
-    co_await backoff(ctx_.io, delay);
+    co_await backoff.wait();
   }
 }
 

@@ -46,8 +46,8 @@ result<std::string> load_or_create_provider_uuid(const fs::path& state_dir, std:
 awaitable<void> adopt_provider_by_name(AgentContext& ctx, fs::path state_dir, std::string name) {
   std::error_code ec;
   if (fs::exists(state_dir / "provider_uuid", ec)) co_return;
-  std::chrono::milliseconds delay = 100ms;
-  for (; !ctx.stopping; co_await backoff(ctx.io, delay)) {
+  Backoff backoff;
+  for (; !ctx.stopping; co_await backoff.wait()) {
     auto found = co_await ctx.placement.provider_named(name);
     if (found && !*found) co_return;  // a new host: a new provider
     if (!found) {
@@ -77,11 +77,11 @@ awaitable<void> adopt_provider_by_name(AgentContext& ctx, fs::path state_dir, st
 }
 
 awaitable<void> ProviderRegistration::register_until_done() {
-  std::chrono::milliseconds delay = 100ms;
+  Backoff backoff;
   while (!ctx_.stopping && !co_await register_once()) {
     spdlog::warn("registering provider {} in Placement: {}; retrying", ctx_.host.provider,
                  ctx_.placement.last_error().detail);
-    co_await backoff(ctx_.io, delay);
+    co_await backoff.wait();
   }
   spdlog::info("registered provider {} with inventory {}", ctx_.host.provider,
                format_amounts(capacity_of(inventory_)));
@@ -138,19 +138,19 @@ void ProviderRegistration::set_operator_disabled(bool disabled) {
 }
 
 awaitable<void> ProviderRegistration::update_status() {
-  std::chrono::milliseconds delay = 100ms;
+  Backoff backoff;
   while (!ctx_.stopping && disabled_in_placement_ != operator_disabled_) {
     const bool disabled = operator_disabled_;
     std::vector<std::string> traits = traits_with_status(disabled);
     auto updated = co_await ctx_.placement.set_traits(ctx_.host.provider, std::move(traits));
     if (updated) {
       disabled_in_placement_ = disabled;
-      delay = 100ms;
+      backoff.reset();
       continue;
     }
     spdlog::warn("setting provider {} {} in Placement: {}; retrying", ctx_.host.provider,
                  disabled ? "disabled" : "enabled", ctx_.placement.last_error().detail);
-    co_await backoff(ctx_.io, delay);
+    co_await backoff.wait();
   }
   updating_ = false;
 }

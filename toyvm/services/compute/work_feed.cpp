@@ -11,13 +11,13 @@ namespace toyvm::compute {
 using namespace std::chrono_literals;
 
 awaitable<void> WorkFeed::follow() {
-  std::chrono::milliseconds delay = 100ms;
+  Backoff backoff;
   const std::string prefix = ctx_.keys.work_prefix(ctx_.host.provider);
   while (!ctx_.stopping) {
     auto listed = co_await ctx_.etcd->range_prefix(prefix);
     if (!listed) {
       spdlog::warn("listing {} in etcd: {}; retrying", prefix, listed.error().message());
-      co_await backoff(ctx_.io, delay);
+      co_await backoff.wait();
       continue;
     }
     const int64_t revision = listed->revision;
@@ -33,12 +33,12 @@ awaitable<void> WorkFeed::follow() {
         }
         break;
       }
-      delay = 100ms;
+      backoff.reset();
       co_await failpoint::pass("feed.batch");
       for (WatchEvent& event : batch.events) reconciler_.apply(event);
     }
     watch_.reset();
-    if (!ctx_.stopping) co_await backoff(ctx_.io, delay);
+    if (!ctx_.stopping) co_await backoff.wait();
   }
 }
 
