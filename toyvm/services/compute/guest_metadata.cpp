@@ -40,8 +40,12 @@ awaitable<void> GuestMetadata::run() {
 void GuestMetadata::serve_on(const std::string& interface) {
   std::string detail;
   for (const std::string& listen : ctx_.config.mdserver.listen) {
-    const std::string address = listen.substr(0, listen.rfind(':'));
-    if (!add_interface_address(interface, address, &detail)) {
+    auto endpoint = MetadataHttpServer::parse_listen(listen);
+    if (!endpoint) {
+      spdlog::error("metadata service: {}", MetadataHttpServer::bad_listen("[mdserver] listen", listen));
+      continue;
+    }
+    if (!add_interface_address(interface, endpoint->address().to_string(), &detail)) {
       spdlog::error("metadata service: {}", detail);
       continue;
     }
