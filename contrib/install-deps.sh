@@ -23,7 +23,7 @@ service_pkgs=(
   # The Debian guest (contrib/debian-image.sh), reached over ssh, and Debian's cloud-init
   # unpacked for its network converter (its modules need configobj and yaml).
   # debootstrap checks Debian's Release signature with the archive keyring (a Recommends).
-  debootstrap debian-archive-keyring e2fsprogs openssh-client python3-configobj python3-yaml
+  debootstrap debian-archive-keyring gpgv e2fsprogs openssh-client python3-configobj python3-yaml
   # What libvirtd runs that its packages only recommend (installed here without them):
   # dnsmasq serves DHCP and DNS on NAT networks such as "default", dmidecode gives it the
   # host's SMBIOS facts. Its firewall backend, iptables, is a hard dependency.

@@ -115,12 +115,12 @@ class Auditor {
       if (auto key = keys_.parse_domain(kv.key)) s.domains[key->host].insert(key->instance);
     for (const KeyValue& kv : txn->ranges[5].kvs)
       if (auto uuid = keys_.leaf(kv.key, keys_.claims_prefix())) s.claiming.insert(*uuid);
-    // Whose each consumer without an instance is (only toyvm's own are judged), and the
-    // generation of those a fix may release.
+    // Whose each consumer without an instance is (only toyvm's own are judged), and, with
+    // --fix, the generation of those a fix may release.
     s.own_project = config_.placement.consumer_project;
     for (auto& [consumer, allocations] : s.allocations) {
       auto record = s.instances.find(consumer);
-      const bool error = record != s.instances.end() && record->second.state == InstanceState::error;
+      const bool error = options_.fix && record != s.instances.end() && record->second.state == InstanceState::error;
       if (allocations.empty() || (!error && (record != s.instances.end() || s.work_host.count(consumer)))) continue;
       auto held = co_await placement_.consumer_allocations(consumer);
       if (!held) co_return placement_failed(held.error());

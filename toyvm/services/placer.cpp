@@ -95,6 +95,7 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
   // acted on it already), is ours; another's change of the guarded keys is not.
   const Placed& first = placed.front();
   const std::string probe_key = keys_.work(first.record.host, first.work.uuid);
+  std::string probe_value;  // made only if etcd does not answer, once
   Backoff backoff(std::chrono::milliseconds(100), std::chrono::seconds(1));
   while (true) {
     auto txn = co_await etcd_.txn(guard, writes);
@@ -103,8 +104,9 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
       co_return HandOverResult{HandOverResult::Outcome::refused, 0, {}};  // etcd said so
     }
     // Failed, or perhaps not: our own write tells.
+    if (probe_value.empty()) probe_value = encode(first.work);
     auto now = co_await etcd_.range(probe_key);
-    if (now && !now->kvs.empty() && (now->kvs.front().value == encode(first.work) || now->kvs.front().version > 1))
+    if (now && !now->kvs.empty() && (now->kvs.front().value == probe_value || now->kvs.front().version > 1))
       co_return HandOverResult{HandOverResult::Outcome::committed, now->kvs.front().create_revision, {}};
     if (std::chrono::steady_clock::now() >= deadline)
       co_return HandOverResult{HandOverResult::Outcome::unknown, 0, txn.error()};
@@ -161,15 +163,14 @@ awaitable<result<Relocated>> Placer::relocate(Relocation move) {
 }
 
 awaitable<Relocated::Outcome> Placer::put_back(std::string uuid, std::string from, ResourceAmounts resources,
-                                               Allocations put) {
-  // Gone from its source: it moved on (our hand-over after all, or another's), or was
-  // destroyed; whoever took it has its allocation to answer for.
+                                               std::optional<Allocations> put) {
+  // Gone from its source: it moved on (our hand-over after all, or another's), or was destroyed.
   auto still = co_await etcd_.range(keys_.work(from, uuid));
   if (still && still->kvs.empty()) co_return Relocated::Outcome::lost_race;
   auto now = co_await placement_.consumer_allocations(uuid);
   // Released meanwhile (destroy --force): nothing is held to put back.
   if (still && now && now->allocations.empty()) co_return Relocated::Outcome::put_back;
-  if (!still || !now || now->allocations != put) co_return Relocated::Outcome::stranded;
+  if (!still || !now || (put && now->allocations != *put)) co_return Relocated::Outcome::stranded;
   Allocations home{{from, std::move(resources)}};  // a named local: GCC 12 cannot keep a braced temporary
   auto back = co_await move_allocation(uuid, *now, std::move(home));
   co_return back && *back == Move::moved ? Relocated::Outcome::put_back : Relocated::Outcome::stranded;

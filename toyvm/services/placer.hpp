@@ -120,14 +120,17 @@ class Placer {
   // Errors: Placement or etcd did not answer before anything was written.
   awaitable<result<Relocated>> relocate(Relocation move);
 
+  // After a move that did not happen, the allocation goes back to `from` while the work is
+  // still there: only from `put` (where the move put it), or from wherever it is when `put`
+  // is empty. put_back (or nothing was held), lost_race (the work left `from`: whoever took
+  // it answers for its allocation), stranded (it could not, or Placement or etcd did not say).
+  awaitable<Relocated::Outcome> put_back(std::string uuid, std::string from, ResourceAmounts resources,
+                                         std::optional<Allocations> put);
+
   // The weighers as configured, `policy_name` ("spread"/"pack") overriding the config's.
   WeighPolicy weigh_policy(const std::string& policy_name = {}) const;
 
  private:
-  // After a refused hand-over: the allocation `put` where it now is goes back to `from`.
-  awaitable<Relocated::Outcome> put_back(std::string uuid, std::string from, ResourceAmounts resources,
-                                         Allocations put);
-
   PlacementClient& placement_;
   EtcdClient& etcd_;
   KeyLayout keys_;

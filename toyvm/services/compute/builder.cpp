@@ -242,22 +242,13 @@ awaitable<result<bool>> Builder::move_elsewhere(WorkSpec spec) {
   co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
 }
 
-// After a move that did not happen, the instance's allocation comes back to this host, if
-// its work is still here: a move that committed unseen, or a destroy, took the work away.
+// After a move that did not happen, the instance's allocation comes back to this host, from
+// wherever it is, if its work is still here (a move that committed unseen, or a destroy,
+// took the work away).
 awaitable<bool> Builder::take_allocation_back(WorkSpec spec) {
-  auto work = co_await ctx_.etcd->range(ctx_.keys.work(ctx_.host.provider, spec.uuid));
-  if (!work) co_return false;
-  if (work->kvs.empty()) co_return true;
-  auto held = co_await ctx_.placement.consumer_allocations(spec.uuid);
-  if (!held) co_return false;
-  if (held->allocations.empty()) co_return true;  // released meanwhile: nothing to take back
-  Allocations here{{ctx_.host.provider, spec.resources}};  // a named local: GCC 12 cannot keep a braced temporary
-  auto returned = co_await parts_.placer.move_allocation(spec.uuid, *held, std::move(here));
-  if (returned && *returned == Placer::Move::moved) co_return true;
-  std::string why = !returned                                ? ctx_.placement.last_error().detail
-                    : *returned == Placer::Move::no_room ? std::string("no room here now")
-                                                         : std::string("it changed meanwhile");
-  spdlog::warn("instance {}: cannot take its allocation back yet ({}); will try again before building", spec.uuid, why);
+  auto back = co_await parts_.placer.put_back(spec.uuid, ctx_.host.provider, spec.resources, std::nullopt);
+  if (back != Relocated::Outcome::stranded) co_return true;
+  spdlog::warn("instance {}: cannot take its allocation back yet; will try again before building", spec.uuid);
   co_return false;
 }
 
