@@ -2,79 +2,114 @@
 
 #include "catch_result.hpp"
 
+#include <vector>
+
 using namespace toyvm;
 using A = ReconcileAction;
-using S = InstanceState;
+using P = Phase;
 using D = DomainState;
 
 namespace {
-WorkSpec with_power(PowerState power) {
-  WorkSpec spec;
-  spec.uuid = "7387cdc8-291c-4b02-87ce-895f460b7a80";
-  spec.power = power;
-  return spec;
-}
+const Desired running = PowerState::running, stopped = PowerState::stopped, deleted = PowerState::deleted;
+const Desired gone = std::nullopt;
 }  // namespace
 
 TEST_CASE("running work builds, starts, or records what already runs") {
-  WorkSpec spec = with_power(PowerState::running);
-  CHECK(decide(&spec, D::absent, std::nullopt, false) == A::build);
-  CHECK(decide(&spec, D::absent, S::scheduled, false) == A::build);
-  CHECK(decide(&spec, D::stopped, std::nullopt, false) == A::start);
-  CHECK(decide(&spec, D::running, std::nullopt, false) == A::record_active);  // adopted after a restart
-  CHECK(decide(&spec, D::running, S::active, false) == A::none);               // a replayed event
+  CHECK(decide(running, D::absent, P::unrecorded) == A::build);
+  CHECK(decide(running, D::absent, P::building) == A::build);  // a build an agent's crash cut short
+  CHECK(decide(running, D::stopped, P::unrecorded) == A::start);
+  CHECK(decide(running, D::running, P::unrecorded) == A::record_active);  // adopted after a restart
+  CHECK(decide(running, D::running, P::active) == A::none);               // a replayed event
 }
 
 TEST_CASE("an ERROR instance is never built again and gives back what it holds") {
-  for (PowerState power : {PowerState::running, PowerState::stopped}) {
-    WorkSpec spec = with_power(power);
-    CHECK(decide(&spec, D::absent, S::error, false) == A::release);  // after a restart too
-    CHECK(decide(&spec, D::absent, S::error, true) == A::none);      // no retry loop
-    CHECK(decide(&spec, D::running, S::error, true) == A::remove_domain);
-    CHECK(decide(&spec, D::stopped, S::error, false) == A::remove_domain);
+  for (Desired power : {running, stopped}) {
+    CHECK(decide(power, D::absent, P::failed) == A::release);  // after a restart too
+    CHECK(decide(power, D::absent, P::released) == A::none);   // no retry loop
+    CHECK(decide(power, D::running, P::released) == A::remove_domain);
+    CHECK(decide(power, D::stopped, P::failed) == A::remove_domain);
   }
-  WorkSpec deleted = with_power(PowerState::deleted);
-  CHECK(decide(&deleted, D::absent, S::error, false) == A::remove);
+  CHECK(decide(deleted, D::absent, P::failed) == A::remove);
 }
 
 TEST_CASE("stopped work stops a running domain and records it once") {
-  WorkSpec spec = with_power(PowerState::stopped);
-  CHECK(decide(&spec, D::running, S::active, false) == A::stop);
-  CHECK(decide(&spec, D::stopped, std::nullopt, false) == A::record_stopped);
-  CHECK(decide(&spec, D::stopped, S::stopped, false) == A::none);
+  CHECK(decide(stopped, D::running, P::active) == A::stop);
+  CHECK(decide(stopped, D::stopped, P::unrecorded) == A::record_stopped);
+  CHECK(decide(stopped, D::stopped, P::stopped) == A::none);
 }
 
 TEST_CASE("deleted work is removed whatever the domain's state") {
-  WorkSpec spec = with_power(PowerState::deleted);
-  CHECK(decide(&spec, D::absent, std::nullopt, false) == A::remove);
-  CHECK(decide(&spec, D::running, S::active, false) == A::remove);
+  CHECK(decide(deleted, D::absent, P::unrecorded) == A::remove);
+  CHECK(decide(deleted, D::running, P::active) == A::remove);
 }
 
 TEST_CASE("domains without work are destroyed; nothing without either") {
-  CHECK(decide(nullptr, D::running, std::nullopt, false) == A::remove_domain);
-  CHECK(decide(nullptr, D::stopped, S::stopped, false) == A::remove_domain);
-  CHECK(decide(nullptr, D::absent, std::nullopt, false) == A::none);
+  CHECK(decide(gone, D::running, P::unrecorded) == A::remove_domain);
+  CHECK(decide(gone, D::stopped, P::stopped) == A::remove_domain);
+  CHECK(decide(gone, D::absent, P::unrecorded) == A::none);
 }
 
 TEST_CASE("a guest that stopped without toyvm stays stopped; a crash follows the policy") {
   using C = StopCause;
-  WorkSpec spec = with_power(PowerState::running);
   // It powered itself off, or someone pulled the plug outside toyvm: STOPPED, desired follows.
-  CHECK(decide(&spec, D::stopped, S::active, false, C::shutdown) == A::adopt_stop);
-  CHECK(decide(&spec, D::stopped, S::active, false, C::destroyed) == A::adopt_stop);
+  CHECK(decide(running, D::stopped, P::active, C::shutdown) == A::adopt_stop);
+  CHECK(decide(running, D::stopped, P::active, C::destroyed) == A::adopt_stop);
   // Crashed: started again by default, ERROR if the policy says so.
-  CHECK(decide(&spec, D::stopped, S::active, false, C::crashed) == A::start);
-  CHECK(decide(&spec, D::stopped, S::active, false, C::crashed, CrashPolicy::error) == A::record_crash);
+  CHECK(decide(running, D::stopped, P::active, C::crashed) == A::start);
+  CHECK(decide(running, D::stopped, P::active, C::crashed, CrashPolicy::error) == A::record_crash);
   // libvirt cannot say why (it or the host restarted): started again, as before.
-  CHECK(decide(&spec, D::stopped, S::active, false, C::unknown) == A::start);
+  CHECK(decide(running, D::stopped, P::active, C::unknown) == A::start);
   // Recorded STOPPED and the user asked for it to run (toyvm start): started, whatever the cause.
-  CHECK(decide(&spec, D::stopped, S::stopped, false, C::shutdown) == A::start);
+  CHECK(decide(running, D::stopped, P::stopped, C::shutdown) == A::start);
   // Still building, or never recorded: a stop is not news about the guest.
-  CHECK(decide(&spec, D::stopped, S::building, false, C::destroyed) == A::start);
-  CHECK(decide(&spec, D::stopped, std::nullopt, false, C::shutdown) == A::start);
+  CHECK(decide(running, D::stopped, P::building, C::destroyed) == A::start);
+  CHECK(decide(running, D::stopped, P::unrecorded, C::shutdown) == A::start);
   // Work that should be stopped or deleted never reaches the policy.
-  WorkSpec stopped = with_power(PowerState::stopped);
-  CHECK(decide(&stopped, D::stopped, S::active, false, C::crashed, CrashPolicy::error) == A::record_stopped);
-  WorkSpec deleted = with_power(PowerState::deleted);
-  CHECK(decide(&deleted, D::stopped, S::active, false, C::crashed, CrashPolicy::error) == A::remove);
+  CHECK(decide(stopped, D::stopped, P::active, C::crashed, CrashPolicy::error) == A::record_stopped);
+  CHECK(decide(deleted, D::stopped, P::active, C::crashed, CrashPolicy::error) == A::remove);
+}
+
+// Every combination the agent can meet, against the rules the decision must keep whatever
+// the case: a failed instance is never built or started, each action only where it makes sense,
+// and a settled instance is left alone.
+TEST_CASE("every combination keeps the rules") {
+  const std::vector<Desired> desires{gone, running, stopped, deleted};
+  const std::vector<D> domains{D::absent, D::running, D::stopped};
+  const std::vector<P> phases{P::unrecorded, P::building, P::active, P::stopped, P::failed, P::released};
+  const std::vector<StopCause> causes{StopCause::unknown, StopCause::shutdown, StopCause::destroyed,
+                                      StopCause::crashed};
+  int combinations = 0;
+  for (Desired desired : desires)
+    for (D actual : domains)
+      for (P phase : phases)
+        for (StopCause cause : causes)
+          for (CrashPolicy policy : {CrashPolicy::restart, CrashPolicy::error}) {
+            ++combinations;
+            const A action = decide(desired, actual, phase, cause, policy);
+            INFO("desired " << (desired ? int(*desired) : -1) << ", domain " << int(actual) << ", phase "
+                            << to_string(phase) << ", cause " << int(cause) << " -> " << to_string(action));
+            const bool error = phase == P::failed || phase == P::released;
+            if (!desired) CHECK(action == (actual == D::absent ? A::none : A::remove_domain));
+            if (desired == deleted) CHECK(action == A::remove);
+            if (!desired || desired == deleted) continue;
+            if (error) {
+              CHECK(action != A::build);
+              CHECK(action != A::start);
+              CHECK(action == (actual != D::absent ? A::remove_domain : phase == P::failed ? A::release : A::none));
+              continue;
+            }
+            CHECK(action != A::release);
+            CHECK(action != A::remove_domain);
+            if (action == A::build) CHECK(actual == D::absent);
+            if (actual == D::absent) CHECK(action == A::build);
+            if (action == A::start) CHECK((desired == running && actual == D::stopped));
+            if (action == A::stop) CHECK((desired == stopped && actual == D::running));
+            if (action == A::adopt_stop || action == A::record_crash)
+              CHECK((desired == running && actual == D::stopped && phase == P::active));
+            if (action == A::record_crash) CHECK((policy == CrashPolicy::error && cause == StopCause::crashed));
+            // What runs as asked and is recorded so: nothing to do, however often it is asked.
+            if (desired == running && actual == D::running) CHECK(action == (phase == P::active ? A::none : A::record_active));
+            if (desired == stopped && actual == D::stopped) CHECK(action == (phase == P::stopped ? A::none : A::record_stopped));
+          }
+  CHECK(combinations == 4 * 3 * 6 * 4 * 2);
 }

@@ -15,7 +15,7 @@
 #include "services/compute/guest_observer.hpp"
 #include "services/compute/maintenance.hpp"
 #include "services/compute/presence.hpp"
-#include "services/compute/reconciler.hpp"
+#include "services/compute/instances.hpp"
 #include "services/compute/recorder.hpp"
 #include "services/compute/registration.hpp"
 #include "services/compute/work_feed.hpp"
@@ -56,10 +56,11 @@ class ComputeAgent {
         virt_(pool_),
         ctx_{io, config_, KeyLayout(config_.etcd.prefix), EtcdClient::create(config_.etcd), placement_, pool_, virt_, {}, false, 0, {}},
         placer_(placement_, *ctx_.etcd, config_),
-        recorder_(ctx_, slots_),
-        presence_(ctx_, slots_),
-        observer_(ctx_, slots_, recorder_),
-        metadata_(ctx_, slots_) {}
+        recorder_(ctx_),
+        instances_(ctx_),
+        presence_(ctx_, instances_),
+        observer_(ctx_, instances_),
+        metadata_(ctx_, instances_) {}
 
   ~ComputeAgent() { pool_.join(); }
 
@@ -169,13 +170,14 @@ class ComputeAgent {
     // periodic resync remains the net for an event that is lost.
     (*backend)->on_lifecycle([this](const std::string& uuid, bool started) {
       asio::post(ctx_.io, [this, uuid, started] {
-        if (reconciler_) reconciler_->observe(uuid, started);
+        instances_.observe(uuid, started);
       });
     });
     virt_.attach(std::move(*backend));
-    builder_ = std::make_unique<Builder>(ctx_, Builder::Parts{slots_, recorder_, *images_, placer_, presence_});
-    reconciler_ = std::make_unique<Reconciler>(ctx_, Reconciler::Parts{slots_, recorder_, *builder_, presence_});
-    feed_ = std::make_unique<WorkFeed>(ctx_, *reconciler_);
+    builder_ = std::make_unique<Builder>(
+        ctx_, Builder::Parts{recorder_, *images_, placer_, [this] { return instances_.images_wanted(); }});
+    instances_.attach(recorder_, *builder_, presence_);
+    feed_ = std::make_unique<WorkFeed>(ctx_, instances_);
     spdlog::info("provider {} ({}), libvirt {}", host.provider, host.name, c.libvirt_uri);
     return 0;
   }
@@ -191,9 +193,9 @@ class ComputeAgent {
       for (InstanceState state : {InstanceState::scheduled, InstanceState::building, InstanceState::active,
                                   InstanceState::stopped, InstanceState::error, InstanceState::deleting})
         by_state[std::string(to_string(state))] = 0;
-      // Scrapes are answered on the event loop's thread, which the slots belong to.
-      for (auto& [uuid, slot] : slots_)
-        if (slot.recorded) by_state[std::string(to_string(*slot.recorded))] += 1;
+      // Scrapes are answered on the event loop's thread, which the instances belong to.
+      for (const auto& [uuid, instance] : instances_.all())
+        if (auto state = recorded_state(instance->phase())) by_state[std::string(to_string(*state))] += 1;
       for (auto& [state, n] : by_state) metrics::set("toyvm_instances", n, {{"state", state}});
     });
     return 0;
@@ -214,8 +216,8 @@ class ComputeAgent {
   VirtCalls virt_;
   AgentContext ctx_;
   Placer placer_;
-  InstanceSlots slots_;
   InstanceRecorder recorder_;
+  Instances instances_;
   HostPresence presence_;
   GuestObserver observer_;
   GuestMetadata metadata_;
@@ -223,7 +225,6 @@ class ComputeAgent {
   std::unique_ptr<HostMaintenanceFollower> maintenance_;
   std::unique_ptr<ImageStore> images_;
   std::unique_ptr<Builder> builder_;
-  std::unique_ptr<Reconciler> reconciler_;
   std::unique_ptr<WorkFeed> feed_;
 };
 

@@ -1,60 +1,67 @@
 #pragma once
-// The build pipeline of one instance: the server group's late check, the image, the domain.
-// A build that fails moves the instance to another host while attempts remain (Nova's
-// alternates) or ends it in ERROR, which holds nothing.
+// The stages of building an instance on this host, each inputs in and outcome out: the
+// server group's late check, the image, the domain; and, for a build that failed, the move to
+// another host (Nova's alternates) and giving back what an ERROR instance holds. The
+// instance strings them together and records what came of them.
 
 #include "services/compute/context.hpp"
-#include "services/compute/presence.hpp"
 #include "services/compute/recorder.hpp"
-#include "services/compute/slots.hpp"
 #include "services/placer.hpp"
 #include "virt/images.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 
+#include <functional>
 #include <optional>
 #include <set>
+#include <string>
 
 namespace toyvm::compute {
+
+// What making the domain came to; nothing of it is recorded yet.
+struct Made {
+  enum class Outcome { made, cancelled, failed, retry };
+  explicit Made(Outcome outcome, std::string reason = {}, std::string message = {})
+      : outcome(outcome), reason(std::move(reason)), message(std::move(message)) {}
+  Outcome outcome;
+  std::string reason, message;  // failed, retry
+};
+
+// How a build learns that its instance was destroyed meanwhile: asked between stages, and
+// `wake` ends a wait (for an image) at once.
+struct BuildCancel {
+  std::function<bool()> requested;
+  asio::steady_timer& wake;
+};
 
 class Builder {
  public:
   struct Parts {
-    InstanceSlots& slots;
     InstanceRecorder& recorder;
     ImageStore& images;
     Placer& placer;
-    HostPresence& presence;
+    std::function<std::set<std::string>()> images_wanted;  // by every instance of this host
   };
-  Builder(AgentContext& ctx, Parts parts) : ctx_(ctx), parts_(parts) {}
+  Builder(AgentContext& ctx, Parts parts) : ctx_(ctx), parts_(std::move(parts)) {}
 
-  // ACTIVE with a running domain (BUILDING meanwhile if that takes a while), or failed as
-  // above; false when a step must be retried (a server did not answer).
-  awaitable<bool> build(WorkSpec spec);
-  // An ERROR instance gives back its allocation and group membership; both calls are
-  // idempotent, so a release that failed, or one a restart forgot, is simply made again.
-  awaitable<bool> release_held(WorkSpec spec);
+  // The domain of `spec`, defined and (if its work says so) started; half-made domains of a
+  // failed attempt are destroyed.
+  awaitable<Made> make_domain(WorkSpec spec, BuildCancel cancel);
+  // Nova's late check: concurrent schedules may have put members of a hard group against
+  // its policy; the member created later gives way.
+  awaitable<result<bool>> group_allows_here(WorkSpec spec);
+  // Moves `work` (as of `revision`, its next attempt) to another live host (Placer::relocate).
+  awaitable<result<Relocated>> move_elsewhere(WorkSpec work, int64_t revision);
+  // After a move that did not happen, the instance's allocation comes back to this host,
+  // from wherever it is; false while it cannot.
+  awaitable<bool> take_allocation_back(WorkSpec spec);
+  // The allocation and the group membership given back; both idempotent, so a release that
+  // failed, or one a restart forgot, is simply made again. false: to retry.
+  awaitable<bool> give_back(WorkSpec spec);
 
  private:
-  // What making the domain came to; nothing of it is recorded yet.
-  struct Made {
-    enum class Outcome { made, cancelled, failed, retry };
-    explicit Made(Outcome outcome, std::string reason = {}, std::string message = {})
-        : outcome(outcome), reason(std::move(reason)), message(std::move(message)) {}
-    Outcome outcome;
-    std::string reason, message;  // failed, retry
-  };
-  awaitable<Made> make_domain(WorkSpec spec);
-  // make_domain, then `patience` cancelled.
-  awaitable<Made> make_domain_in_time(WorkSpec spec, asio::steady_timer& patience);
-  awaitable<std::optional<bool>> record_building_if_slow(WorkSpec spec, asio::steady_timer& patience);
-  awaitable<std::optional<VirtResult<BootImage>>> acquire_image(WorkSpec spec);
-  std::set<std::string> images_in_use() const;
+  awaitable<std::optional<VirtResult<BootImage>>> acquire_image(WorkSpec spec, asio::steady_timer& wake);
   DomainSpec domain_spec(const WorkSpec& spec, const BootImage& image) const;
-  awaitable<bool> fail(WorkSpec spec, std::string reason, std::string message);
-  awaitable<result<bool>> move_elsewhere(WorkSpec spec);
-  awaitable<bool> take_allocation_back(WorkSpec spec);
-  awaitable<result<bool>> group_allows_here(WorkSpec spec);
 
   AgentContext& ctx_;
   Parts parts_;

@@ -11,8 +11,8 @@ namespace toyvm::compute {
 
 using namespace std::chrono_literals;
 
-GuestMetadata::GuestMetadata(AgentContext& ctx, const InstanceSlots& slots)
-    : ctx_(ctx), slots_(slots), http_(ctx.io, ctx.config.mdserver, [this](const std::string& ip) { return find(ip); }) {}
+GuestMetadata::GuestMetadata(AgentContext& ctx, const Instances& instances)
+    : ctx_(ctx), instances_(instances), http_(ctx.io, ctx.config.mdserver, [this](const std::string& ip) { return find(ip); }) {}
 
 awaitable<void> GuestMetadata::run() {
   const std::string& interface = ctx_.config.compute.metadata_interface;
@@ -56,12 +56,13 @@ void GuestMetadata::serve_on(const std::string& interface) {
 
 std::shared_ptr<const GuestView> GuestMetadata::find(const std::string& ip) const {
   const WorkSpec* spec = nullptr;
-  for (const auto& [uuid, slot] : slots_) {
+  for (const auto& [uuid, instance] : instances_.all()) {
     // An ERROR instance gave its guest up: its old address may be another guest's by now.
-    if (slot.ip != ip || slot.cancelled() || slot.recorded == InstanceState::error) continue;
+    const Phase phase = instance->phase();
+    if (instance->ip() != ip || instance->cancelled() || phase == Phase::failed || phase == Phase::released) continue;
     // Two guests claim one address (one of them stale): answer neither rather than guess.
     if (spec) return nullptr;
-    spec = &*slot.desired;
+    spec = instance->work();
   }
   if (!spec) return nullptr;
   return std::make_shared<const GuestView>(ctx_.describe_guest(*spec, ip));

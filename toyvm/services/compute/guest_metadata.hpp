@@ -1,11 +1,11 @@
 #pragma once
 // The metadata service of this host's guests, served in the agent's own event loop. Its
-// answers come straight from the agent's slots: only guests of this host are known to it,
+// answers come straight from the agent's instances: only guests of this host are known to it,
 // so guests of other hosts that share an address (each host's NAT network hands out the
 // same subnet) can never be answered here, and it needs no etcd watch of its own.
 
 #include "services/compute/context.hpp"
-#include "services/compute/slots.hpp"
+#include "services/compute/instances.hpp"
 #include "services/metadata_http.hpp"
 
 #include <memory>
@@ -15,7 +15,7 @@ namespace toyvm::compute {
 
 class GuestMetadata {
  public:
-  GuestMetadata(AgentContext& ctx, const InstanceSlots& slots);
+  GuestMetadata(AgentContext& ctx, const Instances& instances);
 
   // With [compute] metadata_interface: puts the metadata address on that interface and
   // serves [mdserver] listen there, until the agent stops. An interface that comes back
@@ -30,7 +30,7 @@ class GuestMetadata {
   void serve_on(const std::string& interface);
 
   AgentContext& ctx_;
-  const InstanceSlots& slots_;
+  const Instances& instances_;
   MetadataHttpServer http_;
 };
 

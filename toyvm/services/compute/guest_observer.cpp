@@ -24,17 +24,21 @@ awaitable<void> GuestObserver::run() {
     }
     woken_ = false;
     auto now = std::chrono::steady_clock::now();
-    std::vector<std::string> looking, given_up, consoles;
-    for (auto& [uuid, slot] : slots_) {
-      if (!slot.at_rest()) continue;
-      if (ctx_.has_nic() && slot.recorded == InstanceState::active && slot.ip.empty() && !slot.address_given_up)
-        (now < slot.address_deadline ? looking : given_up).push_back(uuid);
-      if ((slot.recorded == InstanceState::active || slot.recorded == InstanceState::stopped) &&
-          console_requests_.count(uuid))
+    std::vector<std::string> looking, consoles;
+    std::vector<std::shared_ptr<Instance>> overdue;
+    for (const auto& [uuid, instance] : instances_.all()) {
+      if (!instance->at_rest()) continue;
+      switch (instance->address_search(now)) {
+        case Instance::AddressSearch::looking: looking.push_back(uuid); break;
+        case Instance::AddressSearch::overdue: overdue.push_back(instance); break;
+        case Instance::AddressSearch::none: break;
+      }
+      const Phase phase = instance->phase();
+      if ((phase == Phase::active || phase == Phase::stopped) && console_requests_.count(uuid))
         consoles.push_back(uuid);
     }
     for (const std::string& uuid : looking) co_await find_address(uuid);
-    for (const std::string& uuid : given_up) co_await give_up_address(uuid);
+    for (const auto& instance : overdue) co_await instance->give_up_address();
     if (console_every.count() > 0 && now >= next_console_) {
       next_console_ = now + console_every;
       if (!consoles.empty()) co_await publish_consoles(std::move(consoles));
@@ -56,27 +60,9 @@ void GuestObserver::wake() {
 
 awaitable<void> GuestObserver::find_address(std::string uuid) {
   auto found = co_await ctx_.virt(&VirtBackend::addresses, uuid);
-  if (!found || found.value.empty()) co_return;
-  auto it = slots_.find(uuid);  // it may have gone meanwhile
-  if (it == slots_.end()) co_return;
-  InstanceSlot& slot = it->second;
-  if (!slot.at_rest() || slot.recorded != InstanceState::active) co_return;
-  const std::string mac = instance_mac(uuid);
-  slot.ip = found.value.front().ip;
-  for (const GuestAddress& address : found.value)
-    if (address.mac == mac) slot.ip = address.ip;
-  spdlog::info("instance {}: address {}", uuid, slot.ip);
-  co_await recorder_.write(recorder_.make(*slot.desired, InstanceState::active));
-}
-
-// Recorded so that whoever waits for the address stops waiting.
-awaitable<void> GuestObserver::give_up_address(std::string uuid) {
-  InstanceSlot& slot = slots_[uuid];
-  if (!slot.at_rest() || slot.recorded != InstanceState::active || !slot.ip.empty()) co_return;
-  slot.address_given_up = true;
-  spdlog::warn("instance {}: no address within address_timeout ({} s); no longer looking", uuid,
-               ctx_.config.compute.address_timeout_s);
-  co_await recorder_.write(recorder_.make(*slot.desired, InstanceState::active));
+  if (!found) co_return;
+  // It may have gone meanwhile.
+  if (auto instance = instances_.find(uuid)) co_await instance->take_addresses(std::move(found.value));
 }
 
 awaitable<void> GuestObserver::follow_console_requests() {
@@ -102,13 +88,14 @@ void GuestObserver::apply_request(const KeyValue& kv, bool erased) {
   const std::string uuid(rest.substr(0, slash)), asker(rest.substr(slash + 1));
   if (erased) {
     auto asked = console_requests_.find(uuid);
-    if (asked != console_requests_.end() && asked->second.erase(asker) && asked->second.empty())
+    if (asked != console_requests_.end() && asked->second.erase(asker) && asked->second.empty()) {
       console_requests_.erase(asked);
+      console_published_.erase(uuid);
+    }
     return;
   }
   console_requests_[uuid][asker] = kv.lease;
-  auto slot = slots_.find(uuid);
-  if (slot != slots_.end()) slot->second.console_published = -1;
+  console_published_.erase(uuid);  // the new asker has no copy yet
   next_console_ = std::chrono::steady_clock::now();
 }
 
@@ -122,7 +109,10 @@ awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) 
     std::string text;
   };
   std::vector<std::pair<std::string, int64_t>> logs;  // uuid, size last published (-1: none)
-  for (const std::string& uuid : uuids) logs.emplace_back(uuid, slots_[uuid].console_published);
+  for (const std::string& uuid : uuids) {
+    auto published = console_published_.find(uuid);
+    logs.emplace_back(uuid, published == console_published_.end() ? -1 : published->second);
+  }
   auto read_tails = [dir = ctx_.host.instance_dir, logs = std::move(logs)] {
     std::vector<Tail> grown;
     for (const auto& [uuid, published] : logs) {
@@ -149,8 +139,7 @@ awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) 
     std::vector<EtcdOp> ops;
     for (const auto& [asker, lease] : asked->second) ops.push_back(EtcdOp::put(ctx_.keys.console(tail.uuid, asker), tail.text, lease));
     auto put = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
-    auto it = slots_.find(tail.uuid);
-    if (put && put->succeeded && it != slots_.end()) it->second.console_published = tail.size;
+    if (put && put->succeeded && console_requests_.count(tail.uuid)) console_published_[tail.uuid] = tail.size;
   }
 }
 
@@ -169,8 +158,8 @@ awaitable<void> GuestObserver::follow_usage_requests() {
 
 void GuestObserver::take_usage_request(const KeyValue& kv) {
   auto uuid = ctx_.keys.leaf(kv.key, ctx_.keys.usage_requests_prefix(ctx_.host.provider));
-  auto slot = uuid ? slots_.find(*uuid) : slots_.end();
-  if (slot == slots_.end() || !slot->second.desired) return;  // not an instance of this host
+  auto instance = uuid ? instances_.find(*uuid) : nullptr;
+  if (!instance || !instance->work()) return;  // not an instance of this host
   spawn_detached(ctx_.io, answer_usage(*uuid, kv.lease), "answering a usage request");
 }
 

@@ -7,8 +7,7 @@
 // is answered the same way, for `toyvm show <uuid>`.
 
 #include "services/compute/context.hpp"
-#include "services/compute/recorder.hpp"
-#include "services/compute/slots.hpp"
+#include "services/compute/instances.hpp"
 
 #include <boost/asio/steady_timer.hpp>
 
@@ -21,8 +20,7 @@ namespace toyvm::compute {
 
 class GuestObserver {
  public:
-  GuestObserver(AgentContext& ctx, InstanceSlots& slots, InstanceRecorder& recorder)
-      : ctx_(ctx), slots_(slots), recorder_(recorder), tick_(ctx.io) {}
+  GuestObserver(AgentContext& ctx, const Instances& instances) : ctx_(ctx), instances_(instances), tick_(ctx.io) {}
 
   // Until the agent stops.
   awaitable<void> run();
@@ -36,7 +34,6 @@ class GuestObserver {
 
  private:
   awaitable<void> find_address(std::string uuid);
-  awaitable<void> give_up_address(std::string uuid);
   awaitable<void> publish_consoles(std::vector<std::string> uuids);
   awaitable<void> answer_usage(std::string uuid, int64_t lease);
   void take_usage_request(const KeyValue& kv);
@@ -45,9 +42,9 @@ class GuestObserver {
   void wake();
 
   AgentContext& ctx_;
-  InstanceSlots& slots_;
-  InstanceRecorder& recorder_;
+  const Instances& instances_;
   std::map<std::string, std::map<std::string, int64_t>> console_requests_;  // instance -> asker -> its lease
+  std::map<std::string, int64_t> console_published_;  // instance -> console log size last put in etcd
   std::chrono::steady_clock::time_point next_console_;
   asio::steady_timer tick_;
   bool woken_ = false;  // a wake-up that came while run() was not waiting

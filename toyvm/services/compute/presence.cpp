@@ -1,6 +1,7 @@
 #include "services/compute/presence.hpp"
 
 #include "model/host_stats.hpp"
+#include "services/compute/instances.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <spdlog/spdlog.h>
@@ -20,8 +21,8 @@ bool HostPresence::full() const {
 
 size_t HostPresence::instance_count() const {
   size_t n = 0;
-  for (auto& [uuid, slot] : slots_)
-    if (slot.desired && slot.desired->power != PowerState::deleted) ++n;
+  for (const auto& [uuid, instance] : instances_.all())
+    if (instance->holds_work()) ++n;
   return n;
 }
 

@@ -4,15 +4,16 @@
 // READY. Beside it, under the same lease, the host's figures (CIAO's STATS).
 
 #include "services/compute/context.hpp"
-#include "services/compute/slots.hpp"
 
 #include <set>
 
 namespace toyvm::compute {
 
+class Instances;
+
 class HostPresence {
  public:
-  HostPresence(AgentContext& ctx, const InstanceSlots& slots) : ctx_(ctx), slots_(slots) {}
+  HostPresence(AgentContext& ctx, const Instances& instances) : ctx_(ctx), instances_(instances) {}
 
   void set_capacity(ResourceAmounts capacity) { capacity_ = std::move(capacity); }
   // An operator's disable makes the record DISABLED (call publish() to put it).
@@ -55,7 +56,7 @@ class HostPresence {
   awaitable<void> put_changes(std::vector<std::pair<std::string, bool>> domains, std::optional<HostRecord> host);
 
   AgentContext& ctx_;
-  const InstanceSlots& slots_;
+  const Instances& instances_;
   ResourceAmounts capacity_;
   std::optional<HostMaintenance> maintenance_;
   std::optional<HostStats> stats_;  // as last measured, put again with a new lease

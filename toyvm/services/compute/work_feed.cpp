@@ -21,7 +21,7 @@ awaitable<void> WorkFeed::follow() {
       continue;
     }
     const int64_t revision = listed->revision;
-    co_await reconciler_.apply_listing(std::move(*listed));
+    co_await instances_.apply_listing(std::move(*listed));
     watch_ = ctx_.etcd->watch(WatchOptions{prefix, prefix_range_end(prefix), revision + 1, false});
     while (!ctx_.stopping) {
       WatchBatch batch = co_await watch_->next();
@@ -35,7 +35,7 @@ awaitable<void> WorkFeed::follow() {
       }
       backoff.reset();
       co_await failpoint::pass("feed.batch");
-      for (WatchEvent& event : batch.events) reconciler_.apply(event);
+      for (WatchEvent& event : batch.events) instances_.apply(event);
     }
     watch_.reset();
     if (!ctx_.stopping) co_await backoff.wait();
@@ -49,7 +49,7 @@ awaitable<void> WorkFeed::resync_periodically() {
     co_await timer.async_wait(asio::as_tuple(use_awaitable));
     if (ctx_.stopping) break;
     auto listed = co_await ctx_.etcd->range_prefix(ctx_.keys.work_prefix(ctx_.host.provider));
-    if (listed) co_await reconciler_.apply_listing(std::move(*listed));
+    if (listed) co_await instances_.apply_listing(std::move(*listed));
     ++ctx_.activity;
   }
 }

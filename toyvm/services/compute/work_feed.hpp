@@ -4,7 +4,7 @@
 // resync_interval is the safety net for anything missed.
 
 #include "services/compute/context.hpp"
-#include "services/compute/reconciler.hpp"
+#include "services/compute/instances.hpp"
 
 #include <memory>
 
@@ -12,7 +12,7 @@ namespace toyvm::compute {
 
 class WorkFeed {
  public:
-  WorkFeed(AgentContext& ctx, Reconciler& reconciler) : ctx_(ctx), reconciler_(reconciler) {}
+  WorkFeed(AgentContext& ctx, Instances& instances) : ctx_(ctx), instances_(instances) {}
 
   // Until stop().
   awaitable<void> follow();
@@ -21,7 +21,7 @@ class WorkFeed {
 
  private:
   AgentContext& ctx_;
-  Reconciler& reconciler_;
+  Instances& instances_;
   std::unique_ptr<EtcdWatch> watch_;
 };
 

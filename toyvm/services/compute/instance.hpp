@@ -1,0 +1,115 @@
+#pragma once
+// One instance etcd assigns to this host. It alone holds and changes what the agent knows of
+// it: the work etcd asks for, the phase this host recorded, the guest's address. News reaches
+// it as calls (its work changed, its domain started or stopped, an address was found) on the
+// agent's one event loop; it runs its steps one at a time, each towards what model/reconcile's
+// decide() says, and publishes what others read (the host's figures, the metadata service).
+
+#include "model/reconcile.hpp"
+#include "services/compute/builder.hpp"
+#include "services/compute/context.hpp"
+#include "services/compute/presence.hpp"
+#include "services/compute/recorder.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace toyvm::compute {
+
+// What every instance's steps use; the agent owns it.
+struct InstanceSteps {
+  AgentContext& ctx;
+  InstanceRecorder& recorder;
+  Builder& builder;
+  HostPresence& presence;
+  std::function<void(const std::string&)> forget;  // an instance with nothing left to do
+};
+
+class Instance : public std::enable_shared_from_this<Instance> {
+ public:
+  // `fresh`: first seen in a watch event, made after the agent's listing, so nothing can
+  // have been recorded for it yet; otherwise what this host recorded is read back first.
+  Instance(InstanceSteps& steps, std::string uuid, bool fresh);
+
+  // --- news ---
+  // A put or delete of its work key. `listed`: from a listing, which may be older than what
+  // it already knows.
+  void take_work(const WatchEvent& event, bool listed);
+  // A listing at `revision` no longer holds its work.
+  void work_vanished(int64_t revision);
+  // libvirt says its domain started, stopped or crashed, or that a domain without work exists.
+  void domain_changed(bool started);
+  void wake() { kick(); }
+  // The guest's addresses as libvirt sees them; the one on its own NIC is recorded.
+  awaitable<void> take_addresses(std::vector<GuestAddress> found);
+  // address_timeout passed without one: recorded, so that whoever waits for it stops waiting.
+  awaitable<void> give_up_address();
+
+  // --- what it publishes ---
+  const std::string& uuid() const { return uuid_; }
+  const WorkSpec* work() const { return desired_ ? &*desired_ : nullptr; }
+  Phase phase() const { return phase_.value_or(Phase::unrecorded); }
+  const std::string& ip() const { return address_.ip; }
+  // Destroy requested (or the work gone): a build in progress stops at its next stage.
+  bool cancelled() const { return !desired_ || desired_->power == PowerState::deleted; }
+  // Counts against the host's room.
+  bool holds_work() const { return !cancelled(); }
+  // Known work and no step running: what its guest looks like may be recorded.
+  bool at_rest() const { return desired_ && run_ == Run::idle && !unreadable_; }
+  enum class AddressSearch { none, looking, overdue };
+  AddressSearch address_search(std::chrono::steady_clock::time_point now) const;
+
+ private:
+  enum class Run { idle, stepping, again };  // `again`: news came during a step, run another
+
+  void kick();
+  awaitable<void> run(std::shared_ptr<Instance> self);
+  // One step towards the desired state; false when it must be retried.
+  awaitable<bool> step();
+  awaitable<bool> load_recorded();
+  // Writes `record`; what was made becomes the instance's phase.
+  awaitable<InstanceRecorder::Written> record(InstanceRecord record, std::vector<EtcdOp> also = {});
+  awaitable<bool> record_state(WorkSpec spec, InstanceState state);
+  InstanceRecord make_record(const WorkSpec& spec, InstanceState state) const;
+  void look_for_address();
+
+  // instance_steps.cpp
+  awaitable<bool> build(WorkSpec spec);
+  awaitable<std::optional<bool>> record_building_if_slow(WorkSpec spec, asio::steady_timer& patience);
+  awaitable<Made> make_domain_in_time(WorkSpec spec, asio::steady_timer& patience);
+  awaitable<bool> fail(WorkSpec spec, std::string reason, std::string message);
+  awaitable<result<bool>> move_elsewhere(WorkSpec spec);
+  awaitable<bool> release_held(WorkSpec spec);
+  awaitable<bool> power_on_off(WorkSpec spec, bool on);
+  awaitable<void> shut_down_gracefully();
+  awaitable<bool> remove(WorkSpec spec);
+  awaitable<bool> remove_domain();
+  awaitable<bool> adopt_stop(WorkSpec spec, int64_t revision);
+  awaitable<bool> record_crash(WorkSpec spec);
+
+  InstanceSteps& steps_;
+  AgentContext& ctx_;
+  const std::string uuid_;
+  std::optional<WorkSpec> desired_;  // empty: the work key is gone
+  int64_t revision_ = 0;             // etcd revision of what `desired_` reflects; older news is stale
+  // Its work value cannot be decoded (a newer writer's, or damaged): it is there, so it is no
+  // reason to remove anything; nothing is done for the instance until it can be read.
+  bool unreadable_ = false;
+  std::optional<Phase> phase_;            // empty: what this host recorded is not read back yet
+  std::optional<InstanceRecord> failure_;  // the ERROR record as last written or read
+  bool allocation_elsewhere_ = false;     // a move that did not happen left it on another host
+  struct Address {
+    std::string ip;  // once libvirt knows it
+    std::chrono::steady_clock::time_point deadline;  // stop looking for it then
+    bool given_up = false;                           // the deadline passed, and that is recorded
+  } address_;
+  Run run_ = Run::idle;
+  asio::steady_timer* image_wait_ = nullptr;  // a build waiting for its image; ended by a destroy
+};
+
+}  // namespace toyvm::compute

@@ -1,0 +1,271 @@
+// The steps an instance takes towards what decide() asks: build, power on or off, remove,
+// and what becomes of a build that failed or a guest that stopped without toyvm.
+
+#include "services/compute/instance.hpp"
+
+#include "core/failpoint.hpp"
+#include "core/metrics.hpp"
+#include "model/groups.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace toyvm::compute {
+
+using namespace asio::experimental::awaitable_operators;
+using namespace std::chrono_literals;
+using Written = InstanceRecorder::Written;
+
+// How long a build goes before its record says BUILDING.
+constexpr auto building_shown_after = 100ms;
+
+// ACTIVE with a running domain (BUILDING meanwhile if that takes a while), or failed (fail());
+// false when a step must be retried (a server did not answer).
+awaitable<bool> Instance::build(WorkSpec spec) {
+  if (allocation_elsewhere_) {
+    if (!co_await steps_.builder.take_allocation_back(spec)) co_return false;
+    allocation_elsewhere_ = false;
+  }
+  int limit = ctx_.config.compute.max_instances;
+  if (limit > 0 && steps_.presence.instance_count() > size_t(limit))
+    co_return co_await fail(spec, "full_cn", fmt::format("host {} is full ({} instances)", ctx_.host.name, limit));
+  if (!spec.group.empty()) {
+    auto allowed = co_await steps_.builder.group_allows_here(spec);
+    if (!allowed) co_return false;
+    if (!*allowed)
+      co_return co_await fail(spec, "no_valid_host",
+                              fmt::format("server group {} ({}) does not allow this host", spec.group,
+                                          spec.group_policy ? to_string(*spec.group_policy) : "no policy"));
+  }
+  spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image, format_amounts(spec.resources));
+  const auto started = std::chrono::steady_clock::now();
+  co_await failpoint::pass("build.begin");
+  // BUILDING is recorded once the build has taken a while (an image to fetch, a guest to
+  // start), beside the making, so it costs no time; a build of a few milliseconds goes from
+  // SCHEDULED to ACTIVE without an etcd commit, and an event to every watcher, that nobody
+  // would have seen. Nothing else is recorded until etcd has answered, so records land in order.
+  asio::steady_timer patience(ctx_.io, building_shown_after);
+  auto [building, made] = co_await (record_building_if_slow(spec, patience) && make_domain_in_time(spec, patience));
+  if (building && !*building) {
+    // The work left this host, or etcd did not answer: nothing made for it stays.
+    if (made.outcome == Made::Outcome::made) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+    co_return false;
+  }
+  switch (made.outcome) {
+    case Made::Outcome::cancelled: co_return true;  // destroyed meanwhile: the next round removes what there is
+    case Made::Outcome::retry:
+      spdlog::warn("instance {}: {}; will retry", spec.uuid, made.message);
+      co_return false;
+    case Made::Outcome::failed:
+      steps_.presence.publish(spec.uuid);
+      metrics::count("toyvm_builds_total", {{"result", "failed"}});
+      co_return co_await fail(spec, made.reason, made.message);
+    case Made::Outcome::made: break;
+  }
+  // Work that should be off (an evacuated STOPPED instance) is made and left off.
+  const bool running = spec.power == PowerState::running;
+  // The domain's key rides in the same transaction: one commit for a build, not two.
+  std::vector<EtcdOp> domain_key;
+  if (auto op = steps_.presence.domain_put(spec.uuid)) domain_key.push_back(std::move(*op));
+  // Whatever address an earlier guest of this instance had is forgotten.
+  address_.ip.clear();
+  look_for_address();
+  const Written written =
+      co_await record(make_record(spec, running ? InstanceState::active : InstanceState::stopped), domain_key);
+  // The work left this host: nothing made for it stays. An unanswered write may have been
+  // made, so the domain stays and the next round records it again.
+  if (written == Written::work_gone) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+  if (written == Written::made && !domain_key.empty())
+    steps_.presence.recorded(spec.uuid, domain_key.front());
+  else
+    steps_.presence.publish(spec.uuid);
+  if (written != Written::made) co_return false;
+  spdlog::info("instance {}: {}", spec.uuid, running ? "active" : "made, and stopped as its work says");
+  metrics::count("toyvm_builds_total", {{"result", "active"}});
+  metrics::observe("toyvm_build_seconds",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  co_return true;
+}
+
+// BUILDING, once `patience` expires before the domain is made; nullopt when it was made (or
+// failed) in time and there is nothing to say yet.
+awaitable<std::optional<bool>> Instance::record_building_if_slow(WorkSpec spec, asio::steady_timer& patience) {
+  auto [ec] = co_await patience.async_wait(asio::as_tuple(use_awaitable));
+  if (ec) co_return std::nullopt;
+  co_return co_await record_state(std::move(spec), InstanceState::building);
+}
+
+// The domain made, then `patience` cancelled. A destroy that comes while the image is awaited
+// ends the wait.
+awaitable<Made> Instance::make_domain_in_time(WorkSpec spec, asio::steady_timer& patience) {
+  asio::steady_timer wake(ctx_.io, std::chrono::steady_clock::time_point::max());
+  image_wait_ = &wake;
+  BuildCancel cancel{[this] { return cancelled(); }, wake};
+  Made made = co_await steps_.builder.make_domain(std::move(spec), std::move(cancel));
+  image_wait_ = nullptr;
+  patience.cancel();
+  co_return made;
+}
+
+// ERROR with a reason code; the allocation and the group membership are given back.
+// A build that failed here may succeed elsewhere (Nova's alternates): the instance moves
+// to another live host while attempts remain; after the last it is ERROR no_valid_host.
+// A bad image is bad everywhere: image_failure is final at once (Nova's BuildAbort).
+awaitable<bool> Instance::fail(WorkSpec spec, std::string reason, std::string message) {
+  spdlog::error("instance {}: {}: {}", spec.uuid, reason, message);
+  if (reason != "image_failure") {
+    if (spec.attempt < ctx_.config.compute.max_build_attempts) {
+      auto moved = co_await move_elsewhere(spec);
+      if (moved && *moved) co_return true;
+      if (!moved) co_return false;  // a server did not answer: the whole step is retried
+    }
+    message = fmt::format("no host could build it in {} attempt(s); the last said {}: {}", spec.attempt, reason,
+                          message);
+    reason = "no_valid_host";
+  }
+  // ERROR first, as releasing: from then on every round (and every restart) releases until
+  // it is done, and only then says that the instance holds nothing.
+  InstanceRecord failed = make_record(spec, InstanceState::error);
+  failed.error_code = std::move(reason);
+  failed.error_message = std::move(message);
+  failed.releasing = true;
+  if (co_await record(failed) != Written::made) co_return false;
+  metrics::count("toyvm_instance_failures_total", {{"reason", failed.error_code}});
+  co_return co_await release_held(spec);
+}
+
+// true: moved; false: no other host fits; an error: it changed meanwhile, or Placement or
+// etcd did not answer (the step is retried).
+awaitable<result<bool>> Instance::move_elsewhere(WorkSpec spec) {
+  if (cancelled()) co_return true;  // destroyed meanwhile: removing it releases what it holds
+  WorkSpec work = *desired_;
+  work.attempt = spec.attempt;
+  auto moved = co_await steps_.builder.move_elsewhere(std::move(work), revision_);
+  if (!moved) co_return result<bool>(boost::system::in_place_error, moved.error());
+  switch (moved->outcome) {
+    case Relocated::Outcome::moved:
+      spdlog::info("instance {}: moved to host {} for attempt {}", spec.uuid, moved->host, spec.attempt + 1);
+      co_return true;
+    case Relocated::Outcome::no_room:
+      co_return false;
+    case Relocated::Outcome::stranded:  // taken back before it builds here again
+      allocation_elsewhere_ = true;
+      break;
+    case Relocated::Outcome::lost_race:
+    case Relocated::Outcome::put_back:
+      break;
+  }
+  if (moved->unknown) co_return result<bool>(boost::system::in_place_error, moved->unknown);
+  co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
+}
+
+// An ERROR instance gives back what it holds; then its record stops saying "releasing".
+awaitable<bool> Instance::release_held(WorkSpec spec) {
+  if (!co_await steps_.builder.give_back(spec)) co_return false;
+  if (failure_ && failure_->releasing) {
+    InstanceRecord done = *failure_;
+    done.releasing = false;
+    done.updated_at = unix_millis();
+    if (co_await record(std::move(done)) != Written::made) co_return false;
+  }
+  phase_ = Phase::released;
+  spdlog::info("instance {}: ERROR; its allocation is released", spec.uuid);
+  co_return true;
+}
+
+awaitable<bool> Instance::power_on_off(WorkSpec spec, bool on) {
+  if (!on) co_await shut_down_gracefully();
+  auto done = co_await ctx_.virt(on ? &VirtBackend::start : &VirtBackend::stop, spec.uuid);
+  if (!done) {
+    spdlog::error("instance {}: {}", spec.uuid, done.failure->message);
+    co_return false;
+  }
+  co_return co_await record_state(spec, on ? InstanceState::active : InstanceState::stopped);
+}
+
+// Asks the guest to power off and waits up to stop_timeout for it; stop() then pulls the plug.
+awaitable<void> Instance::shut_down_gracefully() {
+  const double timeout_s = ctx_.config.compute.stop_timeout_s;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
+  if (timeout_s <= 0 || !co_await ctx_.virt(&VirtBackend::shutdown, uuid_)) co_return;
+  asio::steady_timer timer(ctx_.io);
+  while (std::chrono::steady_clock::now() < deadline && !ctx_.stopping) {
+    timer.expires_after(250ms);
+    co_await timer.async_wait(asio::as_tuple(use_awaitable));
+    auto state = co_await ctx_.virt(&VirtBackend::state, uuid_);
+    if (!state || state.value != DomainState::running) co_return;
+  }
+  spdlog::info("instance {}: did not power off within {} s; forcing it off", uuid_, timeout_s);
+}
+
+// Domain first, then the allocation, then the keys: if any step fails the keys stay, and
+// the next attempt finishes the job, so nothing leaks in Placement.
+awaitable<bool> Instance::remove(WorkSpec spec) {
+  auto gone = co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+  if (!gone) {
+    spdlog::error("instance {}: destroying: {}", spec.uuid, gone.failure->message);
+    co_return false;
+  }
+  auto released = co_await ctx_.placement.release(spec.uuid);
+  if (!released) {
+    spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid, ctx_.placement.last_error().detail);
+    co_return false;
+  }
+  std::vector<EtcdOp> ops;
+  for (auto& [key, range_end] : ctx_.keys.instance_keys(ctx_.host.provider, spec.uuid, spec.group))
+    ops.push_back(EtcdOp::erase(key, range_end));
+  const EtcdOp domain_key = steps_.presence.domain_erase(spec.uuid);
+  ops.push_back(domain_key);
+  auto erased = co_await ctx_.etcd->txn({}, std::move(ops));
+  if (!erased) co_return false;
+  spdlog::info("instance {}: deleted", spec.uuid);
+  steps_.presence.recorded(spec.uuid, domain_key);
+  co_return true;
+}
+
+awaitable<bool> Instance::remove_domain() {
+  auto gone = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
+  if (!gone) spdlog::error("instance {}: destroying: {}", uuid_, gone.failure->message);
+  steps_.presence.publish(uuid_);
+  co_return bool(gone);
+}
+
+// The guest stopped without toyvm (it powered itself off, or someone stopped it outside
+// toyvm): STOPPED, and its desired power with it, in one transaction guarded by the revision of
+// the work that was seen, so that a start or destroy asked meanwhile wins.
+awaitable<bool> Instance::adopt_stop(WorkSpec spec, int64_t revision) {
+  const std::string work_key = ctx_.keys.work(ctx_.host.provider, spec.uuid);
+  WorkSpec stopped = spec;
+  stopped.power = PowerState::stopped;
+  InstanceRecord record = steps_.recorder.make(spec, InstanceState::stopped);
+  std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(work_key, revision)};
+  std::vector<EtcdOp> ops{EtcdOp::put(work_key, encode(stopped)), EtcdOp::put(ctx_.keys.instance(spec.uuid), encode(record))};
+  auto txn = co_await ctx_.etcd->txn(std::move(unchanged), std::move(ops));
+  if (!txn) co_return false;
+  if (txn->succeeded) {
+    spdlog::info("instance {}: the guest stopped without toyvm; it is STOPPED until started", spec.uuid);
+    metrics::count("toyvm_guest_events_total", {{"outcome", "stopped"}});
+    phase_ = Phase::stopped;
+    address_.ip.clear();
+  }
+  co_return true;  // refused: the work changed, and the watch brings what it is now
+}
+
+// on_guest_crash = "error": ERROR launch_failure, recorded as releasing first; then the domain
+// and its disk go and the allocation is given back (later rounds finish what fails here, as
+// for any ERROR instance).
+awaitable<bool> Instance::record_crash(WorkSpec spec) {
+  InstanceRecord failed = make_record(spec, InstanceState::error);
+  failed.error_code = "launch_failure";
+  failed.error_message = "the guest crashed";
+  failed.releasing = true;
+  if (co_await record(failed) != Written::made) co_return false;
+  metrics::count("toyvm_guest_events_total", {{"outcome", "error"}});
+  metrics::count("toyvm_instance_failures_total", {{"reason", "launch_failure"}});
+  if (!co_await remove_domain()) co_return false;
+  co_return co_await release_held(spec);
+}
+
+}  // namespace toyvm::compute

@@ -1,0 +1,67 @@
+#include "services/compute/instances.hpp"
+
+#include "core/metrics.hpp"
+
+#include <spdlog/spdlog.h>
+
+namespace toyvm::compute {
+
+void Instances::attach(InstanceRecorder& recorder, Builder& builder, HostPresence& presence) {
+  presence_ = &presence;
+  steps_.emplace(InstanceSteps{ctx_, recorder, builder, presence, [this](const std::string& uuid) { table_.erase(uuid); }});
+}
+
+Instance& Instances::instance(const std::string& uuid, bool fresh) {
+  auto [found, created] = table_.try_emplace(uuid);
+  if (created) found->second = std::make_shared<Instance>(*steps_, uuid, fresh);
+  return *found->second;
+}
+
+std::shared_ptr<Instance> Instances::find(const std::string& uuid) const {
+  auto found = table_.find(uuid);
+  return found == table_.end() ? nullptr : found->second;
+}
+
+std::set<std::string> Instances::images_wanted() const {
+  std::set<std::string> images;
+  for (const auto& [uuid, instance] : table_)
+    if (const WorkSpec* work = instance->work()) images.insert(work->image);
+  return images;
+}
+
+std::optional<std::string> Instances::apply(const WatchEvent& event, bool listed) {
+  auto key = ctx_.keys.parse_work(event.kv.key);
+  if (!key || key->host != ctx_.host.provider) {
+    spdlog::warn("ignoring key {} under the work prefix", event.kv.key);
+    return std::nullopt;
+  }
+  // Work first seen in a watch event was made after the listing: nothing recorded before it.
+  instance(key->instance, !listed).take_work(event, listed);
+  return key->instance;
+}
+
+awaitable<void> Instances::apply_listing(RangeResult listed) {
+  std::set<std::string> seen;
+  for (const KeyValue& kv : listed.kvs) {
+    WatchEvent event{WatchEvent::Type::put, kv, std::nullopt};
+    if (auto uuid = apply(event, true)) seen.insert(*uuid);
+  }
+  // Work that vanished while we were not watching (and did not appear after the listing).
+  std::vector<std::shared_ptr<Instance>> vanished;
+  for (const auto& [uuid, instance] : table_)
+    if (!seen.count(uuid)) vanished.push_back(instance);
+  for (const auto& instance : vanished) instance->work_vanished(listed.revision);
+  // Domains nobody asked for.
+  auto domains = co_await ctx_.virt(&VirtBackend::list);
+  if (!domains) co_return;  // libvirt did not answer: the next resync looks again
+  for (const std::string& uuid : domains.value)
+    if (!seen.count(uuid) && !table_.count(uuid)) instance(uuid, false).wake();
+  presence_->publish(domains.value);
+  metrics::count("toyvm_work_listings_total");
+}
+
+void Instances::observe(const std::string& uuid, bool started) {
+  if (auto found = find(uuid)) found->domain_changed(started);  // others are the resync's business
+}
+
+}  // namespace toyvm::compute

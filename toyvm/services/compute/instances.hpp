@@ -1,0 +1,51 @@
+#pragma once
+// This host's instances, one Instance per uuid. Level-triggered: work from the feed (a watch
+// event, a listing) and libvirt's lifecycle events are routed to the instance they are about,
+// which steps itself towards its desired state; instances step in parallel. Others read the
+// instances here and tell them news; none changes one.
+
+#include "services/compute/context.hpp"
+#include "services/compute/instance.hpp"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+
+namespace toyvm::compute {
+
+class Instances {
+ public:
+  using Table = std::map<std::string, std::shared_ptr<Instance>>;
+
+  explicit Instances(AgentContext& ctx) : ctx_(ctx) {}
+  // What the instances' steps use; before any news is applied.
+  void attach(InstanceRecorder& recorder, Builder& builder, HostPresence& presence);
+
+  // A put or delete under this host's work prefix; returns the instance it was about, if
+  // it was one of ours.
+  std::optional<std::string> apply(const WatchEvent& event) { return apply(event, false); }
+  // Everything under the work prefix: what is listed is applied, work that vanished since is
+  // removed, and domains nobody asked for are destroyed.
+  awaitable<void> apply_listing(RangeResult listed);
+  // libvirt says an instance's domain started, stopped or crashed: look at it now rather than
+  // at the next resync.
+  void observe(const std::string& uuid, bool started);
+
+  const Table& all() const { return table_; }
+  std::shared_ptr<Instance> find(const std::string& uuid) const;
+  // The images this host's work names, for the image cache's trim.
+  std::set<std::string> images_wanted() const;
+
+ private:
+  std::optional<std::string> apply(const WatchEvent& event, bool listed);
+  Instance& instance(const std::string& uuid, bool fresh);
+
+  AgentContext& ctx_;
+  std::optional<InstanceSteps> steps_;
+  HostPresence* presence_ = nullptr;
+  Table table_;
+};
+
+}  // namespace toyvm::compute
