@@ -1,14 +1,14 @@
 #!/usr/bin/python3
 """toyvm's benchmark: where toyvm stands against Placement's own limit.
 
-Starts a private etcd and Placement on loopback, compute agents on libvirt's test driver, and
-measures in one run: the raw floor (candidates + claim + etcd Txn on kept-alive connections),
-one `toyvm schedule` process, throughput at several concurrencies against Placement's ceiling
-for the same request mix, schedule -> ACTIVE latency and the agent's CPU and memory, conflicts
-and overbooking under 16 concurrent schedulers, candidate latency at 10, 100 and 1,000
-providers, the metadata service, and real TCG guests through qemu:///system (schedule ->
-ACTIVE with an IP, one at a time and four at once). Prints a table, writes JSON and draws PNG
-plots with gnuplot.
+Starts a private etcd and Placement on loopback and compute agents on libvirt's test driver
+(the testbed, contrib/testbed/cloud.py), and measures in one run: the raw floor (candidates +
+claim + etcd Txn on kept-alive connections), one `toyvm schedule` process, throughput at
+several concurrencies against Placement's ceiling for the same request mix, schedule -> ACTIVE
+latency and the agent's CPU and memory, conflicts and overbooking under 16 concurrent
+schedulers, candidate latency at 10, 100 and 1,000 providers, the metadata service, and real
+TCG guests through qemu:///system (schedule -> ACTIVE with an IP, one at a time and four at
+once). Prints a table, writes JSON and draws PNG plots with gnuplot.
 
     contrib/bench/run.py [--quick] [--only-guests | --no-guests] [--kvm] [--out DIR]
 """
@@ -20,7 +20,6 @@ import os
 import pathlib
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "contrib" / "testbed"))
-from cloud import free_port, overbooked, prometheus_metrics  # noqa: E402
+from cloud import Cloud, free_port, wait_until  # noqa: E402
 # No disk: the agents run on libvirt's test driver, whose storage pool holds 100 GiB, so
 # thousands of 1 GiB disks would fail their builds (and send them from host to host).
 QUERY = "resources=VCPU:1,MEMORY_MB:64"
@@ -105,73 +104,25 @@ def alternated(bench, count, concurrency, sides, block):
     return out
 
 
-def wait_until(what, check, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except Exception:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"bench: timed out waiting for {what}")
+class Bench(Cloud):
+    """The testbed as the benchmark runs it (one etcd, Placement on sqlite), with what it
+    measures: CPU, etcd's transactions, Placement's conflicts, and toyvm-bench's runs."""
 
-
-class Bench:
     def __init__(self, build, workdir, placement_workers):
-        self.build = build
-        self.dir = pathlib.Path(workdir)
+        dir = pathlib.Path(workdir)
         # toyvm as installed: a copy, written back to disk. A file just written by the linker sits
         # in the page cache in a state that costs each exec ~0.2 ms and cannot be paged out.
-        (self.dir / "bin").mkdir(parents=True, exist_ok=True)
-        self.toyvm = shutil.copy2(build / "toyvm" / "toyvm", self.dir / "bin" / "toyvm")
+        (dir / "bin").mkdir(parents=True, exist_ok=True)
+        toyvm = shutil.copy2(build / "toyvm" / "toyvm", dir / "bin" / "toyvm")
         # The same for toyvm-bench, which runs the floor as one process per instance too.
-        self.bench = shutil.copy2(build / "contrib" / "bench" / "toyvm-bench", self.dir / "bin" / "toyvm-bench")
+        self.bench = shutil.copy2(build / "contrib" / "bench" / "toyvm-bench", dir / "bin" / "toyvm-bench")
         os.sync()
-        self.procs = []
-        self.etcd_url = self.start_etcd()
-        self.placement_url, self.placement_log = self.start_placement("placement", placement_workers)
-        self.env = dict(os.environ, TOYVM_ETCD=self.etcd_url, TOYVM_PLACEMENT=self.placement_url)
-
-    def spawn(self, args, log, env=None):
-        proc = subprocess.Popen(args, stdout=open(self.dir / log, "w"), stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def start_etcd(self):
-        client, peer = free_port(), free_port()
-        url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-        self.spawn(["etcd", "--name", "bench", "--data-dir", str(self.dir / "etcd"), "--logger=zap",
-                    "--listen-client-urls", url, "--advertise-client-urls", url,
-                    "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                    "--initial-cluster", f"bench={peer_url}"], "etcd.log")
-        wait_until("etcd", lambda: subprocess.run([self.toyvm, "--etcd", url, "show"],
-                                                  capture_output=True).returncode == 0)
-        return url
-
-    def start_placement(self, name, workers):
-        port = free_port()
-        pdir = self.dir / name
-        subprocess.run([str(ROOT / "contrib" / "placement-setup.sh"), str(pdir), str(port), "", str(workers)],
-                       check=True)
-        self.spawn(["uwsgi", "--ini", str(pdir / "uwsgi.ini")], f"{name}-console.log")
-        url = f"http://127.0.0.1:{port}"
-        wait_until("Placement", lambda: urllib.request.urlopen(url + "/").status == 200)
-        return url, pdir / "uwsgi.log"
+        super().__init__(build, dir, placement_workers=placement_workers, toyvm=toyvm)
 
     def start_compute(self, name, inventory, extra=()):
-        state = self.dir / name
-        proc = self.spawn([self.toyvm, "compute", "--state-dir", str(state), "--libvirt-uri", "test:///default",
-                           "--inventory", inventory, "--name", name, *extra], f"{name}.log", self.env)
-        uuid_file = state / "provider_uuid"
-        wait_until(f"compute {name}", lambda: uuid_file.exists() and len(uuid_file.read_text().strip()) == 36)
-        uuid = uuid_file.read_text().strip()
-        wait_until(f"host record of {name}", lambda: uuid in self.run_toyvm("show", "--hosts"))
-        return proc, uuid
-
-    def run_toyvm(self, *args):
-        return subprocess.run([self.toyvm, *args], capture_output=True, text=True, env=self.env).stdout
+        """An agent on the test driver, waited for: (its process, its provider)."""
+        proc = self.start_agent(name, inventory, extra=extra)
+        return proc, self.wait_agent(name)
 
     def measure(self, mode, *args, placement=None):
         out = subprocess.run([self.bench, mode, "--etcd", self.etcd_url, "--placement",
@@ -200,32 +151,13 @@ class Bench:
 
     def etcd_txns(self):
         """Transactions etcd has answered so far (its gRPC server's counter)."""
-        return sum(v for k, v in prometheus_metrics(self.etcd_url).items()
+        return sum(v for k, v in self.etcd_metrics().items()
                    if k.startswith("grpc_server_handled_total{") and 'grpc_method="Txn"' in k)
 
     def conflicts(self):
         """409 answers to claims so far, from Placement's request log."""
         text = self.placement_log.read_text(errors="replace") if self.placement_log.exists() else ""
         return sum(1 for line in text.splitlines() if '"PUT /allocations/' in line and "status: 409" in line)
-
-    def placement_get(self, path, url=None):
-        request = urllib.request.Request((url or self.placement_url) + path, headers={
-            "X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.39"})
-        return json.load(urllib.request.urlopen(request))
-
-    def overbooked(self):
-        """Providers whose usage exceeds their capacity, for any resource class."""
-        return len({rp for rp, _, _ in overbooked(self.placement_get)})
-
-    def stop(self):
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def cpu_seconds(pid):
@@ -295,7 +227,7 @@ def run(args):
                 results["guests"] = measure_guests(bench, 3 if args.quick else 5, args.kvm)
                 print("bench: real guests done", file=sys.stderr)
             finally:
-                bench.stop()
+                bench.shutdown()
             if args.only_guests:
                 return results
         bench = Bench(args.build, workdir, args.placement_workers)
@@ -382,7 +314,7 @@ def run(args):
                     "host_subset_size": subset, "attempts": 150, "slots": 100,
                     "succeeded": sat["exit_codes"].get("0", 0), "no_allocations": sat["exit_codes"].get("1", 0),
                     "conflicts_409": bench.conflicts() - before})
-            results["overbooked_providers"] = bench.overbooked()
+            results["overbooked_providers"] = len(bench.overbooked_providers())
             print("bench: saturation done", file=sys.stderr)
 
             # The agent on its own: idle memory, then 1,000 instances handed over through etcd.
@@ -420,7 +352,7 @@ def run(args):
                                 "cpu_ms_per_instance": (busy_cpu - idle_cpu) * 1000 / n_active}
             print("bench: agent done", file=sys.stderr)
         finally:
-            bench.stop()
+            bench.shutdown()
 
         # The metadata service: 10,000 guests indexed, 16 keep-alive clients (wrk).
         md_dir = pathlib.Path(workdir) / "mdserver"
@@ -430,7 +362,7 @@ def run(args):
             results["mdserver"] = measure_mdserver(bench, 2000 if args.quick else 10000)
             print("bench: mdserver done", file=sys.stderr)
         finally:
-            bench.stop()
+            bench.shutdown()
 
         # Scale, on a Placement of its own so the providers above do not count.
         scale_dir = pathlib.Path(workdir) / "scale"
@@ -454,7 +386,7 @@ def run(args):
                     "returned_nolimit": unlimited["candidates"]})
                 print(f"bench: scale {providers} done", file=sys.stderr)
         finally:
-            bench.stop()
+            bench.shutdown()
     return results
 
 
@@ -464,8 +396,8 @@ def measure_mdserver(bench, guests):
     # The per-source rate limit would measure itself: wrk is one source.
     config = bench.dir / "mdserver.toml"
     config.write_text("[mdserver]\nrate_limit = 0\n")
-    md = bench.spawn([bench.toyvm, "--config", str(config), "--etcd", bench.etcd_url, "mdserver",
-                      "--listen", f"127.0.0.1:{port}"], "mdserver.log")
+    md = bench.spawn("mdserver", [bench.toyvm, "--config", str(config), "--etcd", bench.etcd_url, "mdserver",
+                                  "--listen", f"127.0.0.1:{port}"])
     url = f"http://127.0.0.1:{port}/openstack/latest/meta_data.json"
     # One wrk thread: the server is one event loop, and a second load thread on a 2-core machine
     # would measure the kernel's scheduler, not the server.
@@ -519,7 +451,7 @@ class Scheduled:
         leased = os.stat(LEASES).st_mtime
         # The guest prints its uptime when DHCP answers: the boot's part of the wait.
         def lease_uptime():
-            found = re.search(r"address \S+ at uptime ([0-9.]+)", bench.run_toyvm("show", uuid, "--console"))
+            found = re.search(r"address \S+ at uptime ([0-9.]+)", bench.run("show", uuid, "--console").stdout)
             return float(found.group(1)) if found else None
         wait_until("the guest's address on its console", lease_uptime, timeout=60)
         uptime = lease_uptime()
@@ -565,10 +497,9 @@ def measure_guests(bench, rounds, kvm):
         config.write_text(f"[compute]\nlibvirt_uri = 'qemu:///system'\ndomain_type = '{domain_type}'\n"
                           f"image_dir = '{images}'\nnetwork = 'default'\nnic_model = 'e1000'\nstop_timeout = 0\n")
         trait = f"CUSTOM_BENCH_{name.upper()}"
-        bench.spawn([bench.toyvm, "-v", "--config", str(config), "compute", "--state-dir", str(bench.dir / name),
-                     "--name", name, "--trait", trait, "--inventory", "VCPU:8,MEMORY_MB:4096,DISK_GB:40"],
-                    f"{name}.log", bench.env)
-        wait_until(f"compute {name} on qemu:///system", lambda: f"{name} " in bench.run_toyvm("show", "--hosts"),
+        bench.start_agent(name, "VCPU:8,MEMORY_MB:4096,DISK_GB:40", config, ("--trait", trait), libvirt_uri=None,
+                          verbose=True)
+        wait_until(f"compute {name} on qemu:///system", lambda: f"{name} " in bench.run("show", "--hosts").stdout,
                    timeout=90)
         query = f"resources=VCPU:1,MEMORY_MB:128,DISK_GB:1&required={trait}"
         return [query, "--image", "tiny", "--wait", "--timeout", "300"], bench.dir / f"{name}.log"
@@ -603,7 +534,7 @@ def measure_guests(bench, rounds, kvm):
             rows = one_at_a_time(*start_agent("kvm", "kvm"))
             results.update({"kvm_single": summarise(rows), "kvm_single_rounds": rows})
     finally:  # no guest outlives the benchmark, even a failed one
-        for line in bench.run_toyvm("show").splitlines()[1:]:
+        for line in bench.run("show").stdout.splitlines()[1:]:
             subprocess.run([bench.toyvm, "destroy", line.split()[0]], env=bench.env, capture_output=True)
     return results
 
