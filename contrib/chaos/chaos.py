@@ -49,7 +49,7 @@ class ChaosCloud(Cloud):
         for name in self.agents:
             self.start_agent(name)
         for name in self.agents:
-            wait_until(f"agent {name}", lambda: self.agent_alive(name), 30)
+            self.wait_agent(name)
 
     def start_agent(self, name, inventory=INVENTORY, config=None):
         return super().start_agent(name, inventory, config or self.config)
@@ -224,7 +224,7 @@ class Campaign:
             if cloud.procs[name].poll() is not None:
                 cloud.start_agent(name)
         for name in cloud.agents:
-            wait_until(f"agent {name}", lambda: cloud.agent_alive(name), 60)
+            cloud.wait_agent(name, 60)
         live = {h["provider"] for h in cloud.hosts() if h["alive"]}
         for instance in cloud.instances():
             if instance["host"] not in live:
