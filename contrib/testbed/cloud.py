@@ -110,15 +110,18 @@ class Cloud:
     def compact_etcd(self):
         """etcd's history compacted up to its current revision, as its auto-compaction does
         over time: watches that start from before it are refused."""
-        status = subprocess.run(["etcdctl", "--endpoints", self.etcd_url, "endpoint", "status", "-w", "json"],
-                                capture_output=True, text=True, check=True, timeout=30)
+        status = self.etcdctl("endpoint", "status", "-w", "json")
+        status.check_returncode()
         revision = max(member["Status"]["header"]["revision"] for member in json.loads(status.stdout))
-        compacted = subprocess.run(["etcdctl", "--endpoints", self.etcd_url, "compact", str(revision)],
-                                   capture_output=True, text=True, timeout=30)
+        compacted = self.etcdctl("compact", str(revision))
         # Nothing written since the last compaction: etcd says so, and there is nothing to do.
         if compacted.returncode != 0 and "has been compacted" not in compacted.stderr:
             raise RuntimeError(f"etcdctl compact {revision}: {compacted.stderr.strip()}")
         return revision
+
+    def etcdctl(self, *args):
+        return subprocess.run(["etcdctl", "--endpoints", self.etcd_url, *args], capture_output=True, text=True,
+                              timeout=30)
 
     def start_postgresql(self):
         bin, data, port = postgres_bin(), self.dir / "pg", free_port()
