@@ -119,8 +119,7 @@ def main():
     config.write_text("[compute]\nlibvirt_uri = 'qemu:///system'\ndomain_type = 'qemu'\n"
                       f"image_dir = '{IMAGES}'\nnetwork = 'default'\naddress_timeout = 900\n"
                       "metadata_interface = 'virbr0'\n[mdserver]\nlisten = ['169.254.169.254:80']\n")
-    cloud.spawn("c1", [cloud.toyvm, "--config", str(config), "compute", "--state-dir", str(work / "c1"),
-                       "--inventory", "VCPU:4,MEMORY_MB:4096,DISK_GB:40", "--name", "c1"], cloud.env)
+    cloud.start_agent("c1", "VCPU:4,MEMORY_MB:4096,DISK_GB:40", config, libvirt_uri=None)  # the config's URI
     results = {False: [], True: []}
     try:
         wait_until("the agent", lambda: cloud.agent_alive("c1"), 60)

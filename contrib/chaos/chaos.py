@@ -49,7 +49,7 @@ class ChaosCloud(Cloud):
         for name in self.agents:
             self.start_agent(name)
         for name in self.agents:
-            wait_until(f"agent {name}", lambda: self.agent_alive(name), 30)
+            self.wait_agent(name)
 
     def start_agent(self, name, inventory=INVENTORY, config=None):
         return super().start_agent(name, inventory, config or self.config)
@@ -102,10 +102,6 @@ class Campaign:
         except subprocess.TimeoutExpired:
             self.note(kind, "timed out")
 
-    def etcdctl(self, *args):
-        return subprocess.run(["etcdctl", "--endpoints", self.cloud.etcd_url, *args], capture_output=True, text=True,
-                              timeout=30)
-
     def kill_host(self, name):
         self.cloud.stop(name, signal.SIGKILL)
         wait_until(f"agent {name} gone", lambda: not self.cloud.agent_alive(name), 30)
@@ -143,13 +139,13 @@ class Campaign:
                     return
                 pick = instances[rng.randrange(1 << 30) % len(instances)]
                 key = f"/toyvm/v1/work/{pick['host']}/{pick['uuid']}"
-                value = self.etcdctl("get", key, "--print-value-only").stdout.strip()
+                value = self.cloud.etcdctl("get", key, "--print-value-only").stdout.strip()
                 if '"power":"' not in value or key in self.unreadable:
                     return
                 # What a newer writer might leave: a power state this toyvm does not know.
                 garbled = value.replace('"power":"running"', '"power":"paused"').replace(
                     '"power":"stopped"', '"power":"paused"')
-                self.etcdctl("put", key, garbled)
+                self.cloud.etcdctl("put", key, garbled)
                 self.unreadable[key] = (value, garbled)
                 self.note(kind, pick["uuid"])
             elif kind == "restore_work":
@@ -165,8 +161,8 @@ class Campaign:
         """Puts back what unreadable_work garbled, where it is still as garbled."""
         for key in list(self.unreadable)[:how_many]:
             value, garbled = self.unreadable.pop(key)
-            if self.etcdctl("get", key, "--print-value-only").stdout.strip() == garbled:
-                self.etcdctl("put", key, value)
+            if self.cloud.etcdctl("get", key, "--print-value-only").stdout.strip() == garbled:
+                self.cloud.etcdctl("put", key, value)
                 self.note("restore_work", key)
 
     def fault(self):
@@ -224,7 +220,7 @@ class Campaign:
             if cloud.procs[name].poll() is not None:
                 cloud.start_agent(name)
         for name in cloud.agents:
-            wait_until(f"agent {name}", lambda: cloud.agent_alive(name), 60)
+            cloud.wait_agent(name, 60)
         live = {h["provider"] for h in cloud.hosts() if h["alive"]}
         for instance in cloud.instances():
             if instance["host"] not in live:

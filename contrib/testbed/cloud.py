@@ -1,6 +1,7 @@
-"""A private cloud on loopback for the fault campaign and the scale benchmark: etcd (one
-member or a cluster), Placement under uWSGI (sqlite or a private PostgreSQL) and toyvm
-compute agents on libvirt's test driver, each a process of its own in one directory."""
+"""A private cloud on loopback for the benchmark, the fault campaign, the scale and the
+evacuation runs: etcd (one member or a cluster), Placement under uWSGI (sqlite or a private
+PostgreSQL) and toyvm compute agents (on libvirt's test driver unless told otherwise), each a
+process of its own in one directory."""
 
 import json
 import os
@@ -41,7 +42,7 @@ def free_port():
             return port
 
 
-def wait_until(what, check, timeout):
+def wait_until(what, check, timeout=30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -53,20 +54,6 @@ def wait_until(what, check, timeout):
     raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
 
 
-def overbooked(placement_get):
-    """(provider, resource class, usage) wherever usage exceeds (total - reserved) x
-    allocation_ratio; `placement_get(path)` returns Placement's JSON for a path."""
-    bad = []
-    for rp in placement_get("/resource_providers")["resource_providers"]:
-        inventories = placement_get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"]
-        usages = placement_get(f"/resource_providers/{rp['uuid']}/usages")["usages"]
-        for rc, used in usages.items():
-            inv = inventories.get(rc)
-            if inv and used > (inv["total"] - inv["reserved"]) * inv["allocation_ratio"]:
-                bad.append((rp["uuid"], rc, used))
-    return bad
-
-
 def postgres_bin():
     for version in ("15", "16", "14", "13"):
         path = pathlib.Path(f"/usr/lib/postgresql/{version}/bin")
@@ -76,8 +63,10 @@ def postgres_bin():
 
 
 class Cloud:
-    def __init__(self, build, dir, etcd_members=1, postgresql=False, placement_workers=2):
-        self.toyvm = str(build / "toyvm" / "toyvm")
+    """`toyvm`: the binary to run, if not the one in `build`."""
+
+    def __init__(self, build, dir, etcd_members=1, postgresql=False, placement_workers=2, toyvm=None):
+        self.toyvm = str(toyvm or build / "toyvm" / "toyvm")
         self.dir = dir
         self.procs = {}
         self.etcd = [(free_port(), free_port()) for _ in range(etcd_members)]
@@ -89,6 +78,7 @@ class Cloud:
         database = self.start_postgresql() if postgresql else ""
         port = self.placement_port = free_port()
         self.placement_url = f"http://127.0.0.1:{port}"
+        self.placement_log = dir / "placement" / "uwsgi.log"  # its request log (placement-setup.sh)
         subprocess.run([str(ROOT / "contrib" / "placement-setup.sh"), str(dir / "placement"), str(port), "",
                         str(placement_workers), database], check=True, stdout=subprocess.DEVNULL)
         self.start_placement()
@@ -120,15 +110,18 @@ class Cloud:
     def compact_etcd(self):
         """etcd's history compacted up to its current revision, as its auto-compaction does
         over time: watches that start from before it are refused."""
-        status = subprocess.run(["etcdctl", "--endpoints", self.etcd_url, "endpoint", "status", "-w", "json"],
-                                capture_output=True, text=True, check=True, timeout=30)
+        status = self.etcdctl("endpoint", "status", "-w", "json")
+        status.check_returncode()
         revision = max(member["Status"]["header"]["revision"] for member in json.loads(status.stdout))
-        compacted = subprocess.run(["etcdctl", "--endpoints", self.etcd_url, "compact", str(revision)],
-                                   capture_output=True, text=True, timeout=30)
+        compacted = self.etcdctl("compact", str(revision))
         # Nothing written since the last compaction: etcd says so, and there is nothing to do.
         if compacted.returncode != 0 and "has been compacted" not in compacted.stderr:
             raise RuntimeError(f"etcdctl compact {revision}: {compacted.stderr.strip()}")
         return revision
+
+    def etcdctl(self, *args):
+        return subprocess.run(["etcdctl", "--endpoints", self.etcd_url, *args], capture_output=True, text=True,
+                              timeout=30)
 
     def start_postgresql(self):
         bin, data, port = postgres_bin(), self.dir / "pg", free_port()
@@ -160,10 +153,13 @@ class Cloud:
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
-    def start_agent(self, name, inventory, config):
-        return self.spawn(name, [self.toyvm, "--config", str(config), "compute", "--state-dir", str(self.dir / name),
-                                 "--libvirt-uri", "test:///default", "--inventory", inventory, "--name", name],
-                          self.env)
+    def start_agent(self, name, inventory, config=None, extra=(), libvirt_uri="test:///default", verbose=False):
+        """An agent with its state in `dir`/`name`; `extra`: more `compute` arguments; with
+        `libvirt_uri` None, the URI is the config's."""
+        options = [*(["-v"] if verbose else []), *(["--config", str(config)] if config else [])]
+        uri = ["--libvirt-uri", libvirt_uri] if libvirt_uri else []
+        return self.spawn(name, [self.toyvm, *options, "compute", "--state-dir", str(self.dir / name), *uri,
+                                 "--inventory", inventory, "--name", name, *extra], self.env)
 
     def provider(self, name):
         path = self.dir / name / "provider_uuid"
@@ -172,6 +168,11 @@ class Cloud:
     def agent_alive(self, name):
         provider = self.provider(name)
         return provider and any(h["provider"] == provider and h["alive"] for h in self.hosts())
+
+    def wait_agent(self, name, timeout=30):
+        """Waits until the agent `name` is registered and alive; its provider."""
+        wait_until(f"agent {name}", lambda: self.agent_alive(name), timeout)
+        return self.provider(name)
 
     def stop(self, key, sig):
         proc = self.procs.get(key)
@@ -198,8 +199,26 @@ class Cloud:
             "X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.39"})
         return json.load(urllib.request.urlopen(request, timeout=30))
 
+    def overbooked_usages(self):
+        """(provider, resource class, usage) wherever usage exceeds (total - reserved) x
+        allocation_ratio."""
+        bad = []
+        for rp in self.placement_get("/resource_providers")["resource_providers"]:
+            inventories = self.placement_get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"]
+            usages = self.placement_get(f"/resource_providers/{rp['uuid']}/usages")["usages"]
+            for rc, used in usages.items():
+                inv = inventories.get(rc)
+                if inv and used > (inv["total"] - inv["reserved"]) * inv["allocation_ratio"]:
+                    bad.append((rp["uuid"], rc, used))
+        return bad
+
     def overbooked(self):
-        return [f"{rp} {rc} {used}" for rp, rc, used in overbooked(self.placement_get)]
+        """Each usage over capacity as "provider resource-class usage"."""
+        return [f"{rp} {rc} {used}" for rp, rc, used in self.overbooked_usages()]
+
+    def overbooked_providers(self):
+        """The providers with any usage over capacity."""
+        return {rp for rp, _, _ in self.overbooked_usages()}
 
     def etcd_metrics(self, member=0):
         """etcd's Prometheus counters and gauges, as name (with labels) -> value."""
