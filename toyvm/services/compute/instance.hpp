@@ -59,6 +59,8 @@ class Instance : public std::enable_shared_from_this<Instance> {
   bool cancelled() const { return !desired_ || desired_->power == PowerState::deleted; }
   // Counts against the host's room.
   bool holds_work() const { return !cancelled(); }
+  // No step runs for it, and none is due.
+  bool idle() const { return run_ == Run::idle; }
   // Known work and no step running: what its guest looks like may be recorded.
   bool at_rest() const { return desired_ && run_ == Run::idle && !unreadable_; }
   enum class AddressSearch { none, looking, overdue };

@@ -1,0 +1,281 @@
+// The agent's instances against etcd, libvirt and Placement fakes: each decision path of an
+// Instance, driven by the news it gets, without servers.
+#include "fakes/fake_etcd.hpp"
+#include "fakes/fake_placement.hpp"
+#include "fakes/fake_virt.hpp"
+
+#include "services/compute/instances.hpp"
+
+#include "catch_result.hpp"
+
+#include <boost/asio/executor_work_guard.hpp>
+
+using namespace toyvm;
+using namespace toyvm::compute;
+using namespace std::chrono_literals;
+using fakes::FakeEtcd;
+using fakes::FakePlacement;
+using fakes::FakeVirt;
+
+namespace {
+
+const std::string host = "5b9c3e5e-8d7e-4a57-9d36-2f0d4a9c0001";
+const std::string uuid = "7387cdc8-291c-4b02-87ce-895f460b7a80";
+
+Config test_config(const std::string& placement) {
+  Config config;
+  config.placement.endpoint = placement;
+  config.compute.network.clear();  // no NIC: no address to look for
+  config.compute.max_build_attempts = 1;
+  return config;
+}
+
+// One agent's instances with the fakes under them, on a loop the test turns.
+struct Agent {
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> busy = asio::make_work_guard(io);
+  FakePlacement placement_server{io};
+  Config config = test_config(placement_server.endpoint());
+  std::shared_ptr<FakeEtcd> etcd = std::make_shared<FakeEtcd>();
+  FakeVirt* virt_backend = nullptr;
+  PlacementClient placement{io.get_executor(), config.placement};
+  asio::thread_pool pool{1};
+  VirtCalls virt{pool};
+  AgentContext ctx{io, config, KeyLayout(config.etcd.prefix), etcd, placement, pool, virt,
+                   HostIdentity{host, "test", "/nonexistent"}, false, 0, {}};
+  Placer placer{placement, *etcd, config};
+  InstanceRecorder recorder{ctx};
+  Instances instances{ctx};
+  HostPresence presence{ctx, instances};
+  ImageStore images{io.get_executor(), pool, ImageStoreOptions{}};
+  Builder builder{ctx, Builder::Parts{recorder, images, placer, [this] { return instances.images_wanted(); }}};
+  int64_t delivered = 0;  // the revision up to which etcd's changes reached the instances
+
+  Agent() {
+    auto backend = std::make_unique<FakeVirt>();
+    virt_backend = backend.get();
+    virt.attach(std::move(backend));
+    instances.attach(recorder, builder, presence);
+  }
+  ~Agent() {
+    ctx.stopping = true;
+    placement_server.close();
+    busy.reset();
+    io.run_for(2s);
+    pool.join();
+  }
+
+  FakeVirt& hypervisor() { return *virt_backend; }
+  std::string work_key() const { return ctx.keys.work(host, uuid); }
+
+  // Turns the loop until `done` holds, handing etcd's changes to this host's work to the
+  // instances as its watch would; false when `limit` passes first.
+  bool run_until(const std::function<bool()>& done, std::chrono::seconds limit = 10s) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      deliver();
+      io.run_one_for(20ms);
+    }
+    return true;
+  }
+  void deliver() {
+    const std::string prefix = ctx.keys.work_prefix(host);
+    for (const WatchEvent& event : etcd->since(delivered))
+      if (event.kv.key.starts_with(prefix)) instances.apply(event);
+    delivered = etcd->revision();
+  }
+  // Settled: the instance is gone, or no step runs for it and none is due.
+  bool settled() const {
+    auto instance = instances.find(uuid);
+    return !instance || instance->idle();
+  }
+
+  void put_work(PowerState power, const std::string& group = {}) {
+    WorkSpec spec;
+    spec.uuid = uuid;
+    spec.resources = {{"VCPU", 1}, {"MEMORY_MB", 64}};
+    spec.power = power;
+    spec.group = group;
+    etcd->put_now(work_key(), encode(spec));
+  }
+  std::optional<InstanceRecord> record() const {
+    const KeyValue* kv = etcd->find(ctx.keys.instance(uuid));
+    if (!kv) return std::nullopt;
+    auto decoded = decode_instance(kv->value);
+    return decoded ? std::optional<InstanceRecord>(*decoded) : std::nullopt;
+  }
+  bool recorded(InstanceState state) const { return record() && record()->state == state; }
+  // As a listing after a restart finds it.
+  // As a listing after a restart (or a resync) finds it; the loop turns until it is applied.
+  bool list() {
+    bool applied = false;
+    asio::co_spawn(io, listing(applied), asio::detached);
+    delivered = etcd->revision();
+    return run_until([&] { return applied; });
+  }
+  awaitable<void> listing(bool& applied) {
+    auto range = co_await etcd->range_prefix(ctx.keys.work_prefix(host));
+    co_await instances.apply_listing(std::move(*range));
+    applied = true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("running work is built and recorded ACTIVE once, however often the news repeats") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  CHECK(agent.hypervisor().domain(uuid)->state == DomainState::running);
+  CHECK(agent.instances.find(uuid)->phase() == Phase::active);
+  const int txns = agent.etcd->txns;
+  // The same value again (a resync's listing) and a start event of its own domain.
+  REQUIRE(agent.list());
+  agent.instances.observe(uuid, true);
+  REQUIRE(agent.run_until([&] { return agent.settled(); }));
+  CHECK(agent.hypervisor().creates() == 1);
+  CHECK(agent.etcd->txns == txns);  // nothing recorded again
+}
+
+TEST_CASE("stopped work stops the guest and records STOPPED; running work starts it again") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  agent.put_work(PowerState::stopped);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::stopped) && agent.settled(); }));
+  CHECK(agent.hypervisor().domain(uuid)->state == DomainState::stopped);
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  CHECK(agent.hypervisor().domain(uuid)->state == DomainState::running);
+  CHECK(agent.hypervisor().creates() == 1);
+}
+
+TEST_CASE("a guest that powered itself off is STOPPED, and its work says so") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  agent.hypervisor().set(uuid, FakeVirt::Domain{DomainState::stopped, StopCause::shutdown, {}});
+  agent.instances.observe(uuid, false);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::stopped) && agent.settled(); }));
+  auto work = decode_work(agent.etcd->find(agent.work_key())->value);
+  REQUIRE(work);
+  CHECK(work->power == PowerState::stopped);  // never started behind the user's back
+  CHECK(agent.hypervisor().domain(uuid)->state == DomainState::stopped);
+}
+
+TEST_CASE("work that cannot be read leaves its guest as it is until it can") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  agent.etcd->put_now(agent.work_key(), R"({"uuid": "something a newer writer wrote", "power": 7})");
+  agent.deliver();
+  // A listing that still finds the value: the instance is there, just not understood.
+  REQUIRE(agent.list());
+  REQUIRE(agent.run_until([&] { return agent.settled(); }));
+  CHECK(agent.hypervisor().domain(uuid)->state == DomainState::running);
+  CHECK(agent.instances.find(uuid));
+  // A value it can read again: a destroy, which it carries out.
+  agent.put_work(PowerState::deleted);
+  REQUIRE(agent.run_until([&] { return !agent.instances.find(uuid); }));
+  CHECK_FALSE(agent.hypervisor().domain(uuid));
+  CHECK(agent.placement_server.count("DELETE", "/allocations/" + uuid) == 1);
+  CHECK_FALSE(agent.etcd->find(agent.work_key()));
+  CHECK_FALSE(agent.record());
+}
+
+TEST_CASE("after a restart a running guest recorded ACTIVE is adopted, not built again") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  InstanceRecord active = agent.recorder.make(*decode_work(agent.etcd->find(agent.work_key())->value),
+                                              InstanceState::active);
+  agent.etcd->put_now(agent.ctx.keys.instance(uuid), encode(active));
+  agent.hypervisor().set(uuid, FakeVirt::Domain{DomainState::running, StopCause::unknown, {}});
+  const int txns = agent.etcd->txns;
+  REQUIRE(agent.list());
+  REQUIRE(agent.run_until([&] { return agent.instances.find(uuid) && agent.settled(); }));
+  CHECK(agent.instances.find(uuid)->phase() == Phase::active);
+  CHECK(agent.hypervisor().creates() == 0);
+  CHECK(agent.etcd->txns == txns);
+}
+
+TEST_CASE("an ERROR recorded before a restart is never built again; what it holds is given back once") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  InstanceRecord failed = agent.recorder.make(*decode_work(agent.etcd->find(agent.work_key())->value),
+                                              InstanceState::error);
+  failed.error_code = "launch_failure";
+  failed.releasing = true;
+  agent.etcd->put_now(agent.ctx.keys.instance(uuid), encode(failed));
+  REQUIRE(agent.list());
+  REQUIRE(agent.run_until([&] { return agent.instances.find(uuid) && agent.instances.find(uuid)->phase() == Phase::released && agent.settled(); }));
+  CHECK(agent.hypervisor().creates() == 0);
+  CHECK(agent.placement_server.count("DELETE", "/allocations/" + uuid) == 1);
+  REQUIRE(agent.record());
+  CHECK(agent.record()->state == InstanceState::error);
+  CHECK_FALSE(agent.record()->releasing);
+}
+
+TEST_CASE("a build libvirt refuses, with no attempts left, ends in ERROR holding nothing") {
+  Agent agent;
+  agent.hypervisor().fail_next_create("launch_failure");
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::error) && !agent.record()->releasing && agent.settled(); }));
+  CHECK(agent.record()->error_code == "no_valid_host");
+  CHECK(agent.placement_server.count("DELETE", "/allocations/" + uuid) == 1);
+  CHECK_FALSE(agent.hypervisor().domain(uuid));
+  CHECK(agent.instances.find(uuid)->phase() == Phase::released);
+}
+
+TEST_CASE("a release Placement refuses is retried; the keys stay until it is done") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  int refusals = 1;
+  agent.placement_server.answer = [&](const fakes::PlacementRequest&) {
+    return refusals-- > 0 ? fakes::PlacementAnswer{503, R"({"errors": [{"status": 503, "title": "down"}]})"}
+                          : fakes::PlacementAnswer{};
+  };
+  agent.put_work(PowerState::deleted);
+  REQUIRE(agent.run_until([&] { return agent.placement_server.requests.size() == 1; }));
+  CHECK(agent.etcd->find(agent.work_key()));  // nothing removed while the allocation is held
+  REQUIRE(agent.run_until([&] { return !agent.instances.find(uuid); }));
+  CHECK(agent.placement_server.count("DELETE", "/allocations/" + uuid) == 2);
+  CHECK_FALSE(agent.etcd->find(agent.work_key()));
+}
+
+TEST_CASE("an etcd out of reach holds a build back; it is recorded once etcd answers") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  agent.deliver();
+  agent.etcd->down = true;
+  // The domain is made; its record goes unanswered, and the step is retried.
+  REQUIRE(agent.run_until([&] { return agent.hypervisor().creates() == 1 && agent.etcd->unanswered > 0; }));
+  CHECK_FALSE(agent.record());
+  agent.etcd->down = false;
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  CHECK(agent.hypervisor().domain(uuid)->state == DomainState::running);
+}
+
+TEST_CASE("a listing older than a watch event does not undo it") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  const KeyValue old = *agent.etcd->find(agent.work_key());
+  agent.put_work(PowerState::stopped);
+  agent.deliver();
+  RangeResult stale;
+  stale.revision = old.mod_revision;
+  stale.kvs.push_back(old);
+  asio::co_spawn(agent.io, agent.instances.apply_listing(stale), asio::detached);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::stopped) && agent.settled(); }));
+  CHECK(agent.instances.find(uuid)->work()->power == PowerState::stopped);
+  CHECK(agent.hypervisor().domain(uuid)->state == DomainState::stopped);
+}
+
+TEST_CASE("a domain without work is destroyed") {
+  Agent agent;
+  agent.hypervisor().set(uuid, FakeVirt::Domain{DomainState::running, StopCause::unknown, {}});
+  REQUIRE(agent.list());
+  REQUIRE(agent.run_until([&] { return !agent.hypervisor().domain(uuid); }));
+  REQUIRE(agent.run_until([&] { return !agent.instances.find(uuid); }));
+}
