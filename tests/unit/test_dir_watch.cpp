@@ -28,12 +28,12 @@ struct ScratchDir {
 // runs once the watch is set up.
 int changes_seen(const std::string& dir, int wanted, std::function<void()> act) {
   asio::io_context io;
-  bool stopping = false;
+  StopSignal stop;
   int changes = 0;
   auto changed = [&] {
     if (++changes >= wanted) io.stop();
   };
-  asio::co_spawn(io, watch_directory(dir, changed, stopping), [&](std::exception_ptr) { io.stop(); });
+  asio::co_spawn(io, watch_directory(dir, changed, stop), [&](std::exception_ptr) { io.stop(); });
   asio::steady_timer deadline(io, std::chrono::seconds(5));
   deadline.async_wait([&](auto) { io.stop(); });
   asio::post(io, act);

@@ -42,7 +42,7 @@ struct Agent {
   asio::thread_pool pool{1};
   VirtCalls virt{pool};
   AgentContext ctx{io, config, KeyLayout(config.etcd.prefix), etcd, placement, pool, virt,
-                   HostIdentity{host, "test", "/nonexistent"}, false, 0, {}};
+                   HostIdentity{host, "test", "/nonexistent"}, {}, 0, {}};
   Placer placer{placement, *etcd, config};
   InstanceRecorder recorder{ctx};
   Instances instances{ctx};
@@ -58,7 +58,7 @@ struct Agent {
     instances.attach(recorder, builder, presence);
   }
   ~Agent() {
-    ctx.stopping = true;
+    ctx.stop.request();
     placement_server.close();
     busy.reset();
     io.run_for(2s);

@@ -12,7 +12,7 @@
 
 namespace toyvm {
 
-awaitable<void> watch_directory(std::string dir, std::function<void()> changed, const bool& stopping) {
+awaitable<void> watch_directory(std::string dir, std::function<void()> changed, const StopSignal& stop) {
   int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   if (fd < 0) co_return;
   asio::posix::stream_descriptor events(co_await asio::this_coro::executor, fd);
@@ -22,7 +22,7 @@ awaitable<void> watch_directory(std::string dir, std::function<void()> changed, 
   }
   // The events' contents do not matter, only that there were some.
   alignas(inotify_event) std::array<char, 4096> buffer;
-  while (!stopping) {
+  while (!stop.requested()) {
     auto [ec, n] = co_await events.async_read_some(asio::buffer(buffer), asio::as_tuple(use_awaitable));
     if (ec) co_return;
     if (n > 0) changed();

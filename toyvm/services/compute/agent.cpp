@@ -24,10 +24,8 @@
 #include "services/services.hpp"
 #include "virt/images.hpp"
 
-#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <unistd.h>
 
 #include <csignal>
@@ -54,7 +52,7 @@ class ComputeAgent {
         placement_(io.get_executor(), config_.placement),
         pool_(size_t(config_.compute.workers)),
         virt_(pool_),
-        ctx_{io, config_, KeyLayout(config_.etcd.prefix), EtcdClient::create(config_.etcd), placement_, pool_, virt_, {}, false, 0, {}},
+        ctx_{io, config_, KeyLayout(config_.etcd.prefix), EtcdClient::create(config_.etcd), placement_, pool_, virt_, {}, {}, 0, {}},
         placer_(placement_, *ctx_.etcd, config_),
         recorder_(ctx_),
         instances_(ctx_),
@@ -69,12 +67,12 @@ class ComputeAgent {
     signals.async_wait([this](const error_code& ec, int) {
       if (ec) return;
       spdlog::info("shutting down");
-      ctx_.stopping = true;
+      ctx_.stop.request();
       if (feed_) feed_->stop();
     });
     const std::string name = config_.compute.name.empty() ? host_name() : config_.compute.name;
     co_await adopt_provider_by_name(ctx_, config_.compute.state_dir, name);
-    if (ctx_.stopping) co_return 0;
+    if (ctx_.stop.requested()) co_return 0;
     if (int code = prepare(); code != 0) co_return code;
     if (int code = serve_agent_metrics(); code != 0) co_return code;
     co_await ensure_network();
@@ -82,15 +80,15 @@ class ComputeAgent {
     co_await maintenance_->load();
     co_await registration_->register_until_done();
     presence_.set_capacity(capacity_of(registration_->inventory()));
-    if (!ctx_.stopping) co_await presence_.announce();
-    if (!ctx_.stopping) spawn_detached(ctx_.io, presence_.keep_alive(), "keeping the lease alive");
-    if (!ctx_.stopping) spawn_detached(ctx_.io, presence_.report_stats(), "reporting the host's figures");
-    if (!ctx_.stopping) spawn_detached(ctx_.io, maintenance_->follow(), "following the operator's disable");
-    if (!ctx_.stopping) spawn_detached(ctx_.io, feed_->resync_periodically(), "resyncing");
-    if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.run(), "observing guests");
-    if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.watch_leases(), "watching leases");
-    if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.follow_console_requests(), "following console requests");
-    if (!ctx_.stopping) spawn_detached(ctx_.io, observer_.follow_usage_requests(), "following usage requests");
+    if (!ctx_.stop.requested()) co_await presence_.announce();
+    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, presence_.keep_alive(), "keeping the lease alive");
+    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, presence_.report_stats(), "reporting the host's figures");
+    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, maintenance_->follow(), "following the operator's disable");
+    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, feed_->resync_periodically(), "resyncing");
+    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, observer_.run(), "observing guests");
+    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, observer_.watch_leases(), "watching leases");
+    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, observer_.follow_console_requests(), "following console requests");
+    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, observer_.follow_usage_requests(), "following usage requests");
     spawn_detached(ctx_.io, release_pages_when_quiet(), "releasing idle pages");
     co_await feed_->follow();  // until a signal
     // The host record goes with the lease; the provider is marked disabled so that
@@ -107,13 +105,9 @@ class ComputeAgent {
   // a few seconds, the pages of its executable and libraries are given back; what runs after
   // (the lease's keep-alive, timers) comes back.
   awaitable<void> release_pages_when_quiet() {
-    asio::steady_timer timer(ctx_.io);
     uint64_t seen = ctx_.activity;
     std::optional<uint64_t> released_at;
-    while (!ctx_.stopping) {
-      timer.expires_after(3s);
-      co_await timer.async_wait(asio::as_tuple(use_awaitable));
-      if (ctx_.stopping) break;
+    while (co_await ctx_.stop.sleep(3s)) {
       if (ctx_.activity != seen) {
         seen = ctx_.activity;  // still busy
         continue;

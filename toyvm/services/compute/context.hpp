@@ -8,6 +8,7 @@
 #include "core/async.hpp"
 #include "core/backoff.hpp"
 #include "core/config.hpp"
+#include "core/stop.hpp"
 #include "model/keys.hpp"
 #include "virt/backend.hpp"
 
@@ -55,7 +56,7 @@ struct AgentContext {
   asio::thread_pool& pool;
   VirtCalls& virt;
   HostIdentity host;
-  bool stopping = false;  // SIGTERM: loops end, nothing new starts
+  StopSignal stop;  // SIGTERM: loops end, waits end, nothing new starts
   // Bursts of code run: changes to this host's work seen through the watch, each resync and
   // each report of the host's figures. Once they stop for a while, their pages are given back.
   uint64_t activity = 0;

@@ -2,8 +2,6 @@
 
 #include "virt/host_network.hpp"
 
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <net/if.h>
 #include <spdlog/spdlog.h>
 
@@ -22,18 +20,15 @@ awaitable<void> GuestMetadata::run() {
     spdlog::error("metadata service: {}", detail);
     co_return;
   }
-  asio::steady_timer timer(ctx_.io);
   unsigned served = 0;  // the interface's index when last set up
-  while (!ctx_.stopping) {
+  do {
     unsigned index = if_nametoindex(interface.c_str());
     if (index != 0 && index != served) {
       served = index;
       http_.stop_listening();
       serve_on(interface);
     }
-    timer.expires_after(2s);
-    co_await timer.async_wait(asio::as_tuple(use_awaitable));
-  }
+  } while (co_await ctx_.stop.sleep(2s));
   http_.stop_listening();
 }
 

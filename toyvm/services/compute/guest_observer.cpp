@@ -17,7 +17,7 @@ using namespace std::chrono_literals;
 awaitable<void> GuestObserver::run() {
   auto console_every = std::chrono::milliseconds(int64_t(ctx_.config.compute.console_interval_s * 1000));
   next_console_ = std::chrono::steady_clock::now();
-  while (!ctx_.stopping) {
+  while (!ctx_.stop.requested()) {
     if (!woken_) {
       tick_.expires_after(console_every.count() > 0 ? std::min<std::chrono::milliseconds>(500ms, console_every) : 500ms);
       co_await tick_.async_wait(asio::as_tuple(use_awaitable));
@@ -50,7 +50,7 @@ awaitable<void> GuestObserver::watch_leases() {
   // libvirt's networks on qemu:///system keep their leases there (<bridge>.status, rewritten
   // by its lease helper on each DHCP answer), which is what libvirt's address lookup reads.
   if (ctx_.config.compute.network.empty() || !ctx_.config.compute.bridge.empty()) co_return;
-  co_await watch_directory("/var/lib/libvirt/dnsmasq", [this] { wake(); }, ctx_.stopping);
+  co_await watch_directory("/var/lib/libvirt/dnsmasq", [this] { wake(); }, ctx_.stop);
 }
 
 void GuestObserver::wake() {
@@ -74,7 +74,7 @@ awaitable<void> GuestObserver::follow_console_requests() {
         for (const KeyValue& kv : listing.kvs) apply_request(kv, false);
       },
       [this](const WatchEvent& event) { apply_request(event.kv, event.type == WatchEvent::Type::erase); },
-      [this] { return ctx_.stopping; });
+      [this] { return ctx_.stop.requested(); });
 }
 
 // A new asker gets the console at the next tick, even one that has not grown since it was
@@ -153,7 +153,7 @@ awaitable<void> GuestObserver::follow_usage_requests() {
       [this](const WatchEvent& event) {
         if (event.type == WatchEvent::Type::put) take_usage_request(event.kv);
       },
-      [this] { return ctx_.stopping; });
+      [this] { return ctx_.stop.requested(); });
 }
 
 void GuestObserver::take_usage_request(const KeyValue& kv) {

@@ -79,12 +79,11 @@ awaitable<void> Instance::run([[maybe_unused]] std::shared_ptr<Instance> self) {
       // A step that threw is a failed step: retried, and the instance is never left stepping.
       spdlog::error("instance {}: {}; will retry", uuid_, e.what());
     }
-    if (!settled && run_ != Run::again && !ctx_.stopping) {
-      asio::steady_timer timer(ctx_.io, retry_delay);
-      co_await timer.async_wait(use_awaitable);
+    if (!settled && run_ != Run::again && !ctx_.stop.requested()) {
+      co_await ctx_.stop.sleep(retry_delay);
       run_ = Run::again;
     }
-    if (run_ != Run::again || ctx_.stopping) {
+    if (run_ != Run::again || ctx_.stop.requested()) {
       run_ = Run::idle;
       if (!desired_ && !unreadable_) steps_.forget(uuid_);
       co_return;

@@ -190,10 +190,7 @@ awaitable<void> Instance::shut_down_gracefully() {
   const double timeout_s = ctx_.config.compute.stop_timeout_s;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
   if (timeout_s <= 0 || !co_await ctx_.virt(&VirtBackend::shutdown, uuid_)) co_return;
-  asio::steady_timer timer(ctx_.io);
-  while (std::chrono::steady_clock::now() < deadline && !ctx_.stopping) {
-    timer.expires_after(250ms);
-    co_await timer.async_wait(asio::as_tuple(use_awaitable));
+  while (std::chrono::steady_clock::now() < deadline && co_await ctx_.stop.sleep(250ms)) {
     auto state = co_await ctx_.virt(&VirtBackend::state, uuid_);
     if (!state || state.value != DomainState::running) co_return;
   }

@@ -9,7 +9,7 @@ using namespace std::chrono_literals;
 awaitable<void> HostMaintenanceFollower::load() {
   Backoff backoff;
   const std::string key = ctx_.keys.disabled(ctx_.host.provider);
-  while (!ctx_.stopping) {
+  while (!ctx_.stop.requested()) {
     auto found = co_await ctx_.etcd->range(key);
     if (found) {
       apply(found->kvs.empty() ? nullptr : &found->kvs.front());
@@ -26,7 +26,7 @@ awaitable<void> HostMaintenanceFollower::follow() {
       *ctx_.etcd, key, std::string(),
       [this](const RangeResult& listing) { apply(listing.kvs.empty() ? nullptr : &listing.kvs.front()); },
       [this](const WatchEvent& event) { apply(event.type == WatchEvent::Type::erase ? nullptr : &event.kv); },
-      [this] { return ctx_.stopping; });
+      [this] { return ctx_.stop.requested(); });
 }
 
 void HostMaintenanceFollower::apply(const KeyValue* kv) {

@@ -39,7 +39,7 @@ HostRecord HostPresence::host_record() const {
 
 awaitable<void> HostPresence::announce() {
   Backoff backoff;
-  while (!ctx_.stopping) {
+  while (!ctx_.stop.requested()) {
     auto lease = co_await ctx_.etcd->lease_grant(ctx_.config.compute.lease_ttl_s);
     if (lease) {
       HostRecord host = host_record();
@@ -63,17 +63,14 @@ awaitable<void> HostPresence::announce() {
 }
 
 awaitable<void> HostPresence::keep_alive() {
-  asio::steady_timer timer(ctx_.io);
   auto interval = std::chrono::milliseconds(ctx_.config.compute.lease_ttl_s * 1000 / 3);
-  while (!ctx_.stopping) {
+  while (!ctx_.stop.requested()) {
     auto keeper = ctx_.etcd->keep_alive(lease_);
-    while (!ctx_.stopping) {
+    while (!ctx_.stop.requested()) {
       auto ttl = co_await keeper->ping();
-      if (!ttl || *ttl <= 0) break;
-      timer.expires_after(interval);
-      co_await timer.async_wait(asio::as_tuple(use_awaitable));
+      if (!ttl || *ttl <= 0 || !co_await ctx_.stop.sleep(interval)) break;
     }
-    if (ctx_.stopping) break;
+    if (ctx_.stop.requested()) break;
     spdlog::warn("lost the etcd lease; announcing the host again");
     co_await announce();
   }
@@ -129,7 +126,7 @@ void HostPresence::recorded(const std::string& uuid, const EtcdOp& op) {
 
 awaitable<void> HostPresence::publish_loop() {
   asio::steady_timer settle(ctx_.io);
-  while (dirty_ && !ctx_.stopping) {
+  while (dirty_ && !ctx_.stop.requested()) {
     // Changes that come in a burst (a batch being built) are published together.
     settle.expires_after(200ms);
     co_await settle.async_wait(asio::as_tuple(use_awaitable));
@@ -186,9 +183,8 @@ awaitable<void> HostPresence::put_changes(std::vector<std::pair<std::string, boo
 }
 
 awaitable<void> HostPresence::report_stats() {
-  asio::steady_timer timer(ctx_.io);
   const auto interval = std::chrono::milliseconds(int64_t(ctx_.config.compute.stats_interval_s * 1000));
-  while (!ctx_.stopping) {
+  do {
     auto stats = measure_host_stats(ctx_.host.instance_dir);
     if (stats) {
       stats_ = *stats;
@@ -197,9 +193,7 @@ awaitable<void> HostPresence::report_stats() {
       spdlog::warn("cannot measure this host's memory, disk and load");
     }
     ++ctx_.activity;
-    timer.expires_after(interval);
-    co_await timer.async_wait(asio::as_tuple(use_awaitable));
-  }
+  } while (co_await ctx_.stop.sleep(interval));
 }
 
 awaitable<void> HostPresence::revoke() {

@@ -47,7 +47,7 @@ awaitable<void> adopt_provider_by_name(AgentContext& ctx, fs::path state_dir, st
   std::error_code ec;
   if (fs::exists(state_dir / "provider_uuid", ec)) co_return;
   Backoff backoff;
-  for (; !ctx.stopping; co_await backoff.wait()) {
+  for (; !ctx.stop.requested(); co_await backoff.wait()) {
     auto found = co_await ctx.placement.provider_named(name);
     if (found && !*found) co_return;  // a new host: a new provider
     if (!found) {
@@ -78,7 +78,7 @@ awaitable<void> adopt_provider_by_name(AgentContext& ctx, fs::path state_dir, st
 
 awaitable<void> ProviderRegistration::register_until_done() {
   Backoff backoff;
-  while (!ctx_.stopping && !co_await register_once()) {
+  while (!ctx_.stop.requested() && !co_await register_once()) {
     spdlog::warn("registering provider {} in Placement: {}; retrying", ctx_.host.provider,
                  ctx_.placement.last_error().detail);
     co_await backoff.wait();
@@ -139,7 +139,7 @@ void ProviderRegistration::set_operator_disabled(bool disabled) {
 
 awaitable<void> ProviderRegistration::update_status() {
   Backoff backoff;
-  while (!ctx_.stopping && disabled_in_placement_ != operator_disabled_) {
+  while (!ctx_.stop.requested() && disabled_in_placement_ != operator_disabled_) {
     const bool disabled = operator_disabled_;
     std::vector<std::string> traits = traits_with_status(disabled);
     auto updated = co_await ctx_.placement.set_traits(ctx_.host.provider, std::move(traits));

@@ -3,17 +3,14 @@
 #include "core/failpoint.hpp"
 #include "core/metrics.hpp"
 
-#include <boost/asio/as_tuple.hpp>
 #include <spdlog/spdlog.h>
 
 namespace toyvm::compute {
 
-using namespace std::chrono_literals;
-
 awaitable<void> WorkFeed::follow() {
   Backoff backoff;
   const std::string prefix = ctx_.keys.work_prefix(ctx_.host.provider);
-  while (!ctx_.stopping) {
+  while (!ctx_.stop.requested()) {
     auto listed = co_await ctx_.etcd->range_prefix(prefix);
     if (!listed) {
       spdlog::warn("listing {} in etcd: {}; retrying", prefix, listed.error().message());
@@ -23,10 +20,10 @@ awaitable<void> WorkFeed::follow() {
     const int64_t revision = listed->revision;
     co_await instances_.apply_listing(std::move(*listed));
     watch_ = ctx_.etcd->watch(WatchOptions{prefix, prefix_range_end(prefix), revision + 1, false});
-    while (!ctx_.stopping) {
+    while (!ctx_.stop.requested()) {
       WatchBatch batch = co_await watch_->next();
       if (batch.error || batch.canceled || batch.compact_revision) {
-        if (!ctx_.stopping) {
+        if (!ctx_.stop.requested()) {
           spdlog::warn("watch on {} ended ({}); listing again", prefix,
                        batch.compact_revision ? "compacted" : batch.error.message());
           metrics::count("toyvm_etcd_watch_restarts_total");
@@ -38,16 +35,13 @@ awaitable<void> WorkFeed::follow() {
       for (WatchEvent& event : batch.events) instances_.apply(event);
     }
     watch_.reset();
-    if (!ctx_.stopping) co_await backoff.wait();
+    if (!ctx_.stop.requested()) co_await backoff.wait();
   }
 }
 
 awaitable<void> WorkFeed::resync_periodically() {
-  asio::steady_timer timer(ctx_.io);
-  while (!ctx_.stopping) {
-    timer.expires_after(std::chrono::milliseconds(int64_t(ctx_.config.compute.resync_interval_s * 1000)));
-    co_await timer.async_wait(asio::as_tuple(use_awaitable));
-    if (ctx_.stopping) break;
+  const auto interval = std::chrono::milliseconds(int64_t(ctx_.config.compute.resync_interval_s * 1000));
+  while (co_await ctx_.stop.sleep(interval)) {
     auto listed = co_await ctx_.etcd->range_prefix(ctx_.keys.work_prefix(ctx_.host.provider));
     if (listed) co_await instances_.apply_listing(std::move(*listed));
     ++ctx_.activity;
