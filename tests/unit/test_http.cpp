@@ -280,8 +280,13 @@ TEST_CASE("listen addresses: IPv4, IPv6 in brackets, and what is not one", "[htt
   auto mapped = MetadataHttpServer::parse_listen("[::ffff:169.254.169.254]:80");
   REQUIRE(mapped);
   CHECK(mapped->address() == asio::ip::make_address("169.254.169.254"));
+  auto any6 = MetadataHttpServer::parse_listen("[::]:8775");
+  REQUIRE(any6);
+  CHECK(any6->address() == asio::ip::make_address("::"));
   for (const std::string bad : {"", "127.0.0.1", "[::1]", "::1:9100", "fd00::a:10", "127.0.0.1:0", "127.0.0.1:65536",
-                                "127.0.0.1:80x", "127.0.0.1:", "localhost:80", "[127.0.0.1:80"})
+                                "127.0.0.1:99999", "127.0.0.1:80x", "127.0.0.1:", "localhost:80", "[127.0.0.1:80",
+                                "[::1]:", "user@127.0.0.1:80", "http://127.0.0.1:80", "127.0.0.1:80/", "1.2.3:80",
+                                "[v1.x]:80"})
     CHECK_FALSE(MetadataHttpServer::parse_listen(bad));
 }
 
@@ -292,7 +297,28 @@ TEST_CASE("hosts lose the brackets of an IPv6 address, ports are read whole", "[
   CHECK(bare_host("placement.example") == "placement.example");
   CHECK(parse_port("8778") == uint16_t(8778));
   CHECK(parse_port("65535") == uint16_t(65535));
-  for (std::string_view bad : {"", "0", "65536", "80x", " 80", "-1"}) CHECK_FALSE(parse_port(bad));
+  CHECK(parse_port("1") == uint16_t(1));
+  for (std::string_view bad : {"", "0", "080", "65536", "99999", "80x", " 80", "-1", "+80"}) CHECK_FALSE(parse_port(bad));
+  CHECK(bare_host("[::ffff:10.0.0.1]") == "::ffff:10.0.0.1");
+  CHECK(bare_host("::1") == "::1");  // bare already
+  CHECK(bare_host("[::1]:80") == "[::1]:80");  // not a host alone: left as it is
+}
+
+TEST_CASE("IP addresses are told from names", "[http]") {
+  for (std::string_view address : {"127.0.0.1", "0.0.0.0", "::1", "::", "fd00::5", "::ffff:169.254.169.254"})
+    CHECK(is_ip_address(address));
+  for (std::string_view name : {"", "localhost", "etcd.example", "[::1]", "127.0.0.1:80", "1.2.3", "01.2.3.4",
+                                "256.1.1.1", "fe80::1%eth0", "::g"})
+    CHECK_FALSE(is_ip_address(name));
+}
+
+TEST_CASE("endpoints are http or https URLs that name a host", "[http]") {
+  for (std::string_view url : {"http://127.0.0.1:8778", "https://placement.example/placement", "http://[::1]:2379",
+                               "http://etcd.example"})
+    CHECK(is_http_url(url));
+  for (std::string_view bad : {"", "localhost:8080", "127.0.0.1:2379", "ftp://etcd.example", "http:///path", "http://",
+                               "http://:80", "http://etcd example", "http://[::1:2379", "HTTP://etcd.example"})
+    CHECK_FALSE(is_http_url(bad));
 }
 
 TEST_CASE("endpoints split into host and port, IPv6 in brackets or bare", "[http]") {
@@ -306,7 +332,17 @@ TEST_CASE("endpoints split into host and port, IPv6 in brackets or bare", "[http
                                          {"http://[::1]:12379", "::1", "12379"},
                                          {"http://[::1]", "::1", "2379"},
                                          {"[fd00::5]:2379", "fd00::5", "2379"},
-                                         {"fd00::5", "fd00::5", "2379"}}) {
+                                         {"fd00::5", "fd00::5", "2379"},
+                                         {"127.0.0.1", "127.0.0.1", "2379"},
+                                         {"127.0.0.1:22379", "127.0.0.1", "22379"},
+                                         {"localhost:22379", "localhost", "22379"},
+                                         {"etcd.example:2379/", "etcd.example", "2379"},
+                                         {"https://user@etcd.example:2379/v3", "etcd.example", "2379"},
+                                         {"http://[fd00::5]:", "fd00::5", "2379"},
+                                         // A bad port is kept for the resolver to refuse.
+                                         {"http://etcd.example:99999", "etcd.example", "99999"},
+                                         // Not a host and port at all: whole, for the same.
+                                         {"http://[::1", "http://[::1", "2379"}}) {
     HostPort split = split_host_port(c.endpoint, "2379");
     CHECK(split.host == c.host);
     CHECK(split.port == c.port);

@@ -1,5 +1,8 @@
 #pragma once
-// Hosts and ports as URLs and listen addresses write them.
+// Hosts and ports as URLs and listen addresses write them, all read by Boost.URL's grammar
+// (RFC 3986): an IPv6 address goes in brackets wherever a port may follow it.
+
+#include <boost/asio/ip/tcp.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -19,10 +22,19 @@ struct HostPort {
   std::string port;
 };
 
-// "[scheme://]host[:port][/]" with an IPv6 host in brackets (or bare, then without a port).
+// "[scheme://]host[:port][/path]" with an IPv6 host in brackets (or bare, then without a
+// port); `default_port` when none is written. What cannot be read comes back whole as the
+// host, for the resolver to refuse.
 HostPort split_host_port(std::string_view endpoint, std::string_view default_port);
 
-// A port written in full, 1-65535; nothing for anything else ("", "0", "80x", "65536").
+// A port written in full, 1-65535; nothing for anything else ("", "0", "080", "80x", "65536").
 std::optional<uint16_t> parse_port(std::string_view text);
+
+// "ADDRESS:PORT", "[IPV6-ADDRESS]:PORT": an address to listen on, both parts required and
+// the address no name. ::ffff:a.b.c.d is the IPv4 address a.b.c.d, compared and bound as such.
+std::optional<boost::asio::ip::tcp::endpoint> parse_listen_address(std::string_view text);
+
+// An http:// or https:// URL that names a host: how endpoints are configured.
+bool is_http_url(std::string_view text);
 
 }  // namespace toyvm

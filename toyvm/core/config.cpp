@@ -1,5 +1,7 @@
 #include "core/config.hpp"
 
+#include "core/address.hpp"
+
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
@@ -93,11 +95,7 @@ namespace {
 
 // Endpoints are URLs: "localhost:8080" would otherwise fail later as an unreachable server.
 std::string check_url(std::string_view what, std::string_view url) {
-  for (std::string_view scheme : {"http://", "https://"}) {
-    if (url.starts_with(scheme) && url.size() > scheme.size() && url[scheme.size()] != '/' &&
-        url.find_first_of(" \t") == std::string_view::npos)
-      return {};
-  }
+  if (is_http_url(url)) return {};
   return fmt::format("{} '{}' is not a URL: expected http://HOST:PORT or https://HOST:PORT", what, url);
 }
 

@@ -2,11 +2,11 @@
 
 #include <boost/uuid/name_generator_sha1.hpp>
 #include <boost/uuid/string_generator.hpp>
+#include <boost/uuid/uuid.hpp>
 #include <boost/uuid/uuid_io.hpp>
 
 #include <sys/random.h>
 
-#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
@@ -41,19 +41,11 @@ uint64_t random_seed() {
 }
 
 std::string new_uuid() {
-  std::array<uint8_t, 16> bytes;
-  fill_random(bytes.data(), bytes.size());
-  bytes[6] = uint8_t((bytes[6] & 0x0f) | 0x40);  // version 4
-  bytes[8] = uint8_t((bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(36);
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
-    out.push_back(hex[bytes[i] >> 4]);
-    out.push_back(hex[bytes[i] & 0xf]);
-  }
-  return out;
+  boost::uuids::uuid id;
+  fill_random(id.data, sizeof id.data);
+  id.data[6] = uint8_t((id.data[6] & 0x0f) | 0x40);  // version 4
+  id.data[8] = uint8_t((id.data[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  return boost::uuids::to_string(id);
 }
 
 std::string availability_zone_aggregate(std::string_view zone) {

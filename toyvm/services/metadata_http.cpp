@@ -61,18 +61,7 @@ bool MetadataHttpServer::configure(std::string* error) {
 }
 
 std::optional<tcp::endpoint> MetadataHttpServer::parse_listen(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return std::nullopt;
-  std::string_view host = std::string_view(address).substr(0, colon);
-  // An IPv6 address goes in brackets: "fd00::a:10" is no address and port.
-  if (host.find(':') != std::string_view::npos && host.front() != '[') return std::nullopt;
-  error_code ec;
-  auto ip = asio::ip::make_address(bare_host(host), ec);
-  auto port = parse_port(std::string_view(address).substr(colon + 1));
-  if (ec || !port) return std::nullopt;
-  // ::ffff:a.b.c.d is the IPv4 address a.b.c.d: compared and bound as such.
-  if (ip.is_v6() && ip.to_v6().is_v4_mapped()) ip = asio::ip::make_address_v4(asio::ip::v4_mapped, ip.to_v6());
-  return tcp::endpoint(ip, *port);
+  return parse_listen_address(address);
 }
 
 std::string MetadataHttpServer::bad_listen(std::string_view setting, const std::string& address) {

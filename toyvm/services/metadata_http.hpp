@@ -31,7 +31,8 @@ class MetadataHttpServer {
   // Reads guest_networks; false (with why) when one is not A.B.C.D/N.
   bool configure(std::string* error);
 
-  // ADDRESS:PORT ([ADDRESS]:PORT for IPv6) as an endpoint; nullopt when it is not one.
+  // ADDRESS:PORT ([ADDRESS]:PORT for IPv6) as an endpoint; nullopt when it is not one
+  // (core/address.hpp reads it).
   static std::optional<asio::ip::tcp::endpoint> parse_listen(const std::string& address);
   // What to say when parse_listen refuses `address`, given as `setting`.
   static std::string bad_listen(std::string_view setting, const std::string& address);

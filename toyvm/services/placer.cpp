@@ -44,7 +44,7 @@ awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string 
 }
 
 std::vector<Choice> Placer::rank(const PlacementView& view, const WeighPolicy& policy, double random,
-                                 std::optional<GroupPolicy> group) const {
+                                 std::optional<GroupPolicy> group) {
   std::vector<Choice> ranked = rank_candidates(view.candidates, view.live, policy, random);
   if (group) ranked = filter_for_group(std::move(ranked), *group, view.group_members);
   return ranked;

@@ -89,9 +89,10 @@ class Placer {
   awaitable<result<PlacementView>> look(PlacementQuery query, std::string group, std::string moving = {},
                                         int limit = 0);
 
-  // The ways to place one instance, best first, within the group's policy.
-  std::vector<Choice> rank(const PlacementView& view, const WeighPolicy& policy, double random,
-                           std::optional<GroupPolicy> group) const;
+  // The ways to place one instance, best first, within the group's policy. Pure: it needs
+  // no Placer, so a batch can be planned without one.
+  static std::vector<Choice> rank(const PlacementView& view, const WeighPolicy& policy, double random,
+                                  std::optional<GroupPolicy> group);
 
   // Tries the choices in order: a generation conflict retries the same one, a capacity
   // conflict moves on to the next; no_allocations_left when none fits.

@@ -1,6 +1,6 @@
 #pragma once
 // What the compute agent needs from a hypervisor. Calls block: the agent runs them on its
-// worker pool. Implementations: libvirt (virt/libvirt_backend.cpp) and a fake for unit tests.
+// worker pool. Implementations: libvirt (virt/libvirt_backend.hpp) and a fake for unit tests.
 
 #include "core/error.hpp"
 #include "model/domain.hpp"

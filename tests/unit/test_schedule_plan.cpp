@@ -1,0 +1,75 @@
+#include "services/schedule_plan.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <random>
+
+using namespace toyvm;
+
+namespace {
+
+// Hosts with room for `slots` instances of 2 VCPU each, one candidate per host.
+PlacementView hosts(const std::vector<std::string>& names, int slots) {
+  PlacementView view;
+  for (const std::string& name : names) {
+    view.candidates.allocation_requests.push_back(Allocations{{name, {{"VCPU", 2}}}});
+    view.candidates.provider_summaries[name] = ProviderSummary{{{"VCPU", 2 * slots}}, {{"VCPU", 0}}};
+    view.live.insert(name);
+  }
+  return view;
+}
+
+std::map<std::string, int> per_host(const std::vector<Claim>& plan) {
+  std::map<std::string, int> count;
+  for (const Claim& claim : plan) count[claim.host] += 1;
+  return count;
+}
+
+}  // namespace
+
+TEST_CASE("a batch is planned against the capacity it uses up itself") {
+  std::mt19937_64 rng{1};
+  WeighPolicy spread;
+  auto plan = plan_batch(hosts({"a", "b"}, 2), 4, spread, std::nullopt, rng);
+  REQUIRE(plan);
+  CHECK(per_host(*plan) == std::map<std::string, int>{{"a", 2}, {"b", 2}});
+  for (const Claim& claim : *plan) CHECK(claim.allocations.at(claim.host).at("VCPU") == 2);
+  // One more than fits: nothing, not a partial plan.
+  CHECK_FALSE(plan_batch(hosts({"a", "b"}, 2), 5, spread, std::nullopt, rng));
+}
+
+TEST_CASE("a batch spreads or packs as the policy says, and keeps to its group's policy") {
+  std::mt19937_64 rng{1};
+  WeighPolicy spread, pack;
+  pack.kind = WeighPolicy::Kind::pack;
+  auto spread_plan = plan_batch(hosts({"a", "b"}, 4), 2, spread, std::nullopt, rng);
+  REQUIRE(spread_plan);
+  CHECK(per_host(*spread_plan).size() == 2);
+  auto packed = plan_batch(hosts({"a", "b"}, 4), 2, pack, std::nullopt, rng);
+  REQUIRE(packed);
+  CHECK(per_host(*packed).size() == 1);
+  // Anti-affinity: one member per host, however much room each has.
+  CHECK_FALSE(plan_batch(hosts({"a", "b"}, 4), 3, pack, GroupPolicy::anti_affinity, rng));
+  auto apart = plan_batch(hosts({"a", "b"}, 4), 2, pack, GroupPolicy::anti_affinity, rng);
+  REQUIRE(apart);
+  CHECK(per_host(*apart).size() == 2);
+}
+
+TEST_CASE("handing an instance over costs three compares and three writes, one more of each with a group") {
+  KeyLayout keys("/p");
+  WorkSpec spec;
+  spec.uuid = "7387cdc8-291c-4b02-87ce-895f460b7a80";
+  InstanceRecord record;
+  record.uuid = spec.uuid;
+  record.host = "d578fb7c-7787-4e73-b69a-a7b3ef9bf73a";
+  TxnCost alone = hand_over_cost(keys, spec, record);
+  CHECK(alone.compares == 3);
+  CHECK(alone.ops == 3);
+  CHECK(alone.bytes > encode(spec).size() + encode(record).size());
+  spec.group = "web";
+  TxnCost grouped = hand_over_cost(keys, spec, record);
+  CHECK(grouped.compares == 4);
+  CHECK(grouped.ops == 4);
+  CHECK(grouped.bytes > alone.bytes);
+}

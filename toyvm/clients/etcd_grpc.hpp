@@ -1,0 +1,138 @@
+#pragma once
+// What the parts of the etcd client share beneath clients/etcd.hpp: how a gRPC operation
+// completes (one completion queue for the process, its outcome handed to the event loop),
+// streams read by one coroutine, and the channel made from the configuration. Only the
+// clients/etcd*.cpp files include it: it brings in gRPC and the generated etcd API.
+
+#include "clients/etcd.hpp"
+#include "core/async.hpp"
+#include "rpc.grpc.pb.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+namespace toyvm::etcd_grpc {
+
+namespace pb = etcdserverpb;
+
+error_code from_status(const grpc::Status& status);
+// For metrics: the few outcomes worth telling apart.
+std::string status_name(grpc::StatusCode code);
+
+KeyValue from_pb(const mvccpb::KeyValue& kv);
+
+// etcd's channel as the configuration asks: members, TLS, keepalive.
+std::shared_ptr<grpc::Channel> make_channel(const EtcdConfig& config);
+
+// gRPC's completion queue, drained by one thread for the whole process. Each operation's tag
+// is a Completion that runs there once and only hands the outcome to the event loop. (gRPC's
+// callback API would drain its own queue with two threads that wake each other for every
+// response: more threads to start in a one-shot command, more switches in the agent.)
+class Completion {
+ public:
+  explicit Completion(std::function<void(bool ok)> fn) : fn_(std::move(fn)) {}
+  void run(bool ok) { fn_(ok); }
+
+ private:
+  std::function<void(bool ok)> fn_;
+};
+
+inline Completion* on_completion(std::function<void(bool ok)> fn) { return new Completion(std::move(fn)); }
+
+grpc::CompletionQueue* completion_queue();
+
+// A bidirectional stream whose responses are queued for one coroutine. Every pending
+// operation holds the stream, so it lives until gRPC has finished with it.
+template <class Request, class Response>
+class BidiStream final : public std::enable_shared_from_this<BidiStream<Request, Response>> {
+ public:
+  struct Item {
+    std::optional<Response> response;  // empty: the stream ended with `status`
+    grpc::Status status;
+  };
+  using Rpc = grpc::ClientAsyncReaderWriter<Request, Response>;
+
+  template <class PrepareFn>
+  void start(PrepareFn prepare) {
+    std::lock_guard lock(mutex_);
+    rpc_ = prepare(&context_, completion_queue());
+    rpc_->StartCall(on_completion([self = this->shared_from_this()](bool ok) { self->started(ok); }));
+  }
+
+  void write(Request request) {
+    std::lock_guard lock(mutex_);
+    if (ending_) return;
+    pending_.push_back(std::move(request));
+    write_next();
+  }
+
+  void cancel() { context_.TryCancel(); }
+
+  awaitable<Item> next() { co_return co_await items_.async_pop(); }
+
+ private:
+  void started(bool ok) {
+    std::lock_guard lock(mutex_);
+    if (!ok) return finish();
+    started_ = true;
+    read_next();
+    write_next();
+  }
+
+  // Called with the mutex held, as are the others that touch `rpc_` below.
+  void read_next() {
+    rpc_->Read(&response_, on_completion([self = this->shared_from_this()](bool ok) { self->read(ok); }));
+  }
+
+  void read(bool ok) {
+    std::lock_guard lock(mutex_);
+    if (!ok) return finish();
+    items_.push(Item{std::move(response_), grpc::Status::OK});
+    response_.Clear();
+    read_next();
+  }
+
+  void write_next() {
+    if (!started_ || writing_ || ending_ || pending_.empty()) return;
+    writing_ = true;
+    rpc_->Write(pending_.front(), on_completion([self = this->shared_from_this()](bool ok) { self->written(ok); }));
+  }
+
+  void written(bool ok) {
+    std::lock_guard lock(mutex_);
+    writing_ = false;
+    pending_.pop_front();
+    if (ok) write_next();  // else the read fails too, and finishes the stream
+  }
+
+  // A failed start or read means the stream is over: gRPC gives its status once asked.
+  void finish() {
+    ending_ = true;
+    rpc_->Finish(&status_, on_completion([self = this->shared_from_this()](bool) {
+      self->items_.push(Item{std::nullopt, self->status_});
+    }));
+  }
+
+  grpc::ClientContext context_;
+  std::unique_ptr<Rpc> rpc_;
+  Response response_;
+  grpc::Status status_;
+  AsyncQueue<Item> items_;
+  std::mutex mutex_;
+  std::deque<Request> pending_;  // deque: Write keeps a pointer to the front until it completes
+  bool started_ = false;
+  bool writing_ = false;
+  bool ending_ = false;
+};
+
+// The streaming calls (clients/etcd_streams.cpp), each under the auth token when there is one.
+std::unique_ptr<EtcdWatch> open_watch(pb::Watch::Stub& stub, const std::string& token, const WatchOptions& options);
+std::unique_ptr<EtcdLeaseKeeper> open_keep_alive(pb::Lease::Stub& stub, const std::string& token, int64_t lease);
+
+}  // namespace toyvm::etcd_grpc

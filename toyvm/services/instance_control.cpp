@@ -1,0 +1,194 @@
+// toyvm destroy, start and stop: each asks the instance's agent through its work key in
+// etcd, only over the version read, and waits for the record to say it is done. destroy
+// --force does the agent's part itself for a host that is gone for good.
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "core/failpoint.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+#include "model/uuid.hpp"
+#include "services/common.hpp"
+#include "services/services.hpp"
+
+#include <optional>
+#include <variant>
+
+namespace toyvm {
+namespace {
+
+// Without the host, and only as it was read: the keys go in one transaction guarded by the
+// revisions of the record and the work read here, so an instance that an evacuation or a
+// move took elsewhere meanwhile is left alone; then its allocation, guarded by the consumer
+// generation read before (one that moved since is left for `toyvm audit` to judge).
+awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const Config& config,
+                             const InstanceRecord& record, int64_t record_revision) {
+  PlacementClient placement(io.get_executor(), config.placement);
+  auto held = co_await placement.consumer_allocations(record.uuid);
+  if (!held)
+    co_return report_failure(placement.last_error().code, fmt::format("reading the allocation of {}: {}", record.uuid,
+                                                                      placement.last_error().detail));
+  if (!held->allocations.empty() && !held->allocations.count(record.host))
+    co_return report_failure(errc::changed,
+                             fmt::format("instance {} holds its resources on another host than {} (a move in flight?); "
+                                         "nothing removed",
+                                         record.uuid, record.host));
+  const std::string work_key = keys.work(record.host, record.uuid);
+  auto work = co_await etcd.range(work_key);
+  if (!work) co_return etcd_failure(etcd, work.error());
+  std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(keys.instance(record.uuid), record_revision)};
+  std::string group;
+  if (work->kvs.empty()) {
+    as_read.push_back(EtcdCompare::absent(work_key));
+  } else {
+    as_read.push_back(EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision));
+    if (auto spec = decode_work(work->kvs.front().value)) group = spec->group;
+  }
+  std::vector<EtcdOp> erase;
+  for (auto& [key, range_end] : keys.instance_keys(record.host, record.uuid, group))
+    erase.push_back(EtcdOp::erase(key, range_end));
+  co_await failpoint::pass("destroy.force");  // read, not yet written
+  auto txn = co_await etcd.txn(std::move(as_read), std::move(erase));
+  if (!txn) co_return etcd_failure(etcd, txn.error());
+  if (!txn->succeeded)
+    co_return report_failure(errc::changed, fmt::format("instance {} changed while it was being destroyed (moved, "
+                                                         "evacuated, or its host came back); nothing removed",
+                                                         record.uuid));
+  if (held->generation && !held->allocations.empty()) {
+    auto released = co_await placement.replace(record.uuid, {}, *held->generation);
+    if (!released)
+      co_return report_failure(released.error(),
+                               fmt::format("instance {} is removed, but its allocation was not released ({}); "
+                                           "`toyvm audit --fix` releases it",
+                                           record.uuid, placement.last_error().detail));
+  }
+  std::printf("DESTROYED INSTANCE %s\n", record.uuid.c_str());
+  co_return 0;
+}
+
+// The instance's record and the work key its host follows.
+struct Target {
+  InstanceRecord record;
+  int64_t revision = 0;      // of the read: a watch from here misses nothing
+  int64_t mod_revision = 0;  // of the record
+};
+
+awaitable<std::variant<Target, int>> find_target(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid) {
+  auto found = co_await etcd.range(keys.instance(uuid));
+  if (!found) co_return etcd_failure(etcd, found.error());
+  if (found->kvs.empty()) co_return report_failure(errc::not_found, fmt::format("no instance {}", uuid));
+  auto record = decode_instance(found->kvs.front().value);
+  if (!record || !is_uuid(record->host))
+    co_return report_failure(errc::corrupt_record, fmt::format("instance {} has a corrupt record in etcd", uuid));
+  co_return Target{std::move(*record), found->revision, found->kvs.front().mod_revision};
+}
+
+// Desired power on the work key, written only over the version we read; 0 on success.
+awaitable<int> request_power(EtcdClient& etcd, const KeyLayout& keys, const InstanceRecord& record, PowerState power) {
+  const std::string work_key = keys.work(record.host, record.uuid);
+  auto work = co_await etcd.range(work_key);
+  if (!work) co_return etcd_failure(etcd, work.error());
+  if (work->kvs.empty())
+    co_return report_failure(errc::not_found, fmt::format("instance {} has no work on host {}", record.uuid, record.host));
+  auto spec = decode_work(work->kvs.front().value);
+  if (!spec)
+    co_return report_failure(errc::corrupt_record, fmt::format("instance {} has a corrupt work record in etcd", record.uuid));
+  if (spec->power == power) co_return 0;
+  if (spec->power == PowerState::deleted)
+    co_return report_failure(ExitCode::failed, fmt::format("instance {} is being destroyed", record.uuid));
+  spec->power = power;
+  std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision)};
+  std::vector<EtcdOp> mark{EtcdOp::put(work_key, encode(*spec))};
+  auto txn = co_await etcd.txn(std::move(unchanged), std::move(mark));
+  if (!txn) co_return etcd_failure(etcd, txn.error());
+  if (!txn->succeeded)
+    co_return report_failure(ExitCode::failed, fmt::format("instance {} changed meanwhile; try again", record.uuid));
+  co_return 0;
+}
+
+// Follows the instance key from `revision` until `done` says so or the timeout passes.
+template <class Done>
+awaitable<int> wait_for_record(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid, int64_t revision,
+                               double timeout_s, const char* waiting_for, Done done) {
+  int code = -1;
+  auto reached = [&](const WatchEvent& event) {
+    std::optional<InstanceRecord> record;
+    if (event.type == WatchEvent::Type::put) {
+      auto decoded = decode_instance(event.kv.value);
+      if (!decoded) return false;  // a corrupt record is `toyvm audit`'s business
+      record = std::move(*decoded);
+    }
+    code = done(record);
+    return code >= 0;
+  };
+  auto followed = co_await follow_key(etcd, keys.instance(uuid), revision + 1,
+                                      std::chrono::milliseconds(int64_t(timeout_s * 1000)), reached);
+  if (!followed) co_return etcd_failure(etcd, followed.error());
+  if (*followed) co_return code;
+  co_return report_failure(ExitCode::failed, fmt::format("instance {} is not {} after {} s; its host may be down", uuid,
+                                                         waiting_for, timeout_s));
+}
+
+}  // namespace
+
+int run_destroy(const Config& config, const DestroyOptions& options) {
+  if (!is_uuid(options.uuid))
+    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
+    auto etcd = EtcdClient::create(config.etcd);
+    KeyLayout keys(config.etcd.prefix);
+    auto found = co_await find_target(*etcd, keys, options.uuid);
+    if (auto* code = std::get_if<int>(&found)) co_return *code;
+    const Target& target = std::get<Target>(found);
+    if (options.force) co_return co_await force_destroy(io, *etcd, keys, config, target.record, target.mod_revision);
+    if (int code = co_await request_power(*etcd, keys, target.record, PowerState::deleted)) co_return code;
+    if (!options.wait) {
+      std::printf("DESTROYING INSTANCE %s\n", options.uuid.c_str());
+      co_return 0;
+    }
+    // Done when the agent has deleted the instance key.
+    auto gone = [](const std::optional<InstanceRecord>& record) { return record ? -1 : 0; };
+    if (int code = co_await wait_for_record(*etcd, keys, options.uuid, target.revision, options.wait_timeout_s,
+                                            "gone", gone))
+      co_return code;
+    std::printf("DESTROYED INSTANCE %s\n", options.uuid.c_str());
+    co_return 0;
+  });
+}
+
+int run_power(const Config& config, const PowerOptions& options) {
+  if (!is_uuid(options.uuid))
+    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  const bool on = options.power == PowerState::running;
+  const InstanceState wanted = on ? InstanceState::active : InstanceState::stopped;
+  return run_on_loop([&](asio::io_context&) -> awaitable<int> {
+    auto etcd = EtcdClient::create(config.etcd);
+    KeyLayout keys(config.etcd.prefix);
+    auto found = co_await find_target(*etcd, keys, options.uuid);
+    if (auto* code = std::get_if<int>(&found)) co_return *code;
+    const Target& target = std::get<Target>(found);
+    if (target.record.state == InstanceState::error)
+      co_return report_failure(ExitCode::failed, fmt::format("instance {} is in ERROR ({}); destroy it",
+                                                             options.uuid, target.record.error_code));
+    if (int code = co_await request_power(*etcd, keys, target.record, options.power)) co_return code;
+    const char* verb = on ? "STARTED" : "STOPPED";
+    if (options.wait && target.record.state != wanted) {
+      auto reached = [&](const std::optional<InstanceRecord>& record) {
+        if (!record) return report_failure(errc::not_found, fmt::format("instance {} was destroyed", options.uuid));
+        if (record->state == InstanceState::error)
+          return report_failure(ExitCode::failed, fmt::format("instance {}: {}: {}", options.uuid,
+                                                              record->error_code, record->error_message));
+        return record->state == wanted ? 0 : -1;
+      };
+      if (int code = co_await wait_for_record(*etcd, keys, options.uuid, target.revision, options.wait_timeout_s,
+                                              on ? "ACTIVE" : "STOPPED", reached))
+        co_return code;
+    } else if (!options.wait) {
+      verb = on ? "STARTING" : "STOPPING";
+    }
+    std::printf("%s INSTANCE %s\n", verb, options.uuid.c_str());
+    co_return 0;
+  });
+}
+
+}  // namespace toyvm

@@ -1,0 +1,155 @@
+// toyvm schedule, once its claims are made: the hand-over to the chosen hosts in etcd (its
+// keys created only where none exist, while this schedule's hold stands), taking a batch
+// back when it cannot all go, and waiting for the instances to settle.
+
+#include "services/scheduler.hpp"
+
+#include "model/txn_limits.hpp"
+#include "services/common.hpp"
+#include "services/schedule_plan.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+
+namespace toyvm {
+
+awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>& specs,
+                                                    const std::vector<InstanceRecord>& records) {
+  HandOver out;
+  std::vector<TxnCost> costs;
+  for (size_t i = 0; i < specs.size(); ++i) costs.push_back(hand_over_cost(keys_, specs[i], records[i]));
+  auto ends = split_by_limits(costs);
+  if (!ends) {  // checked before claiming; a resource amount cannot make up the difference
+    out.error = make_error_code(errc::invalid_argument);
+    co_return out;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(config_.etcd.timeout_s * 3000));
+  for (const size_t end : *ends) {
+    const size_t first = out.handed;
+    std::vector<Placed> placed;
+    std::vector<EtcdCompare> absent;
+    std::vector<EtcdOp> done;  // the hold on what is handed over
+    for (size_t i = first; i < end; ++i) {
+      placed.push_back(Placed{specs[i], records[i]});
+      done.push_back(EtcdOp::erase(keys_.claim(specs[i].uuid)));
+      absent.push_back(EtcdCompare::absent(keys_.work(records[i].host, specs[i].uuid)));
+      absent.push_back(EtcdCompare::absent(keys_.instance(specs[i].uuid)));
+      absent.push_back(EtcdCompare::present(keys_.claim(specs[i].uuid)));  // our hold stands
+      if (!specs[i].group.empty()) absent.push_back(EtcdCompare::absent(keys_.group_member(specs[i].group, specs[i].uuid)));
+    }
+    HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), std::move(done), deadline);
+    switch (txn.outcome) {
+      case HandOverResult::Outcome::committed:
+        out.revision = txn.revision;
+        out.handed = end;
+        break;
+      case HandOverResult::Outcome::refused: {  // keys exist that are not ours, or our hold lapsed
+        auto hold = co_await etcd_->range(keys_.claim(specs[first].uuid));
+        out.hold_lapsed = hold && hold->kvs.empty();
+        out.error = make_error_code(out.hold_lapsed ? errc::timeout : errc::already_exists);
+        co_return out;
+      }
+      case HandOverResult::Outcome::unknown:
+        out.in_doubt = end - first;
+        out.error = txn.error;
+        co_return out;
+    }
+  }
+  co_return out;
+}
+
+awaitable<int> Scheduler::give_up_hand_over(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
+                                            std::vector<InstanceRecord> records) {
+  // Taken back in groups within etcd's limits, each only if no agent has touched it: the
+  // first `undone` are out of etcd again, the rest of what was handed over is kept.
+  size_t undone = 0;
+  std::vector<TxnCost> costs;  // two compares and an erase of each of its keys
+  for (size_t i = 0; i < handed.handed; ++i) {
+    TxnCost cost{2, 0, 0};
+    for (auto& [key, range_end] : keys_.instance_keys(records[i].host, specs[i].uuid, specs[i].group)) {
+      cost.ops += 1;
+      cost.bytes += 2 * key.size() + range_end.size();
+    }
+    costs.push_back(cost);
+  }
+  for (const size_t end : split_by_limits(costs).value_or(std::vector<size_t>{})) {
+    std::vector<EtcdCompare> untouched;
+    std::vector<EtcdOp> remove;
+    for (size_t i = undone; i < end; ++i) {
+      for (std::string key : {keys_.work(records[i].host, specs[i].uuid), keys_.instance(specs[i].uuid)})
+        untouched.push_back(EtcdCompare{key, EtcdCompare::Target::version, EtcdCompare::Result::equal, 1, {}});
+      for (auto& [key, range_end] : keys_.instance_keys(records[i].host, specs[i].uuid, specs[i].group))
+        remove.push_back(EtcdOp::erase(key, range_end));
+    }
+    auto taken_back = co_await etcd_->txn(std::move(untouched), std::move(remove));
+    if (!taken_back || !taken_back->succeeded) break;
+    undone = end;
+  }
+  std::vector<std::string> release(uuids.begin(), uuids.begin() + long(undone));
+  release.insert(release.end(), uuids.begin() + long(handed.handed + handed.in_doubt), uuids.end());
+  co_await release_all(release);
+  const size_t kept = handed.handed - undone;
+  for (size_t i = undone; i < handed.handed; ++i)
+    std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", records[i].host.c_str(), records[i].uuid.c_str());
+  std::string what = handed.error == errc::already_exists ? "an instance key already exists"
+                     : handed.hold_lapsed ? fmt::format("this schedule's hold on its claims lapsed (etcd out of reach "
+                                                        "for more than {} s)", claim_hold_ttl_s)
+                                          : handed.error.message();
+  std::string detail = fmt::format("cannot hand the instance(s) over through etcd at {}: {}", etcd_->endpoints_text(), what);
+  if (kept > 0) detail += fmt::format("; {} were handed over already and are kept", kept);
+  if (handed.in_doubt > 0)
+    detail += fmt::format("; {} may have been handed over, and keep their claims until `toyvm audit --fix`",
+                          handed.in_doubt);
+  co_return report_failure(handed.error, detail);
+}
+
+awaitable<int> Scheduler::wait_until_settled(const std::string& uuid, int64_t since_revision) {
+  std::optional<InstanceState> last;
+  std::string last_ip;
+  int code = 0;
+  auto settled = [&](const WatchEvent& event) {
+    if (event.type == WatchEvent::Type::erase) {
+      code = report_failure(ExitCode::failed, fmt::format("instance {} was deleted", uuid));
+      return true;
+    }
+    auto record = decode_instance(event.kv.value);
+    // ERROR counts once its allocation is given back: then it holds nothing.
+    if (!record || (record->state == InstanceState::error && record->releasing)) return false;
+    if (record->state == InstanceState::active && record->ip.empty() && record->no_address) {
+      if (last != InstanceState::active) std::printf("INSTANCE %s ACTIVE\n", uuid.c_str());
+      code = report_failure(ExitCode::no_address,
+                            fmt::format("instance {} is ACTIVE but its guest got no address within its "
+                                        "host's address_timeout",
+                                        uuid));
+      return true;
+    }
+    if (record->state == last && record->ip == last_ip) return false;
+    last = record->state;
+    last_ip = record->ip;
+    if (record->state == InstanceState::error) {
+      std::printf("INSTANCE %s ERROR\n", uuid.c_str());
+      code = report_failure(ExitCode::failed, fmt::format("instance {} failed: {}: {}", uuid, record->error_code,
+                                                          record->error_message));
+      return true;
+    }
+    std::printf("INSTANCE %s %s%s%s\n", uuid.c_str(), std::string(to_string(record->state)).c_str(),
+                record->ip.empty() ? "" : " ", record->ip.c_str());
+    std::fflush(stdout);
+    // A guest with a NIC is settled once its address is known too.
+    return record->state == InstanceState::active && (record->mac.empty() || !record->ip.empty());
+  };
+  auto followed = co_await follow_key(*etcd_, keys_.instance(uuid), since_revision,
+                                      std::chrono::milliseconds(int64_t(options_.wait_timeout_s * 1000)), settled);
+  if (!followed) co_return etcd_failure(followed.error());
+  if (*followed) co_return code;
+  if (last == InstanceState::active)
+    co_return report_failure(ExitCode::no_address,
+                             fmt::format("instance {} is ACTIVE but has no address after {} s", uuid,
+                                         options_.wait_timeout_s));
+  co_return report_failure(ExitCode::failed,
+                           fmt::format("instance {} did not settle within {} s", uuid, options_.wait_timeout_s));
+}
+
+}  // namespace toyvm

@@ -1,0 +1,51 @@
+// Batch planning and hand-over costs for `toyvm schedule`: pure functions of what Placement
+// and etcd showed, kept apart from the claims and writes so that they can be tested alone.
+
+#include "services/schedule_plan.hpp"
+
+#include <algorithm>
+
+namespace toyvm {
+
+std::optional<std::vector<Claim>> plan_batch(PlacementView view, size_t count, const WeighPolicy& policy,
+                                             std::optional<GroupPolicy> group, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<Claim> plan;
+  for (size_t i = 0; i < count; ++i) {
+    std::vector<Choice> ranked = Placer::rank(view, policy, uniform(rng), group);
+    auto fits = [&](const Choice& choice) {
+      for (auto& [rp, resources] : *choice.allocations) {
+        auto summary = view.candidates.provider_summaries.find(rp);
+        if (summary == view.candidates.provider_summaries.end()) continue;
+        for (auto& [rc, amount] : resources) {
+          auto capacity = summary->second.capacity.find(rc);
+          if (capacity != summary->second.capacity.end() && summary->second.used[rc] + amount > capacity->second)
+            return false;
+        }
+      }
+      return true;
+    };
+    auto first = std::find_if(ranked.begin(), ranked.end(), fits);
+    if (first == ranked.end()) return std::nullopt;
+    for (auto& [rp, resources] : *first->allocations)
+      for (auto& [rc, amount] : resources) view.candidates.provider_summaries[rp].used[rc] += amount;
+    view.group_members[first->host] += 1;  // later instances of the batch see it
+    plan.push_back(Claim{first->host, *first->allocations});
+  }
+  return plan;
+}
+
+TxnCost hand_over_cost(const KeyLayout& keys, const WorkSpec& spec, const InstanceRecord& record) {
+  const std::string work = keys.work(record.host, spec.uuid), instance = keys.instance(spec.uuid);
+  const std::string claim = keys.claim(spec.uuid);
+  TxnCost cost{3, 3, 2 * (work.size() + instance.size() + claim.size()) + encode(spec).size() + encode(record).size()};
+  if (!spec.group.empty()) {
+    constexpr size_t member_value = 128;  // host and policy
+    cost.compares += 1;
+    cost.ops += 1;
+    cost.bytes += 2 * keys.group_member(spec.group, spec.uuid).size() + member_value;
+  }
+  return cost;
+}
+
+}  // namespace toyvm

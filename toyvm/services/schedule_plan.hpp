@@ -1,0 +1,27 @@
+#pragma once
+// The parts of `toyvm schedule` that decide without asking anyone: where each instance of a
+// batch goes, and what handing an instance over costs a transaction. Unit tested.
+
+#include "model/keys.hpp"
+#include "model/records.hpp"
+#include "model/txn_limits.hpp"
+#include "services/placer.hpp"
+
+#include <cstddef>
+#include <optional>
+#include <random>
+#include <vector>
+
+namespace toyvm {
+
+// Where each instance of a batch goes, planned against a local copy of the free capacity,
+// so that they spread (or pack) before they reach Placement instead of all colliding on
+// the best host. Nothing when one of them fits nowhere.
+std::optional<std::vector<Claim>> plan_batch(PlacementView view, size_t count, const WeighPolicy& policy,
+                                             std::optional<GroupPolicy> group, std::mt19937_64& rng);
+
+// What handing one instance over adds to a transaction: its work, record and group
+// membership, each compared absent and written; its hold, compared present and erased.
+TxnCost hand_over_cost(const KeyLayout& keys, const WorkSpec& spec, const InstanceRecord& record);
+
+}  // namespace toyvm

@@ -1,0 +1,104 @@
+#pragma once
+// The one `toyvm schedule` run, shared by its two halves: services/schedule.cpp claims the
+// resources in Placement (under a hold in etcd), services/schedule_hand_over.cpp hands the
+// claimed instances to their hosts through etcd and waits for them to settle.
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "core/async.hpp"
+#include "core/config.hpp"
+#include "model/groups.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+#include "services/common.hpp"
+#include "services/placer.hpp"
+#include "services/services.hpp"
+
+#include <boost/asio/io_context.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace toyvm {
+
+class Scheduler {
+ public:
+  Scheduler(asio::io_context& io, const Config& config, const ScheduleOptions& options);
+
+  awaitable<int> run();
+
+ private:
+  // How long a schedule's hold on its claims outlives it (killed, or cut off from etcd).
+  static constexpr int64_t claim_hold_ttl_s = 10;
+
+  // What a hand-over did: the revision of its last write, or how far it got.
+  struct HandOver {
+    int64_t revision = 0;
+    size_t handed = 0;     // the first `handed` instances are in etcd
+    size_t in_doubt = 0;   // the next ones may be: etcd did not say
+    bool hold_lapsed = false;
+    error_code error;
+  };
+
+  awaitable<int> place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids);
+
+  // Before anything is claimed: a key per instance, under a lease of this schedule's.
+  awaitable<result<void>> hold_claims();
+  // Renews the hold while the schedule runs; never ends by itself. A hold that lapsed is not
+  // put again: audit may have given its claims back meanwhile.
+  awaitable<void> keep_holding();
+  awaitable<void> let_go();
+
+  // The first look and the hold go out together: neither waits for the other.
+  awaitable<result<PlacementView>> first_look(PlacementQuery query, int limit);
+  // Candidates, live hosts and the group's members, with the group's policy checked.
+  awaitable<result<PlacementView>> look(PlacementQuery query, int limit);
+  std::optional<GroupPolicy> group_policy() const { return group_policy_; }
+
+  // One instance: the weighed candidates tried in turn.
+  awaitable<result<std::vector<Claim>>> claim_one(PlacementQuery query, std::string uuid);
+  // A batch: planned against the free capacity Placement shows, then claimed in one request
+  // (all or nothing). When the plan does not fit in the candidates shown, more are asked
+  // for; when another claim got in first, Placement is asked again and the batch re-planned.
+  // Of batches that compete, the first to reach Placement wins: none undoes another's work.
+  awaitable<result<std::vector<Claim>>> claim_batch(PlacementQuery query, const std::vector<std::string>& uuids);
+  awaitable<void> release_all(const std::vector<std::string>& uuids);
+
+  // The `index`th instance of this schedule, as it is handed over: its work (the command
+  // line's guest data in `guest`) and its first record.
+  Placed instance(const WorkSpec& guest, std::string uuid, int index, std::string host, ResourceAmounts resources) const;
+
+  // Create-only transactions, as many instances each as etcd's limits on operations and
+  // request size allow, each read back when etcd did not say whether it committed.
+  awaitable<HandOver> hand_over(const std::vector<WorkSpec>& specs, const std::vector<InstanceRecord>& records);
+  // A batch is all or nothing: what was handed over is taken back while no agent has touched
+  // it, and claims are released only for instances known not to be in etcd. An instance whose
+  // fate etcd did not tell keeps its claim (`toyvm audit --fix` resolves it either way).
+  awaitable<int> give_up_hand_over(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
+                                   std::vector<InstanceRecord> records);
+  // Prints each state the instance reaches until it is settled; rides over a lost watch.
+  awaitable<int> wait_until_settled(const std::string& uuid, int64_t since_revision);
+
+  int etcd_failure(const error_code& ec) { return toyvm::etcd_failure(*etcd_, ec); }
+  int placement_failure(const error_code& ec, const PlacementError& said) {
+    return toyvm::placement_failure(placement_, ec, said);
+  }
+
+  asio::io_context& io_;
+  const Config& config_;
+  const ScheduleOptions& options_;
+  KeyLayout keys_;
+  std::shared_ptr<EtcdClient> etcd_;
+  PlacementClient placement_;
+  Placer placer_;
+  std::vector<std::string> uuids_;  // the instances of this schedule
+  int64_t hold_lease_ = 0;          // the lease its claims are held under, while they are
+  std::optional<GroupPolicy> group_policy_;  // with a group
+  std::string group_clash_;  // why the group refused, when it did
+  bool claiming_ = false;    // a claim went to Placement
+};
+
+}  // namespace toyvm

@@ -1,0 +1,265 @@
+// toyvm show: an instance, every instance, or every host, as etcd has them (an instance's
+// usage asked of its agent). Reads only. The modes that follow etcd until interrupted
+// (--console, --watch) are in services/show_follow.cpp.
+
+#include "clients/etcd.hpp"
+#include "model/console.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+#include "model/uuid.hpp"
+#include "services/common.hpp"
+#include "services/services.hpp"
+#include "services/show.hpp"
+
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+#include <spdlog/spdlog.h>
+
+#include <map>
+#include <optional>
+
+namespace toyvm {
+
+namespace json = boost::json;
+
+json::object instance_json(const InstanceRecord& r) {
+  json::object o{{"uuid", r.uuid}, {"name", r.name}, {"state", to_string(r.state)},
+                 {"host", r.host}, {"ip", r.ip},     {"mac", r.mac}};
+  if (r.error_code.empty()) {
+    o["error"] = nullptr;
+  } else {
+    o["error"] = json::object{{"code", r.error_code}, {"message", r.error_message}};
+  }
+  if (r.no_address) o["no_address"] = true;
+  if (r.releasing) o["releasing"] = true;
+  o["updated_at"] = r.updated_at;
+  return o;
+}
+
+namespace {
+
+std::string amounts_text(const ResourceAmounts& amounts) {
+  return amounts.empty() ? "-" : format_amounts(amounts);
+}
+
+void print_usage(const InstanceUsage& u) {
+  if (u.simulated) {
+    std::printf("usage:  not measured (its host runs libvirt's test driver, whose figures are made up)\n");
+    return;
+  }
+  if (u.running)
+    std::printf("cpu:    %.2f s; %.1f%% of %lld vCPU(s) over the last %.1f s\n", u.cpu_time_s, u.cpu_share * 100,
+                (long long)u.vcpus, u.window_s);
+  else
+    std::printf("cpu:    %.2f s (not running)\n", u.cpu_time_s);
+  if (u.running)
+    std::printf("memory: %lld MB%s\n", (long long)u.memory_mb,
+                u.rss_mb < 0 ? "" : fmt::format("; {} MB held on the host", u.rss_mb).c_str());
+  if (u.disk_capacity >= 0)
+    std::printf("disk:   %.1f MB allocated of %.1f MB (its overlay)\n", double(u.disk_allocation) / 1048576,
+                double(u.disk_capacity) / 1048576);
+}
+
+// What the instance uses, asked of its agent the way a console is (a request under a short
+// lease of our own, answered under it); nothing, and a line on stderr, when the host has no
+// running agent or it does not answer within `timeout_s`.
+awaitable<result<std::optional<InstanceUsage>>> ask_usage(EtcdClient& etcd,
+                                                          const KeyLayout& keys, const InstanceRecord& record,
+                                                          double timeout_s) {
+  std::optional<InstanceUsage> none;
+  if (record.state != InstanceState::active && record.state != InstanceState::stopped) co_return none;
+  auto alive = co_await etcd.range(keys.host(record.host));
+  if (!alive) co_return alive.error();
+  if (alive->kvs.empty()) {
+    std::fprintf(stderr, "toyvm: the host of instance %s has no running agent: no usage figures\n",
+                 record.uuid.c_str());
+    co_return none;
+  }
+  auto lease = co_await etcd.lease_grant(int64_t(timeout_s) + 5);
+  if (!lease) co_return lease.error();
+  auto asked = co_await etcd.put(keys.usage_request(record.host, record.uuid), "", *lease);
+  if (!asked) co_return asked.error();
+  std::optional<InstanceUsage> usage;
+  auto answered = [&](const WatchEvent& event) {
+    if (event.type == WatchEvent::Type::put) {
+      if (auto told = decode_usage(event.kv.value)) usage = *told;
+    }
+    return usage.has_value();
+  };
+  auto followed = co_await follow_key(etcd, keys.usage(record.uuid), *asked + 1,
+                                      std::chrono::milliseconds(int64_t(timeout_s * 1000)), answered);
+  co_await etcd.lease_revoke(*lease);  // the request and the answer go with it
+  if (!followed) co_return followed.error();
+  if (usage) co_return usage;
+  std::fprintf(stderr, "toyvm: the host of instance %s did not tell its usage within %g s\n", record.uuid.c_str(),
+               timeout_s);
+  co_return none;
+}
+
+awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+  auto found = co_await etcd.range(keys.instance(options.uuid));
+  if (!found) co_return etcd_failure(etcd, found.error());
+  if (found->kvs.empty())
+    co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
+  std::string detail;
+  auto record = decode_instance(found->kvs.front().value, &detail);
+  if (!record)
+    co_return report_failure(record.error(), fmt::format("instance {} has a corrupt record in etcd: {}",
+                                                         options.uuid, detail));
+  auto usage = co_await ask_usage(etcd, keys, *record, options.timeout_s);
+  if (!usage) co_return etcd_failure(etcd, usage.error());
+  if (options.json) {
+    json::object shown = instance_json(*record);
+    shown["usage"] = *usage ? json::parse(encode(**usage)) : json::value(nullptr);  // as the agent put it
+    std::printf("%s\n", json::serialize(shown).c_str());
+    co_return 0;
+  }
+  std::printf("uuid:   %s\n", record->uuid.c_str());
+  // Names and messages are anyone's text: never an escape sequence to the terminal.
+  if (!record->name.empty()) std::printf("name:   %s\n", printable_line(record->name).c_str());
+  std::printf("state:  %s\n", std::string(to_string(record->state)).c_str());
+  std::printf("host:   %s\n", record->host.c_str());
+  std::printf("ip:     %s\n", !record->ip.empty() ? record->ip.c_str()
+                             : record->no_address ? "- (none within the host's address_timeout)"
+                                                  : "-");
+  if (!record->error_code.empty())
+    std::printf("error:  %s: %s%s\n", printable_line(record->error_code).c_str(),
+                printable_line(record->error_message).c_str(),
+                record->releasing ? " (its allocation is being released)" : "");
+  if (*usage) print_usage(**usage);
+  co_return 0;
+}
+
+awaitable<int> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+  auto listed = co_await etcd.range_prefix(keys.instances_prefix());
+  if (!listed) co_return etcd_failure(etcd, listed.error());
+  json::array all;
+  if (!options.json) std::printf("%-36s  %-9s  %-36s  %s\n", "UUID", "STATE", "HOST", "IP");
+  for (const KeyValue& kv : listed->kvs) {
+    auto record = decode_instance(kv.value);
+    if (!record) {
+      spdlog::warn("skipping corrupt record {}", kv.key);
+      continue;
+    }
+    if (options.json) {
+      all.push_back(instance_json(*record));
+    } else {
+      std::printf("%-36s  %-9s  %-36s  %s\n", record->uuid.c_str(),
+                  std::string(to_string(record->state)).c_str(), record->host.c_str(),
+                  record->ip.empty() ? "-" : record->ip.c_str());
+    }
+  }
+  if (options.json) std::printf("%s\n", json::serialize(all).c_str());
+  co_return 0;
+}
+
+json::object stats_json(const HostStats& s) {
+  return json::object{{"mem_total_mb", s.mem_total_mb},   {"mem_available_mb", s.mem_available_mb},
+                      {"disk_total_mb", s.disk_total_mb}, {"disk_available_mb", s.disk_available_mb},
+                      {"load", s.load},                   {"cpus_online", s.cpus_online},
+                      {"at", s.at}};
+}
+
+// Hosts with a record are alive (the record lives on the agent's lease); hosts that still
+// have work but no record are listed as dead. Beside Placement's capacity and the usage of
+// their work: the figures their agents measure, and an operator's disable.
+awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+  // One transaction reads them all at the same revision.
+  auto all_of = [](std::string prefix) { return EtcdOp::get(prefix, prefix_range_end(prefix)); };
+  std::vector<EtcdOp> reads{all_of(keys.hosts_prefix()), all_of(keys.work_root()), all_of(keys.stats_prefix()),
+                            all_of(keys.disabled_prefix()), all_of(keys.domains_root())};
+  auto txn = co_await etcd.txn({}, std::move(reads));
+  if (!txn) co_return etcd_failure(etcd, txn.error());
+  struct Row {
+    std::optional<HostRecord> record;
+    std::optional<HostStats> stats;
+    std::optional<HostMaintenance> disabled;
+    ResourceAmounts usage;
+    int instances = 0;
+    int64_t domains = 0;
+  };
+  std::map<std::string, Row> rows;
+  for (const KeyValue& kv : txn->ranges[0].kvs) {
+    auto record = decode_host(kv.value);
+    if (record) rows[record->provider].record = std::move(*record);
+  }
+  for (const KeyValue& kv : txn->ranges[1].kvs) {
+    auto key = keys.parse_work(kv.key);
+    auto spec = decode_work(kv.value);
+    if (!key || !spec) continue;
+    Row& row = rows[key->host];
+    row.instances += 1;
+    for (auto& [rc, n] : spec->resources) row.usage[rc] += n;
+  }
+  for (const KeyValue& kv : txn->ranges[2].kvs) {
+    auto provider = keys.leaf(kv.key, keys.stats_prefix());
+    auto stats = decode_host_stats(kv.value);
+    if (provider && stats && rows.count(*provider)) rows[*provider].stats = *stats;
+  }
+  for (const KeyValue& kv : txn->ranges[3].kvs) {
+    auto provider = keys.leaf(kv.key, keys.disabled_prefix());
+    if (!provider) continue;
+    auto disabled = decode_maintenance(kv.value);
+    rows[*provider].disabled = disabled ? *disabled : HostMaintenance{"(unreadable)", 0};
+  }
+  for (const KeyValue& kv : txn->ranges[4].kvs) {
+    auto key = keys.parse_domain(kv.key);
+    if (auto row = key ? rows.find(key->host) : rows.end(); row != rows.end()) row->second.domains += 1;
+  }
+  json::array all;
+  if (!options.json)
+    std::printf("%-20s  %-36s  %-5s  %-8s  %-9s  %-7s  %-5s  %-13s  %-15s  %-40s  %s\n", "NAME", "PROVIDER", "ALIVE",
+                "STATUS", "INSTANCES", "DOMAINS", "LOAD", "MEM_AVAIL_MB", "DISK_AVAIL_MB", "CAPACITY", "USAGE");
+  for (auto& [provider, row] : rows) {
+    std::string name = row.record ? printable_line(row.record->name) : "-";
+    std::string status = row.record ? row.record->status : row.disabled ? "DISABLED" : "-";
+    ResourceAmounts capacity = row.record ? row.record->capacity : ResourceAmounts{};
+    if (options.json) {
+      json::object cap, use;
+      for (auto& [rc, n] : capacity) cap[rc] = n;
+      for (auto& [rc, n] : row.usage) use[rc] = n;
+      json::object o{{"provider", provider}, {"name", name}, {"alive", row.record.has_value()},
+                     {"status", status}, {"instances", row.instances},
+                     {"domains", row.domains},
+                     {"capacity", cap}, {"usage", use}};
+      o["stats"] = row.stats ? json::value(stats_json(*row.stats)) : json::value(nullptr);
+      o["disabled"] = row.disabled ? json::value(json::object{{"reason", row.disabled->reason}, {"at", row.disabled->at}})
+                                   : json::value(nullptr);
+      all.push_back(std::move(o));
+    } else {
+      std::string load = row.stats ? fmt::format("{:.2f}", row.stats->load) : "-";
+      std::string memory = row.stats ? fmt::format("{}/{}", row.stats->mem_available_mb, row.stats->mem_total_mb) : "-";
+      std::string disk = row.stats ? fmt::format("{}/{}", row.stats->disk_available_mb, row.stats->disk_total_mb) : "-";
+      std::string why = row.disabled ? fmt::format("  disabled: {}", row.disabled->reason.empty()
+                                                                          ? "-"
+                                                                          : printable_line(row.disabled->reason))
+                                     : "";
+      std::printf("%-20s  %-36s  %-5s  %-8s  %-9d  %-7lld  %-5s  %-13s  %-15s  %-40s  %s%s\n", name.c_str(),
+                  provider.c_str(), row.record ? "yes" : "no", status.c_str(), row.instances,
+                  static_cast<long long>(row.domains), load.c_str(), memory.c_str(),
+                  disk.c_str(), amounts_text(capacity).c_str(), amounts_text(row.usage).c_str(), why.c_str());
+    }
+  }
+  if (options.json) std::printf("%s\n", json::serialize(all).c_str());
+  co_return 0;
+}
+
+}  // namespace
+
+int run_show(const Config& config, const ShowOptions& options) {
+  if (!options.uuid.empty() && !is_uuid(options.uuid))
+    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  return run_on_loop([&](asio::io_context&) -> awaitable<int> {
+    auto etcd = EtcdClient::create(config.etcd);
+    KeyLayout keys(config.etcd.prefix);
+    if (options.hosts) co_return co_await show_hosts(*etcd, keys, options);
+    if (options.watch) co_return co_await show_watch(*etcd, keys, options);
+    if (options.uuid.empty()) co_return co_await show_all(*etcd, keys, options);
+    if (options.console) co_return co_await show_console(*etcd, keys, options);
+    co_return co_await show_one(*etcd, keys, options);
+  });
+}
+
+}  // namespace toyvm

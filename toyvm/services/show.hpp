@@ -1,0 +1,26 @@
+#pragma once
+// What the parts of `toyvm show` share: an instance as JSON, and the modes that follow etcd
+// until interrupted (services/show_follow.cpp).
+
+#include "clients/etcd.hpp"
+#include "core/async.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+#include "services/services.hpp"
+
+#include <boost/json/object.hpp>
+
+namespace toyvm {
+
+boost::json::object instance_json(const InstanceRecord& r);
+
+// The tail of the serial console: a request under a short lease of our own asks the
+// instance's agent to publish it (under the same lease, so both go when we do).
+awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options);
+
+// Follows instance records in etcd and prints each change as it happens, until interrupted
+// (or, for one instance, until it is deleted). After a lost watch the listing is compared
+// with what was last printed, so a change made meanwhile is still told, once.
+awaitable<int> show_watch(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options);
+
+}  // namespace toyvm

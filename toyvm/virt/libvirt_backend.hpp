@@ -1,0 +1,120 @@
+#pragma once
+// The libvirt backend's class, shared by its two halves: virt/libvirt_backend.cpp changes
+// domains (lifecycle, disks, network), virt/libvirt_observe.cpp reads them (state, usage,
+// addresses, the domains an agent owns, lifecycle events). Others include virt/backend.hpp.
+
+#include "virt/backend.hpp"
+#include "virt/libvirt_api.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace toyvm::libvirt_impl {
+
+inline const LibvirtApi* api = nullptr;  // set by open_libvirt before any backend exists
+inline thread_local virConnectPtr call_connection = nullptr;  // the connection this thread's call started on
+
+// libvirt keeps one error per thread and clears it at the start of every public call, even a
+// successful one: read it right after the call that failed, before any other.
+std::string last_virt_error();
+bool last_error_is(int code);
+
+// Owns one libvirt object pointer and frees it with the matching call.
+template <class Ptr, auto Free>
+struct Handle {
+  Ptr ptr = nullptr;
+  explicit Handle(Ptr p) : ptr(p) {}
+  ~Handle() {
+    if (ptr) (api->*Free)(ptr);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  explicit operator bool() const { return ptr != nullptr; }
+};
+using DomainHandle = Handle<virDomainPtr, &LibvirtApi::virDomainFree>;
+using NetworkHandle = Handle<virNetworkPtr, &LibvirtApi::virNetworkFree>;
+using PoolHandle = Handle<virStoragePoolPtr, &LibvirtApi::virStoragePoolFree>;
+using VolumeHandle = Handle<virStorageVolPtr, &LibvirtApi::virStorageVolFree>;
+
+class LibvirtBackend final : public VirtBackend {
+ public:
+  LibvirtBackend(virConnectPtr conn, LibvirtOptions options, std::string pool)
+      : conn_(conn), options_(std::move(options)), pool_(std::move(pool)) {}
+  ~LibvirtBackend() override;
+
+  VirtResult<bool> create(const DomainSpec& spec) override;
+  VirtResult<bool> start(const std::string& uuid) override;
+  VirtResult<bool> shutdown(const std::string& uuid) override;
+  VirtResult<bool> stop(const std::string& uuid) override;
+  VirtResult<bool> destroy(const std::string& uuid) override;
+  VirtResult<DomainState> state(const std::string& uuid) override;
+  VirtResult<DomainUsage> usage(const std::string& uuid) override;
+  VirtResult<StopCause> stop_cause(const std::string& uuid) override;
+  void on_lifecycle(std::function<void(const std::string& uuid, bool started)> changed) override;
+  VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) override;
+  VirtResult<std::vector<std::string>> list() override;
+  VirtResult<std::vector<std::string>> network_dns() override;
+  VirtResult<bool> ensure_network() override;
+
+  // The instance storage pool: transient (libvirt forgets it on restart; open_libvirt makes
+  // it again), a dir pool over the instance dir.
+  VirtResult<bool> ensure_pool();
+
+ private:
+  // libvirtd may restart under the agent: a connection found dead is replaced by a new one.
+  // The dead one is closed with the backend, as calls on other threads may still hold it.
+  // Each call notes which connection it started on: a failure on a connection that has been
+  // replaced meanwhile is the connection's, not the instance's.
+  bool revive();
+
+  // Each connection needs its own registration; libvirt calls back on its event thread.
+  void watch_lifecycle(virConnectPtr conn);
+  static int lifecycle_event(virConnectPtr, virDomainPtr domain, int event, int, void* opaque);
+
+  // A failure carrying libvirt's own words, after what toyvm was doing when it has a say. A
+  // connection that died meanwhile says nothing about the instance: libvirt_unavailable.
+  template <class T>
+  VirtResult<T> fail(const char* reason, std::string_view doing = {}) {
+    std::string message = doing.empty() ? last_virt_error() : fmt::format("{}: {}", doing, last_virt_error());
+    if (call_connection != conn_.load() || api->virConnectIsAlive(conn_.load()) != 1) reason = "libvirt_unavailable";
+    return {T{}, VirtFailure{reason, std::move(message)}};
+  }
+
+  template <class T>
+  VirtResult<T> unavailable() {
+    return {T{}, VirtFailure{"libvirt_unavailable", fmt::format("cannot connect to libvirt {} again: {}", options_.uri,
+                                                                last_virt_error())}};
+  }
+
+  // Whether this agent made the domain, as its metadata says. Its own are remembered until
+  // it destroys them; others are asked again, as the uuid may come to this agent later (a
+  // build moved here from another agent on the same libvirt).
+  bool owned(virDomainPtr domain, const std::string& uuid);
+  void forget_owned(const std::string& uuid);
+
+  VirtResult<bool> power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing);
+  // A copy-on-write qcow2 over the base disk (or a blank one), as big as the instance's disk.
+  VirtResult<std::string> make_overlay(const DomainSpec& spec);
+  VirtResult<bool> delete_overlay(const std::string& uuid);
+
+  std::atomic<virConnectPtr> conn_;
+  std::mutex revive_mutex_;
+  std::vector<virConnectPtr> retired_;
+  LibvirtOptions options_;
+  std::string pool_;
+  std::mutex owners_mutex_;  // list() may run on several worker threads
+  std::mutex events_mutex_;  // libvirt's event thread reads what the agent's threads set
+  std::function<void(const std::string&, bool)> lifecycle_;
+  std::vector<std::pair<virConnectPtr, int>> event_callbacks_;
+  std::set<std::string> mine_;
+};
+
+}  // namespace toyvm::libvirt_impl

@@ -1,0 +1,169 @@
+// What the libvirt backend reads of domains: their state, why they stopped, what they use,
+// their guests' addresses, which of them this agent owns, and libvirt's lifecycle events.
+
+#include "virt/libvirt_backend.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+
+namespace toyvm::libvirt_impl {
+
+VirtResult<DomainState> LibvirtBackend::state(const std::string& uuid) {
+  if (!revive()) return unavailable<DomainState>();
+  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
+  if (!dom) {
+    if (last_error_is(VIR_ERR_NO_DOMAIN)) return {DomainState::absent, {}};
+    return fail<DomainState>("launch_failure");
+  }
+  int active = api->virDomainIsActive(dom.ptr);
+  if (active < 0) return fail<DomainState>("launch_failure");
+  return {active == 1 ? DomainState::running : DomainState::stopped, {}};
+}
+
+VirtResult<DomainUsage> LibvirtBackend::usage(const std::string& uuid) {
+  if (!revive()) return unavailable<DomainUsage>();
+  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
+  if (!dom) return fail<DomainUsage>("launch_failure");
+  virDomainInfo info{};
+  if (api->virDomainGetInfo(dom.ptr, &info) < 0) return fail<DomainUsage>("launch_failure");
+  DomainUsage usage;
+  usage.running = info.state == VIR_DOMAIN_RUNNING || info.state == VIR_DOMAIN_BLOCKED ||
+                  info.state == VIR_DOMAIN_PAUSED;
+  usage.vcpus = info.nrVirtCpu;
+  usage.cpu_time_ns = info.cpuTime;
+  usage.memory_kib = usage.running ? info.memory : 0;
+  if (usage.running) {
+    virDomainMemoryStatStruct stats[VIR_DOMAIN_MEMORY_STAT_NR];
+    int n = api->virDomainMemoryStats(dom.ptr, stats, VIR_DOMAIN_MEMORY_STAT_NR, 0);
+    for (int i = 0; i < n; ++i)
+      if (stats[i].tag == VIR_DOMAIN_MEMORY_STAT_RSS) usage.rss_kib = int64_t(stats[i].val);
+  }
+  virDomainBlockInfo block{};
+  if (api->virDomainGetBlockInfo(dom.ptr, "vda", &block, 0) == 0) {
+    usage.disk_capacity = int64_t(block.capacity);
+    usage.disk_allocation = int64_t(block.allocation);
+  }
+  usage.simulated = options_.domain_type == "test";
+  return {usage, {}};
+}
+
+VirtResult<StopCause> LibvirtBackend::stop_cause(const std::string& uuid) {
+  if (!revive()) return unavailable<StopCause>();
+  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
+  if (!dom) return fail<StopCause>("launch_failure");
+  int state = 0, reason = 0;
+  if (api->virDomainGetState(dom.ptr, &state, &reason, 0) < 0) return fail<StopCause>("launch_failure");
+  if (state == VIR_DOMAIN_CRASHED) return {StopCause::crashed, {}};
+  if (state != VIR_DOMAIN_SHUTOFF) return {StopCause::unknown, {}};
+  switch (reason) {
+    case VIR_DOMAIN_SHUTOFF_SHUTDOWN: return {StopCause::shutdown, {}};
+    case VIR_DOMAIN_SHUTOFF_DESTROYED: return {StopCause::destroyed, {}};
+    case VIR_DOMAIN_SHUTOFF_CRASHED: return {StopCause::crashed, {}};
+    default: return {StopCause::unknown, {}};
+  }
+}
+
+VirtResult<std::vector<GuestAddress>> LibvirtBackend::addresses(const std::string& uuid) {
+  if (!revive()) return unavailable<std::vector<GuestAddress>>();
+  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
+  if (!dom) return fail<std::vector<GuestAddress>>("launch_failure");
+  // dnsmasq's leases on a libvirt network; the host's ARP table on a plain bridge.
+  unsigned source = options_.bridge.empty() ? VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE
+                                            : VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP;
+  virDomainInterfacePtr* interfaces = nullptr;
+  int count = api->virDomainInterfaceAddresses(dom.ptr, &interfaces, source, 0);
+  if (count < 0) return fail<std::vector<GuestAddress>>("network_failure");
+  std::vector<GuestAddress> found;
+  for (int i = 0; i < count; ++i) {
+    virDomainInterfacePtr interface = interfaces[i];
+    for (unsigned j = 0; j < interface->naddrs; ++j) {
+      if (interface->addrs[j].type == VIR_IP_ADDR_TYPE_IPV4 && interface->addrs[j].addr)
+        found.push_back(GuestAddress{interface->hwaddr ? interface->hwaddr : "", interface->addrs[j].addr});
+    }
+    api->virDomainInterfaceFree(interface);
+  }
+  free(interfaces);
+  return {std::move(found), {}};
+}
+
+VirtResult<std::vector<std::string>> LibvirtBackend::list() {
+  if (!revive()) return unavailable<std::vector<std::string>>();
+  virDomainPtr* domains = nullptr;
+  int count = api->virConnectListAllDomains(conn_, &domains, 0);
+  if (count < 0) return fail<std::vector<std::string>>("launch_failure");
+  std::vector<std::string> uuids;
+  char uuid[VIR_UUID_STRING_BUFLEN];
+  for (int i = 0; i < count; ++i) {
+    const char* name = api->virDomainGetName(domains[i]);
+    if (name && api->virDomainGetUUIDString(domains[i], uuid) == 0 && domain_name(uuid) == name &&
+        owned(domains[i], uuid))
+      uuids.emplace_back(uuid);
+    api->virDomainFree(domains[i]);
+  }
+  free(domains);
+  return {std::move(uuids), {}};
+}
+
+bool LibvirtBackend::owned(virDomainPtr domain, const std::string& uuid) {
+  if (options_.owner.empty()) return true;
+  {
+    std::lock_guard lock(owners_mutex_);
+    if (mine_.count(uuid)) return true;
+  }
+  char* element = api->virDomainGetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, owner_namespace, 0);
+  bool mine = element && std::string_view(element) == "<owner>" + options_.owner + "</owner>";
+  free(element);
+  if (mine) {
+    std::lock_guard lock(owners_mutex_);
+    mine_.insert(uuid);
+  }
+  return mine;
+}
+
+void LibvirtBackend::forget_owned(const std::string& uuid) {
+  std::lock_guard lock(owners_mutex_);
+  mine_.erase(uuid);
+}
+
+void LibvirtBackend::on_lifecycle(std::function<void(const std::string& uuid, bool started)> changed) {
+  {
+    std::lock_guard lock(events_mutex_);
+    lifecycle_ = std::move(changed);
+  }
+  watch_lifecycle(conn_.load());
+}
+
+void LibvirtBackend::watch_lifecycle(virConnectPtr conn) {
+  std::lock_guard lock(events_mutex_);
+  if (!lifecycle_) return;
+  int id = api->virConnectDomainEventRegisterAny(conn, nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                                 VIR_DOMAIN_EVENT_CALLBACK(&LibvirtBackend::lifecycle_event), this,
+                                                 nullptr);
+  if (id < 0) {
+    spdlog::warn("libvirt {}: no domain events ({}); guests that stop are seen at the next resync", options_.uri,
+                 last_virt_error());
+    return;
+  }
+  event_callbacks_.emplace_back(conn, id);
+}
+
+int LibvirtBackend::lifecycle_event(virConnectPtr, virDomainPtr domain, int event, int, void* opaque) {
+  // Defined, suspended, resumed and the like change nothing toyvm acts on.
+  if (event != VIR_DOMAIN_EVENT_STARTED && event != VIR_DOMAIN_EVENT_STOPPED && event != VIR_DOMAIN_EVENT_CRASHED &&
+      event != VIR_DOMAIN_EVENT_UNDEFINED)
+    return 0;
+  auto* self = static_cast<LibvirtBackend*>(opaque);
+  const char* name = api->virDomainGetName(domain);
+  char uuid[VIR_UUID_STRING_BUFLEN];
+  if (!name || api->virDomainGetUUIDString(domain, uuid) != 0 || domain_name(uuid) != name) return 0;
+  std::function<void(const std::string&, bool)> changed;
+  {
+    std::lock_guard lock(self->events_mutex_);
+    changed = self->lifecycle_;
+  }
+  if (changed) changed(uuid, event == VIR_DOMAIN_EVENT_STARTED);
+  return 0;
+}
+
+}  // namespace toyvm::libvirt_impl
