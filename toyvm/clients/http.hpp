@@ -31,7 +31,7 @@ struct HttpClientOptions {
   std::string url;  // http://host:port[/base] or https://...
   std::chrono::milliseconds timeout{10'000};
   std::chrono::milliseconds max_idle{20'000};  // older idle connections are not reused
-  std::string ca_file;  // https: the CA that signed the server's certificate; empty: the system's
+  std::string ca_file{};  // https: the CA that signed the server's certificate; empty: the system's
 };
 
 class HttpClient {
