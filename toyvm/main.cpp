@@ -7,6 +7,7 @@
 #include "core/log.hpp"
 #include "services/services.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -31,6 +32,14 @@ bool named(int argc, char** argv, std::string_view subcommand) {
   for (int i = 1; i < argc; ++i)
     if (subcommand == argv[i]) return true;
   return false;
+}
+
+// A duration flag, written in seconds (decimals allowed), held as a Duration.
+CLI::Option* add_seconds(CLI::App* command, const std::string& name, Duration& target, const std::string& help) {
+  auto set = [&target](double seconds) { target = from_seconds(seconds); };
+  return command->add_option_function<double>(name, set, help)
+      ->check(CLI::NonNegativeNumber)
+      ->default_str(fmt::format("{:g}", in_seconds(target)));
 }
 
 }  // namespace
@@ -115,7 +124,7 @@ int main(int argc, char** argv) {
                     "give the guest its metadata on a config drive too (for networks without 169.254.169.254)");
     sched->add_flag("--wait", schedule.wait,
                     "wait for ACTIVE (and the guest IP, with a NIC) or ERROR, printing each state");
-    sched->add_option("--timeout", schedule.wait_timeout_s, "seconds to --wait")->capture_default_str();
+    add_seconds(sched, "--timeout", schedule.wait_timeout, "seconds to --wait");
     sched->footer("Example: toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait");
     sched->callback([&] { service = [&](const Config& c) { return run_schedule(c, schedule); }; });
   }
@@ -137,9 +146,8 @@ int main(int argc, char** argv) {
                        "print each change of an instance's state (or every instance's) as it happens, a line each "
                        "(--json: an object each), until interrupted")
         ->excludes(console_flag);
-    show_cmd->add_option("--timeout", show.timeout_s,
-                         "seconds the instance's host has to answer (its usage, its console)")
-        ->capture_default_str();
+    add_seconds(show_cmd, "--timeout", show.timeout,
+                "seconds the instance's host has to answer (its usage, its console)");
     show_cmd->footer("Example: toyvm show d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --json");
     show_cmd->callback([&] { service = [&](const Config& c) { return run_show(c, show); }; });
   }
@@ -150,7 +158,7 @@ int main(int argc, char** argv) {
     destroy_cmd->add_flag("--no-wait", destroy_no_wait, "return once the request is recorded");
     destroy_cmd->add_flag("--force", destroy.force,
                           "the host is gone for good: release the allocation and remove the keys here");
-    destroy_cmd->add_option("--timeout", destroy.wait_timeout_s, "seconds to wait for the host")->capture_default_str();
+    add_seconds(destroy_cmd, "--timeout", destroy.wait_timeout, "seconds to wait for the host");
     destroy_cmd->footer("Example: toyvm destroy d578fb7c-7787-4e73-b69a-a7b3ef9bf73a");
     destroy_cmd->callback([&] {
       destroy.wait = !destroy_no_wait;
@@ -166,7 +174,7 @@ int main(int argc, char** argv) {
     if (!named(argc, argv, on ? "start" : "stop")) continue;
     cmd->add_option("uuid", power.uuid, "instance uuid")->required();
     cmd->add_flag("--no-wait", power_no_wait, "return once the request is recorded");
-    cmd->add_option("--timeout", power.wait_timeout_s, "seconds to wait for the host")->capture_default_str();
+    add_seconds(cmd, "--timeout", power.wait_timeout, "seconds to wait for the host");
     cmd->callback([&, on] {
       power.power = on ? PowerState::running : PowerState::stopped;
       power.wait = !power_no_wait;
@@ -181,7 +189,7 @@ int main(int argc, char** argv) {
     audit_cmd->add_flag("--fix", audit.fix,
                         "release allocations nobody owns or an ERROR instance holds, drop members of gone "
                         "instances; each only when seen again after --grace seconds");
-    audit_cmd->add_option("--grace", audit.grace_s, "seconds between the two looks of --fix")->capture_default_str();
+    add_seconds(audit_cmd, "--grace", audit.grace, "seconds between the two looks of --fix");
     audit_cmd->footer("Exit 0 when everything agrees, 1 when something does not (after --fix: is still not).\n"
                       "Example: toyvm audit --fix");
     audit_cmd->callback([&] { service = [&](const Config& c) { return run_audit(c, audit); }; });

@@ -269,7 +269,7 @@ void Servers::start_etcd() {
     etcd_[i].process = std::make_unique<Process>(std::move(argv), fmt::format("{}/etcd{}.log", dir(), i));
     config.etcd.endpoints.push_back(client_url);
   }
-  config.etcd.timeout_s = 3;
+  config.etcd.timeout = std::chrono::seconds(3);
 }
 
 int Servers::kill_etcd_leader() {
@@ -334,7 +334,7 @@ void Servers::start_placement() {
   placement_ = std::make_unique<Process>(std::vector<std::string>{"uwsgi", "--ini", pdir + "/uwsgi.ini"},
                                          dir() + "/uwsgi-console.log");
   config.placement.endpoint = "http://127.0.0.1:" + std::to_string(placement_port_);
-  config.placement.timeout_s = 5;
+  config.placement.timeout = std::chrono::seconds(5);
   if (options_.placement_https) {
     // HTTPS in front of the same workers, as a TLS-terminating proxy would be.
     uint16_t port = free_port();

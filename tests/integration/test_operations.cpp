@@ -319,7 +319,9 @@ TEST_CASE("work this agent cannot read leaves its guest and allocation alone, an
   value.replace(power, 16, "\"power\":\"stopped\"");
   servers.etcd_put(key, value);
   CHECK(wait_for_record(servers, uuid, [](const InstanceRecord& r) { return r.state == InstanceState::stopped; }));
-  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+  auto audit = servers.toyvm({"audit"});
+  INFO(audit.out << audit.err);
+  CHECK(audit.exit_code == 0);
 }
 
 TEST_CASE("audit names an ACTIVE instance whose live host reports no domain for it", "[operations]") {

@@ -209,8 +209,8 @@ TEST_CASE("a clean stop ends within a bound whatever etcd does, with TLS, certif
   std::string rp;
   auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
   servers.stop_etcd();
-  // Stopped while it is trying to get back to etcd (a new lease, a new token).
-  CHECK(wait_for([&] { return compute->output().find("announcing host in etcd") != std::string::npos; }, 60));
+  // Stopped while it is trying to get back to etcd (its lease's keep-alive, a new token).
+  CHECK(wait_for([&] { return compute->output().find("keeping the etcd lease alive") != std::string::npos; }, 60));
   compute->signal(SIGTERM);
   int status = compute->wait(60);
   INFO(compute->output());

@@ -88,7 +88,7 @@ class GrpcEtcdClient final : public EtcdClient {
  public:
   explicit GrpcEtcdClient(const EtcdConfig& config)
       : endpoints_text_(fmt::format("{}", fmt::join(config.endpoints, ","))),
-        timeout_(std::chrono::milliseconds(int64_t(config.timeout_s * 1000))),
+        timeout_(config.timeout),
         config_(config) {}
 
   // gRPC 1.51 can abort on an internal refcount assertion when a channel is torn down while

@@ -51,12 +51,12 @@ result<std::vector<std::string>> parse_traits(const std::string& body) {
 }  // namespace
 
 PlacementClient::PlacementClient(asio::any_io_executor executor, const PlacementConfig& config)
-    : http_(executor, HttpClientOptions{config.endpoint, std::chrono::milliseconds(int64_t(config.timeout_s * 1000)),
+    : http_(executor, HttpClientOptions{config.endpoint, config.timeout,
                                         std::chrono::milliseconds(20'000), config.ca_file}),
       config_(config) {
   if (!config.auth_url.empty())
     keystone_ = std::make_unique<HttpClient>(
-        executor, HttpClientOptions{config.auth_url, std::chrono::milliseconds(int64_t(config.timeout_s * 1000)),
+        executor, HttpClientOptions{config.auth_url, config.timeout,
                                     std::chrono::milliseconds(20'000), config.ca_file});
 }
 
@@ -186,7 +186,7 @@ awaitable<result<void>> PlacementClient::claim_all(std::vector<std::pair<std::st
   json::object body;
   for (auto& [consumer, allocations] : consumers) body[consumer] = allocations_json(allocations, std::nullopt, config_);
   // Placement takes its time over a large batch: give it 50 ms per instance.
-  const auto timeout = std::max(std::chrono::milliseconds(int64_t(config_.timeout_s * 1000)),
+  const auto timeout = std::max(config_.timeout,
                                 std::chrono::milliseconds(50 * int64_t(consumers.size())));
   auto response = co_await call("POST", "/allocations", mv_allocations, json::serialize(body), timeout);
   if (!response) co_return response.error();

@@ -29,6 +29,8 @@ class Backoff {
   }
 
   void reset() { next_ = first_; }
+  // No wait since the last reset: the first failure of a run, the one worth a log line.
+  bool fresh() const { return next_ == first_; }
 
  private:
   std::chrono::milliseconds first_, next_, cap_;

@@ -41,6 +41,14 @@ class TableReader {
       auto value = node->value<bool>();
       if (!value || !node->is_boolean()) return wrong_type(key, "true or false");
       out = *value;
+    } else if constexpr (std::is_same_v<T, std::chrono::seconds>) {
+      auto value = node->value<int64_t>();
+      if (!value || !node->is_integer()) return wrong_type(key, "a whole number of seconds");
+      out = std::chrono::seconds(*value);
+    } else if constexpr (std::is_same_v<T, Duration>) {
+      auto value = node->value<double>();  // accepts integers too
+      if (!value) return wrong_type(key, "a number of seconds");
+      out = from_seconds(*value);
     } else if constexpr (std::is_same_v<T, double>) {
       auto value = node->value<double>();  // accepts integers too
       if (!value) return wrong_type(key, "a number");
@@ -128,7 +136,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   TableReader etcd(section("etcd"), "etcd", &error);
   etcd.get("endpoints", config.etcd.endpoints);
   etcd.get("prefix", config.etcd.prefix);
-  etcd.get("timeout", config.etcd.timeout_s);
+  etcd.get("timeout", config.etcd.timeout);
   etcd.get("ca_file", config.etcd.ca_file);
   etcd.get("cert_file", config.etcd.cert_file);
   etcd.get("key_file", config.etcd.key_file);
@@ -141,7 +149,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   placement.get("endpoint", config.placement.endpoint);
   placement.get("token", config.placement.token);
   placement.get("token_header", config.placement.token_header);
-  placement.get("timeout", config.placement.timeout_s);
+  placement.get("timeout", config.placement.timeout);
   placement.get("candidate_limit", config.placement.candidate_limit);
   placement.get("ca_file", config.placement.ca_file);
   placement.get("auth_url", config.placement.auth_url);
@@ -167,11 +175,11 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("availability_zone", c.availability_zone);
   compute.get("metadata_interface", c.metadata_interface);
   compute.get("config_drive", c.config_drive);
-  compute.get("lease_ttl", c.lease_ttl_s);
+  compute.get("lease_ttl", c.lease_ttl);
   compute.get("workers", c.workers);
   compute.get("max_instances", c.max_instances);
-  compute.get("resync_interval", c.resync_interval_s);
-  compute.get("stats_interval", c.stats_interval_s);
+  compute.get("resync_interval", c.resync_interval);
+  compute.get("stats_interval", c.stats_interval);
   compute.get("on_guest_crash", c.on_guest_crash);
   compute.get("metrics_listen", c.metrics_listen);
   compute.get("max_build_attempts", c.max_build_attempts);
@@ -185,9 +193,9 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   compute.get("bridge", c.bridge);
   compute.get("nic_model", c.nic_model);
   compute.get("guest_filter", c.guest_filter);
-  compute.get("address_timeout", c.address_timeout_s);
-  compute.get("stop_timeout", c.stop_timeout_s);
-  compute.get("console_interval", c.console_interval_s);
+  compute.get("address_timeout", c.address_timeout);
+  compute.get("stop_timeout", c.stop_timeout);
+  compute.get("console_interval", c.console_interval);
   compute.get("reserved_vcpu", c.policy.reserved_vcpu);
   compute.get("reserved_memory_mb", c.policy.reserved_memory_mb);
   compute.get("reserved_disk_gb", c.policy.reserved_disk_gb);
@@ -210,7 +218,7 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
   mdserver.get("listen", config.mdserver.listen);
   mdserver.get("metrics_listen", config.mdserver.metrics_listen);
   mdserver.get("max_connections", config.mdserver.max_connections);
-  mdserver.get("idle_timeout", config.mdserver.idle_timeout_s);
+  mdserver.get("idle_timeout", config.mdserver.idle_timeout);
   mdserver.get("availability_zone", config.mdserver.availability_zone);
   mdserver.get("guest_networks", config.mdserver.guest_networks);
   mdserver.get("rate_limit", config.mdserver.rate_limit);
@@ -234,9 +242,10 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
     error = "schedule.policy must be \"spread\" or \"pack\"";
   if (error.empty() && config.compute.on_guest_crash != "restart" && config.compute.on_guest_crash != "error")
     error = "compute.on_guest_crash must be \"restart\" or \"error\"";
-  if (error.empty() && (config.compute.lease_ttl_s < 2 || config.compute.workers < 1 ||
-                        config.compute.resync_interval_s < 0.1 || config.compute.max_build_attempts < 1 ||
-                        config.compute.stats_interval_s < 1))
+  using std::chrono::seconds;
+  if (error.empty() && (config.compute.lease_ttl < seconds(2) || config.compute.workers < 1 ||
+                        config.compute.resync_interval < Duration(100) || config.compute.max_build_attempts < 1 ||
+                        config.compute.stats_interval < seconds(1)))
     error = "compute.lease_ttl must be >= 2, workers and max_build_attempts >= 1, resync_interval >= 0.1, "
             "stats_interval >= 1";
   if (!error.empty()) {

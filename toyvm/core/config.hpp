@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -11,10 +12,19 @@
 
 namespace toyvm {
 
+// Durations in the configuration and on the command line are written in seconds (decimals
+// allowed) and held as milliseconds from the moment they are read.
+using Duration = std::chrono::milliseconds;
+inline Duration from_seconds(double seconds) {
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(seconds));
+}
+// For messages: "2.5" for 2500 ms.
+inline double in_seconds(Duration duration) { return std::chrono::duration<double>(duration).count(); }
+
 struct EtcdConfig {
   std::vector<std::string> endpoints{"http://127.0.0.1:2379"};
   std::string prefix = "/toyvm/v1";
-  double timeout_s = 5.0;  // per call
+  Duration timeout{5000};  // per call
   // TLS when the endpoints are https://: the CA to trust (empty: the system's), a client
   // certificate and key for client-cert auth, and a name to check the server's certificate
   // against instead of the endpoint's host.
@@ -31,7 +41,7 @@ struct PlacementConfig {
   std::string endpoint = "http://127.0.0.1:8080";
   std::string token = "admin";
   std::string token_header = "X-Auth-Token";
-  double timeout_s = 10.0;  // per request
+  Duration timeout{10000};  // per request
   int candidate_limit = 50;  // `limit` on GET /allocation_candidates unless the query has one
   std::string ca_file;       // https endpoint: the CA to trust; empty: the system's
   // Keystone v3 password authentication instead of the static token: a project-scoped token
@@ -70,11 +80,11 @@ struct ComputeConfig {
   InventoryPolicy policy;
   std::string metadata_interface;  // e.g. virbr0: the agent serves its guests' metadata there
   bool config_drive = false;       // every guest gets a config drive, asked for or not
-  int lease_ttl_s = 10;
+  std::chrono::seconds lease_ttl{10};
   int workers = 4;            // threads for blocking libvirt and disk work
   int max_instances = 0;      // the host reports FULL at this many; 0: no limit
-  double resync_interval_s = 60;  // full re-list of this host's work
-  double stats_interval_s = 30;   // the host's figures (memory, disk, load) to etcd
+  Duration resync_interval{60000};  // full re-list of this host's work
+  Duration stats_interval{30000};   // the host's figures (memory, disk, load) to etcd
   int max_build_attempts = 3;     // hosts an instance may try before no_valid_host
   // Guests: images, network, power.
   std::string image_dir;          // names and file:// images; default: <state_dir>/images
@@ -87,11 +97,11 @@ struct ComputeConfig {
   std::string bridge;             // a host bridge instead of a libvirt network
   std::string nic_model = "virtio";
   std::string guest_filter = "clean-traffic";  // nwfilter on each guest NIC; empty: none
-  double address_timeout_s = 300; // how long to look for a new guest's IP
-  double stop_timeout_s = 30;     // a guest asked to power off is forced off after this
+  Duration address_timeout{300000}; // how long to look for a new guest's IP
+  Duration stop_timeout{30000};     // a guest asked to power off is forced off after this
   std::string metrics_listen;     // ADDRESS:PORT for Prometheus' /metrics; empty: off
   std::string on_guest_crash = "restart";  // or "error": ERROR launch_failure, resources given back
-  double console_interval_s = 2;  // how often a grown console log is published to etcd
+  Duration console_interval{2000};  // how often a grown console log is published to etcd
 };
 
 struct ScheduleConfig {
@@ -108,7 +118,7 @@ struct MdserverConfig {
   std::vector<std::string> listen{"169.254.169.254:80"};
   std::string metrics_listen;  // ADDRESS:PORT for Prometheus' /metrics; empty: off
   int max_connections = 4096;
-  double idle_timeout_s = 10.0;  // a connection that sends nothing for this long is closed
+  Duration idle_timeout{10000};  // a connection that sends nothing for this long is closed
   std::string availability_zone = "nova";
   std::vector<std::string> guest_networks;  // CIDRs allowed to ask; empty: any address
   double rate_limit = 50;     // requests per second per source address; 0: off

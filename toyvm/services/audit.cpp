@@ -43,7 +43,7 @@ class Auditor {
     std::vector<bool> fixed(found.size(), false);
     const bool any_fixable = std::any_of(found.begin(), found.end(), [](const Discrepancy& d) { return fixable(d.kind); });
     if (options_.fix && any_fixable) {
-      asio::steady_timer grace(io_, std::chrono::milliseconds(int64_t(options_.grace_s * 1000)));
+      asio::steady_timer grace(io_, options_.grace);
       co_await grace.async_wait(use_awaitable);
       auto again = co_await take_snapshot();
       if (!again) co_return failure_;

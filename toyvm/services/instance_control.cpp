@@ -109,7 +109,7 @@ awaitable<int> request_power(EtcdClient& etcd, const KeyLayout& keys, const Inst
 // Follows the instance key from `revision` until `done` says so or the timeout passes.
 template <class Done>
 awaitable<int> wait_for_record(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid, int64_t revision,
-                               double timeout_s, const char* waiting_for, Done done) {
+                               Duration timeout, const char* waiting_for, Done done) {
   int code = -1;
   auto reached = [&](const WatchEvent& event) {
     std::optional<InstanceRecord> record;
@@ -122,11 +122,11 @@ awaitable<int> wait_for_record(EtcdClient& etcd, const KeyLayout& keys, const st
     return code >= 0;
   };
   auto followed = co_await follow_key(etcd, keys.instance(uuid), revision + 1,
-                                      std::chrono::milliseconds(int64_t(timeout_s * 1000)), reached);
+                                      timeout, reached);
   if (!followed) co_return etcd_failure(etcd, followed.error());
   if (*followed) co_return code;
   co_return report_failure(ExitCode::failed, fmt::format("instance {} is not {} after {} s; its host may be down", uuid,
-                                                         waiting_for, timeout_s));
+                                                         waiting_for, in_seconds(timeout)));
 }
 
 }  // namespace
@@ -148,7 +148,7 @@ int run_destroy(const Config& config, const DestroyOptions& options) {
     }
     // Done when the agent has deleted the instance key.
     auto gone = [](const std::optional<InstanceRecord>& record) { return record ? -1 : 0; };
-    if (int code = co_await wait_for_record(*etcd, keys, options.uuid, target.revision, options.wait_timeout_s,
+    if (int code = co_await wait_for_record(*etcd, keys, options.uuid, target.revision, options.wait_timeout,
                                             "gone", gone))
       co_return code;
     std::printf("DESTROYED INSTANCE %s\n", options.uuid.c_str());
@@ -180,7 +180,7 @@ int run_power(const Config& config, const PowerOptions& options) {
                                                               record->error_code, record->error_message));
         return record->state == wanted ? 0 : -1;
       };
-      if (int code = co_await wait_for_record(*etcd, keys, options.uuid, target.revision, options.wait_timeout_s,
+      if (int code = co_await wait_for_record(*etcd, keys, options.uuid, target.revision, options.wait_timeout,
                                               on ? "ACTIVE" : "STOPPED", reached))
         co_return code;
     } else if (!options.wait) {

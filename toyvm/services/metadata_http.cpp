@@ -126,7 +126,7 @@ awaitable<void> MetadataHttpServer::serve(tcp::socket socket) {
   const std::string ip = client_address(socket);
   beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
-  const auto idle = std::chrono::milliseconds(int64_t(config_.idle_timeout_s * 1000));
+  const auto idle = config_.idle_timeout;
   while (true) {
     stream.expires_after(idle);  // also bounds a client that sends a request slowly
     http::request_parser<http::empty_body> parser;

@@ -25,7 +25,7 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
     out.error = make_error_code(errc::invalid_argument);
     co_return out;
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(config_.etcd.timeout_s * 3000));
+  const auto deadline = std::chrono::steady_clock::now() + 3 * config_.etcd.timeout;
   for (const size_t end : *ends) {
     const size_t first = out.handed;
     std::vector<Placed> placed;
@@ -141,15 +141,15 @@ awaitable<int> Scheduler::wait_until_settled(const std::string& uuid, int64_t si
     return record->state == InstanceState::active && (record->mac.empty() || !record->ip.empty());
   };
   auto followed = co_await follow_key(*etcd_, keys_.instance(uuid), since_revision,
-                                      std::chrono::milliseconds(int64_t(options_.wait_timeout_s * 1000)), settled);
+                                      options_.wait_timeout, settled);
   if (!followed) co_return etcd_failure(followed.error());
   if (*followed) co_return code;
   if (last == InstanceState::active)
     co_return report_failure(ExitCode::no_address,
                              fmt::format("instance {} is ACTIVE but has no address after {} s", uuid,
-                                         options_.wait_timeout_s));
+                                         in_seconds(options_.wait_timeout)));
   co_return report_failure(ExitCode::failed,
-                           fmt::format("instance {} did not settle within {} s", uuid, options_.wait_timeout_s));
+                           fmt::format("instance {} did not settle within {} s", uuid, in_seconds(options_.wait_timeout)));
 }
 
 }  // namespace toyvm

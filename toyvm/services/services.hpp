@@ -28,7 +28,7 @@ struct ScheduleOptions {
   std::vector<std::string> key_files;  // OpenSSH public key files; named by their comment
   bool config_drive = false;
   bool wait = false;
-  double wait_timeout_s = 600;
+  Duration wait_timeout = std::chrono::seconds(600);
 };
 int run_schedule(const Config& config, const ScheduleOptions& options);
 
@@ -40,7 +40,7 @@ struct ShowOptions {
   bool raw = false;      // ... with the guest's control characters left in
   bool follow = false;   // ... and what it prints next, until interrupted
   bool watch = false;    // each change of state as it happens, until interrupted
-  double timeout_s = 10;  // how long the instance's host has to answer (usage, console)
+  Duration timeout = std::chrono::seconds(10);  // how long the instance's host has to answer (usage, console)
 };
 int run_show(const Config& config, const ShowOptions& options);
 
@@ -48,7 +48,7 @@ struct DestroyOptions {
   std::string uuid;
   bool force = false;  // the host is gone for good: release and remove without it
   bool wait = true;
-  double wait_timeout_s = 120;
+  Duration wait_timeout = std::chrono::seconds(120);
 };
 int run_destroy(const Config& config, const DestroyOptions& options);
 
@@ -56,14 +56,14 @@ struct PowerOptions {
   std::string uuid;
   PowerState power = PowerState::running;  // running (toyvm start) or stopped (toyvm stop)
   bool wait = true;
-  double wait_timeout_s = 120;
+  Duration wait_timeout = std::chrono::seconds(120);
 };
 int run_power(const Config& config, const PowerOptions& options);
 
 struct AuditOptions {
   bool json = false;
   bool fix = false;      // repair what is unambiguous, once seen again after the grace period
-  double grace_s = 10;
+  Duration grace = std::chrono::seconds(10);
 };
 int run_audit(const Config& config, const AuditOptions& options);
 

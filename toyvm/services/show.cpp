@@ -64,10 +64,10 @@ void print_usage(const InstanceUsage& u) {
 
 // What the instance uses, asked of its agent the way a console is (a request under a short
 // lease of our own, answered under it); nothing, and a line on stderr, when the host has no
-// running agent or it does not answer within `timeout_s`.
+// running agent or it does not answer within `timeout`.
 awaitable<result<std::optional<InstanceUsage>>> ask_usage(EtcdClient& etcd,
                                                           const KeyLayout& keys, const InstanceRecord& record,
-                                                          double timeout_s) {
+                                                          Duration timeout) {
   std::optional<InstanceUsage> none;
   if (record.state != InstanceState::active && record.state != InstanceState::stopped) co_return none;
   auto alive = co_await etcd.range(keys.host(record.host));
@@ -77,7 +77,7 @@ awaitable<result<std::optional<InstanceUsage>>> ask_usage(EtcdClient& etcd,
                  record.uuid.c_str());
     co_return none;
   }
-  auto lease = co_await etcd.lease_grant(int64_t(timeout_s) + 5);
+  auto lease = co_await etcd.lease_grant(std::chrono::ceil<std::chrono::seconds>(timeout).count() + 5);
   if (!lease) co_return lease.error();
   auto asked = co_await etcd.put(keys.usage_request(record.host, record.uuid), "", *lease);
   if (!asked) co_return asked.error();
@@ -89,12 +89,12 @@ awaitable<result<std::optional<InstanceUsage>>> ask_usage(EtcdClient& etcd,
     return usage.has_value();
   };
   auto followed = co_await follow_key(etcd, keys.usage(record.uuid), *asked + 1,
-                                      std::chrono::milliseconds(int64_t(timeout_s * 1000)), answered);
+                                      timeout, answered);
   co_await etcd.lease_revoke(*lease);  // the request and the answer go with it
   if (!followed) co_return followed.error();
   if (usage) co_return usage;
   std::fprintf(stderr, "toyvm: the host of instance %s did not tell its usage within %g s\n", record.uuid.c_str(),
-               timeout_s);
+               in_seconds(timeout));
   co_return none;
 }
 
@@ -108,7 +108,7 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
   if (!record)
     co_return report_failure(record.error(), fmt::format("instance {} has a corrupt record in etcd: {}",
                                                          options.uuid, detail));
-  auto usage = co_await ask_usage(etcd, keys, *record, options.timeout_s);
+  auto usage = co_await ask_usage(etcd, keys, *record, options.timeout);
   if (!usage) co_return etcd_failure(etcd, usage.error());
   if (options.json) {
     json::object shown = instance_json(*record);

@@ -111,14 +111,14 @@ awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowO
     revision = event.kv.mod_revision;
     return !std::exchange(answered, true) || !options.follow;
   };
-  // The host has timeout_s to answer.
+  // The host has the timeout to answer.
   auto first = co_await follow_key(etcd, console_key, revision + 1,
-                                   std::chrono::milliseconds(int64_t(options.timeout_s * 1000)), published);
+                                   options.timeout, published);
   if (!first) co_return etcd_failure(etcd, first.error());
   if (!*first)
     co_return report_failure(ExitCode::failed, fmt::format("the host of instance {} did not publish its console "
                                                            "within {} s; it may be down",
-                                                           options.uuid, options.timeout_s));
+                                                           options.uuid, in_seconds(options.timeout)));
   if (options.follow) {
     using namespace asio::experimental::awaitable_operators;
     // Until interrupted: follow_key rides over etcd going away, keep_asking keeps the request.

@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 awaitable<void> GuestObserver::run() {
-  auto console_every = std::chrono::milliseconds(int64_t(ctx_.config.compute.console_interval_s * 1000));
+  auto console_every = ctx_.config.compute.console_interval;
   next_console_ = std::chrono::steady_clock::now();
   while (!ctx_.stop.requested()) {
     if (!woken_) {

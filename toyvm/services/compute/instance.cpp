@@ -176,7 +176,7 @@ awaitable<bool> Instance::record_state(WorkSpec spec, InstanceState state) {
 // A guest that just started gets an address from DHCP: looked for until address_timeout.
 void Instance::look_for_address() {
   address_.deadline = std::chrono::steady_clock::now() +
-                      std::chrono::milliseconds(int64_t(ctx_.config.compute.address_timeout_s * 1000));
+                      ctx_.config.compute.address_timeout;
   address_.given_up = false;
 }
 
@@ -200,7 +200,7 @@ awaitable<void> Instance::give_up_address() {
   if (!at_rest() || phase() != Phase::active || !address_.ip.empty()) co_return;
   address_.given_up = true;
   spdlog::warn("instance {}: no address within address_timeout ({} s); no longer looking", uuid_,
-               ctx_.config.compute.address_timeout_s);
+               in_seconds(ctx_.config.compute.address_timeout));
   co_await record(make_record(*desired_, InstanceState::active));
 }
 

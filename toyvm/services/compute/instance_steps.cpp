@@ -187,14 +187,14 @@ awaitable<bool> Instance::power_on_off(WorkSpec spec, bool on) {
 
 // Asks the guest to power off and waits up to stop_timeout for it; stop() then pulls the plug.
 awaitable<void> Instance::shut_down_gracefully() {
-  const double timeout_s = ctx_.config.compute.stop_timeout_s;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
-  if (timeout_s <= 0 || !co_await ctx_.virt(&VirtBackend::shutdown, uuid_)) co_return;
+  const Duration timeout = ctx_.config.compute.stop_timeout;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (timeout <= Duration::zero() || !co_await ctx_.virt(&VirtBackend::shutdown, uuid_)) co_return;
   while (std::chrono::steady_clock::now() < deadline && co_await ctx_.stop.sleep(250ms)) {
     auto state = co_await ctx_.virt(&VirtBackend::state, uuid_);
     if (!state || state.value != DomainState::running) co_return;
   }
-  spdlog::info("instance {}: did not power off within {} s; forcing it off", uuid_, timeout_s);
+  spdlog::info("instance {}: did not power off within {} s; forcing it off", uuid_, in_seconds(timeout));
 }
 
 // Domain first, then the allocation, then the keys: if any step fails the keys stay, and

@@ -40,7 +40,7 @@ HostRecord HostPresence::host_record() const {
 awaitable<void> HostPresence::announce() {
   Backoff backoff;
   while (!ctx_.stop.requested()) {
-    auto lease = co_await ctx_.etcd->lease_grant(ctx_.config.compute.lease_ttl_s);
+    auto lease = co_await ctx_.etcd->lease_grant(ctx_.config.compute.lease_ttl.count());
     if (lease) {
       HostRecord host = host_record();
       // The domain keys an earlier run left under its own lease go; the known ones follow under this one.
@@ -62,13 +62,26 @@ awaitable<void> HostPresence::announce() {
   }
 }
 
+// Unknown is not gone: a keep-alive etcd did not answer (it restarts, a member is cut off) is
+// asked again on a new stream; only etcd saying the lease has expired announces the host anew,
+// which would take its domain keys away and put them back.
 awaitable<void> HostPresence::keep_alive() {
-  auto interval = std::chrono::milliseconds(ctx_.config.compute.lease_ttl_s * 1000 / 3);
+  auto interval = std::chrono::duration_cast<Duration>(ctx_.config.compute.lease_ttl) / 3;
+  Backoff backoff;
   while (!ctx_.stop.requested()) {
     auto keeper = ctx_.etcd->keep_alive(lease_);
     while (!ctx_.stop.requested()) {
       auto ttl = co_await keeper->ping();
-      if (!ttl || *ttl <= 0 || !co_await ctx_.stop.sleep(interval)) break;
+      if (ttl && *ttl <= 0) break;
+      if (!ttl) {
+        if (backoff.fresh())
+          spdlog::warn("keeping the etcd lease alive: {}; asking again", ttl.error().message());
+        co_await backoff.wait();
+        keeper = ctx_.etcd->keep_alive(lease_);
+        continue;
+      }
+      backoff.reset();
+      if (!co_await ctx_.stop.sleep(interval)) break;
     }
     if (ctx_.stop.requested()) break;
     spdlog::warn("lost the etcd lease; announcing the host again");
@@ -183,7 +196,7 @@ awaitable<void> HostPresence::put_changes(std::vector<std::pair<std::string, boo
 }
 
 awaitable<void> HostPresence::report_stats() {
-  const auto interval = std::chrono::milliseconds(int64_t(ctx_.config.compute.stats_interval_s * 1000));
+  const auto interval = ctx_.config.compute.stats_interval;
   do {
     auto stats = measure_host_stats(ctx_.host.instance_dir);
     if (stats) {

@@ -40,7 +40,7 @@ awaitable<void> WorkFeed::follow() {
 }
 
 awaitable<void> WorkFeed::resync_periodically() {
-  const auto interval = std::chrono::milliseconds(int64_t(ctx_.config.compute.resync_interval_s * 1000));
+  const auto interval = ctx_.config.compute.resync_interval;
   while (co_await ctx_.stop.sleep(interval)) {
     auto listed = co_await ctx_.etcd->range_prefix(ctx_.keys.work_prefix(ctx_.host.provider));
     if (listed) co_await instances_.apply_listing(std::move(*listed));
