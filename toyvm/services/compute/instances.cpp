@@ -7,7 +7,6 @@
 namespace toyvm::compute {
 
 void Instances::attach(InstanceRecorder& recorder, Builder& builder, HostPresence& presence) {
-  presence_ = &presence;
   steps_.emplace(InstanceSteps{ctx_, recorder, builder, presence, [this](const std::string& uuid) { table_.erase(uuid); }});
 }
 
@@ -56,7 +55,7 @@ awaitable<void> Instances::apply_listing(RangeResult listed) {
   if (!domains) co_return;  // libvirt did not answer: the next resync looks again
   for (const std::string& uuid : domains.value)
     if (!seen.count(uuid) && !table_.count(uuid)) instance(uuid, false).wake();
-  presence_->publish(domains.value);
+  steps_->presence.publish(domains.value);
   metrics::count("toyvm_work_listings_total");
 }
 

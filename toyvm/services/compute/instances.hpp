@@ -44,7 +44,6 @@ class Instances {
 
   AgentContext& ctx_;
   std::optional<InstanceSteps> steps_;
-  HostPresence* presence_ = nullptr;
   Table table_;
 };
 
