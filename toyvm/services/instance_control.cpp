@@ -9,6 +9,7 @@
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
+#include "services/instance_lookup.hpp"
 #include "services/services.hpp"
 
 #include <optional>
@@ -67,22 +68,6 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
 }
 
 // The instance's record and the work key its host follows.
-struct Target {
-  InstanceRecord record;
-  int64_t revision = 0;      // of the read: a watch from here misses nothing
-  int64_t mod_revision = 0;  // of the record
-};
-
-awaitable<std::variant<Target, int>> find_target(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid) {
-  auto found = co_await etcd.range(keys.instance(uuid));
-  if (!found) co_return etcd_failure(etcd, found.error());
-  if (found->kvs.empty()) co_return report_failure(errc::not_found, fmt::format("no instance {}", uuid));
-  auto record = decode_instance(found->kvs.front().value);
-  if (!record || !is_uuid(record->host))
-    co_return report_failure(errc::corrupt_record, fmt::format("instance {} has a corrupt record in etcd", uuid));
-  co_return Target{std::move(*record), found->revision, found->kvs.front().mod_revision};
-}
-
 // Desired power on the work key, written only over the version we read; 0 on success.
 awaitable<int> request_power(EtcdClient& etcd, const KeyLayout& keys, const InstanceRecord& record, PowerState power) {
   const std::string work_key = keys.work(record.host, record.uuid);
@@ -137,9 +122,9 @@ int run_destroy(const Config& config, const DestroyOptions& options) {
   return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
-    auto found = co_await find_target(*etcd, keys, options.uuid);
+    auto found = co_await find_instance(*etcd, keys, options.uuid);
     if (auto* code = std::get_if<int>(&found)) co_return *code;
-    const Target& target = std::get<Target>(found);
+    const FoundInstance& target = std::get<FoundInstance>(found);
     if (options.force) co_return co_await force_destroy(io, *etcd, keys, config, target.record, target.mod_revision);
     if (int code = co_await request_power(*etcd, keys, target.record, PowerState::deleted)) co_return code;
     if (!options.wait) {
@@ -164,9 +149,9 @@ int run_power(const Config& config, const PowerOptions& options) {
   return run_on_loop([&](asio::io_context&) -> awaitable<int> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
-    auto found = co_await find_target(*etcd, keys, options.uuid);
+    auto found = co_await find_instance(*etcd, keys, options.uuid);
     if (auto* code = std::get_if<int>(&found)) co_return *code;
-    const Target& target = std::get<Target>(found);
+    const FoundInstance& target = std::get<FoundInstance>(found);
     if (target.record.state == InstanceState::error)
       co_return report_failure(ExitCode::failed, fmt::format("instance {} is in ERROR ({}); destroy it",
                                                              options.uuid, target.record.error_code));

@@ -8,6 +8,7 @@
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
+#include "services/instance_lookup.hpp"
 #include "services/services.hpp"
 #include "services/show.hpp"
 
@@ -99,15 +100,9 @@ awaitable<result<std::optional<InstanceUsage>>> ask_usage(EtcdClient& etcd,
 }
 
 awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
-  auto found = co_await etcd.range(keys.instance(options.uuid));
-  if (!found) co_return etcd_failure(etcd, found.error());
-  if (found->kvs.empty())
-    co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
-  std::string detail;
-  auto record = decode_instance(found->kvs.front().value, &detail);
-  if (!record)
-    co_return report_failure(record.error(), fmt::format("instance {} has a corrupt record in etcd: {}",
-                                                         options.uuid, detail));
+  auto found = co_await find_instance(etcd, keys, options.uuid);
+  if (auto* code = std::get_if<int>(&found)) co_return *code;
+  const InstanceRecord* record = &std::get<FoundInstance>(found).record;
   auto usage = co_await ask_usage(etcd, keys, *record, options.timeout);
   if (!usage) co_return etcd_failure(etcd, usage.error());
   if (options.json) {

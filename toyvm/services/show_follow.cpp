@@ -6,6 +6,7 @@
 #include "model/keys.hpp"
 #include "model/records.hpp"
 #include "services/common.hpp"
+#include "services/instance_lookup.hpp"
 #include "services/show.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -85,11 +86,9 @@ void print_event(const InstanceRecord& r, bool deleted, bool as_json) {
 }  // namespace
 
 awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
-  auto found = co_await etcd.range(keys.instance(options.uuid));
-  if (!found) co_return etcd_failure(etcd, found.error());
-  if (found->kvs.empty()) co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
-  auto record = decode_instance(found->kvs.front().value);
-  if (!record) co_return report_failure(ExitCode::failed, fmt::format("instance {} has a corrupt record", options.uuid));
+  auto found = co_await find_instance(etcd, keys, options.uuid);
+  if (auto* code = std::get_if<int>(&found)) co_return *code;
+  const InstanceRecord* record = &std::get<FoundInstance>(found).record;
   auto lease = co_await etcd.lease_grant(10);
   if (!lease) co_return etcd_failure(etcd, lease.error());
   const std::string asker = fmt::format("{:x}", *lease);

@@ -1,0 +1,22 @@
+#include "services/instance_lookup.hpp"
+
+#include "model/uuid.hpp"
+#include "services/common.hpp"
+
+#include <fmt/format.h>
+
+namespace toyvm {
+
+awaitable<std::variant<FoundInstance, int>> find_instance(EtcdClient& etcd, const KeyLayout& keys,
+                                                          const std::string& uuid) {
+  auto found = co_await etcd.range(keys.instance(uuid));
+  if (!found) co_return etcd_failure(etcd, found.error());
+  if (found->kvs.empty()) co_return report_failure(errc::not_found, fmt::format("no instance {}", uuid));
+  std::string detail = "its host is not a uuid";
+  auto record = decode_instance(found->kvs.front().value, &detail);
+  if (!record || !is_uuid(record->host))
+    co_return report_failure(errc::corrupt_record, fmt::format("instance {} has a corrupt record in etcd: {}", uuid, detail));
+  co_return FoundInstance{std::move(*record), found->revision, found->kvs.front().mod_revision};
+}
+
+}  // namespace toyvm

@@ -1,0 +1,26 @@
+#pragma once
+// An instance's record as every command about one instance reads it (show, its console,
+// destroy, start, stop), so an unknown or a corrupt one is told the same way everywhere.
+
+#include "clients/etcd.hpp"
+#include "core/async.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+
+#include <string>
+#include <variant>
+
+namespace toyvm {
+
+struct FoundInstance {
+  InstanceRecord record;
+  int64_t revision = 0;      // of the read: a watch from here misses nothing
+  int64_t mod_revision = 0;  // of the record
+};
+
+// The record of `uuid`, or the exit code once a line is on stderr: unknown instance, a record
+// that cannot be read (or names no host), etcd out of reach.
+awaitable<std::variant<FoundInstance, int>> find_instance(EtcdClient& etcd, const KeyLayout& keys,
+                                                          const std::string& uuid);
+
+}  // namespace toyvm
