@@ -155,14 +155,14 @@ InstanceRecord Instance::make_record(const WorkSpec& spec, InstanceState state) 
 }
 
 awaitable<InstanceRecorder::Written> Instance::record(InstanceRecord record, std::vector<EtcdOp> also) {
-  const InstanceRecord written = record;
+  // Only an ERROR record is kept (to rewrite once released); any other is not copied.
+  const InstanceState state = record.state;
+  std::optional<InstanceRecord> failed;
+  if (state == InstanceState::error) failed = record;
   const auto outcome = co_await steps_.recorder.write(std::move(record), std::move(also));
   if (outcome != InstanceRecorder::Written::made) co_return outcome;
-  phase_ = phase_of(written.state);
-  if (written.state == InstanceState::error)
-    failure_ = written;
-  else
-    failure_.reset();
+  phase_ = phase_of(state);
+  failure_ = std::move(failed);
   co_return outcome;
 }
 
