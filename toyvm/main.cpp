@@ -245,10 +245,9 @@ int main(int argc, char** argv) {
 
   init_logging(verbose);
   spdlog::debug("toyvm {} starting", TOYVM_VERSION);
-  std::string detail;
-  auto config = load_config(common, &detail);
+  auto config = load_config(common);
   if (!config) {
-    std::fprintf(stderr, "toyvm: %s\n", detail.c_str());
+    std::fprintf(stderr, "toyvm: %s\n", config.error().message().c_str());
     return static_cast<int>(ExitCode::usage);
   }
   int code = service(*config);

@@ -129,7 +129,7 @@ awaitable<void> floor_worker(asio::io_context& io, const Config& config, std::sh
 int run_floor(const Options& o) {
   Config config = make_config(o);
   auto etcd = EtcdClient::create(config.etcd);
-  std::string query = parse_placement_query(o.query, nullptr).value().to_query_string(o.limit);
+  std::string query = parse_placement_query(o.query).value().to_query_string(o.limit);
   std::vector<std::vector<double>> latencies(size_t(o.concurrency));
   int failures = 0;
   auto start = Clock::now();
@@ -224,7 +224,7 @@ int run_active(const Options& o) {
       std::optional<InstanceState> final_state;
       while (!final_state) {
         WatchBatch batch = co_await watch->next();
-        if (batch.error) co_return;
+        if (batch.error.code) co_return;
         for (const WatchEvent& event : batch.events) {
           auto r = decode_instance(event.kv.value);
           if (r && r->uuid == spec.uuid && (r->state == InstanceState::active || r->state == InstanceState::error))
@@ -298,7 +298,7 @@ int run_candidates(const Options& o) {
   Config config = make_config(o);
   std::vector<double> latencies, decisions;
   size_t returned = 0;
-  auto query = parse_placement_query(o.query, nullptr).value();
+  auto query = parse_placement_query(o.query).value();
   run_loop([&](asio::io_context& io) -> awaitable<void> {
     HttpClient http(io.get_executor(), HttpClientOptions{o.placement});
     for (int i = 0; i < o.count; ++i) {

@@ -7,8 +7,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);
-  std::string detail;
-  auto config = toyvm::parse_config(text, &detail);
-  if (!config && detail.empty()) __builtin_trap();  // every refusal says why
+  auto config = toyvm::parse_config(text);
+  if (!config && config.error().detail.empty()) __builtin_trap();  // every refusal says why
   return 0;
 }

@@ -509,7 +509,7 @@ ResourceAmounts Servers::usages(const std::string& provider) const {
   return run_sync<ResourceAmounts>([&](asio::io_context& io) -> awaitable<ResourceAmounts> {
     PlacementClient placement(io.get_executor(), config.placement);
     auto r = co_await placement.usages(provider);
-    if (!r) throw std::runtime_error("usages failed: " + placement.last_error().detail);
+    if (!r) throw std::runtime_error("usages failed: " + r.error().message());
     co_return *r;
   });
 }
@@ -518,7 +518,7 @@ Allocations Servers::allocations(const std::string& consumer) const {
   return run_sync<Allocations>([&](asio::io_context& io) -> awaitable<Allocations> {
     PlacementClient placement(io.get_executor(), config.placement);
     auto r = co_await placement.allocations_of(consumer);
-    if (!r) throw std::runtime_error("allocations failed: " + placement.last_error().detail);
+    if (!r) throw std::runtime_error("allocations failed: " + r.error().message());
     co_return *r;
   });
 }
@@ -527,7 +527,7 @@ void Servers::claim(const std::string& consumer, const Allocations& allocations)
   run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
     PlacementClient placement(io.get_executor(), config.placement);
     auto r = co_await placement.claim(consumer, allocations);
-    if (!r) throw std::runtime_error("claim failed: " + placement.last_error().detail);
+    if (!r) throw std::runtime_error("claim failed: " + r.error().message());
     co_return true;
   });
 }
@@ -536,7 +536,7 @@ void Servers::set_traits(const std::string& provider, std::vector<std::string> t
   run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
     PlacementClient placement(io.get_executor(), config.placement);
     auto r = co_await placement.set_traits(provider, traits);
-    if (!r) throw std::runtime_error("set_traits failed: " + placement.last_error().detail);
+    if (!r) throw std::runtime_error("set_traits failed: " + r.error().message());
     co_return true;
   });
 }

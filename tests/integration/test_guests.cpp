@@ -43,12 +43,11 @@ struct GuestHost {
     for (const char* file : {"kernel", "initrd", "cmdline", "disk.raw"})
       fs::copy_file(tiny_guest_dir() + "/" + file, images + "/tiny/" + file);
     start_agent();
-    std::string detail;
     LibvirtOptions system;
     system.uri = "qemu:///system";
     system.network = "default";
-    auto opened = open_libvirt(system, &detail);
-    if (!opened) throw std::runtime_error(detail);
+    auto opened = open_libvirt(system);
+    if (!opened) throw std::runtime_error(opened.error().message());
     libvirt = std::move(*opened);
   }
 
@@ -82,7 +81,10 @@ struct GuestHost {
                     timeout_s);
   }
 
-  DomainState domain_state(const std::string& uuid) { return libvirt->state(uuid).value; }
+  DomainState domain_state(const std::string& uuid) {
+    auto state = libvirt->state(uuid);
+    return state ? *state : DomainState::absent;
+  }
 
   std::string overlay(const std::string& uuid) const { return instances + "/" + uuid + ".qcow2"; }
 
@@ -149,7 +151,7 @@ TEST_CASE("a tiny guest boots under TCG, gets an address by DHCP and reads its o
 
   // The overlay is copy-on-write over the 16 MiB base and as big as DISK_GB says.
   std::string head = read_file(host.overlay(uuid)).substr(0, 512);
-  auto disk = probe_disk(head, fs::file_size(host.overlay(uuid)), nullptr);
+  auto disk = probe_disk(head, fs::file_size(host.overlay(uuid)));
   CHECK_FALSE(disk);  // it has a backing file: toyvm would never accept it as an image
   REQUIRE(head.size() >= 32);
   uint64_t virtual_size = 0;
@@ -460,20 +462,22 @@ TEST_CASE("agents sharing one libvirt never touch each other's domains", "[guest
   REQUIRE(on_b.exit_code == 0);
   std::string b_uuid = parse_notified(on_b.out).second;
 
-  std::string detail;
   LibvirtOptions system;
   system.uri = "qemu:///system";
-  auto libvirt = open_libvirt(system, &detail);
+  auto libvirt = open_libvirt(system);
   REQUIRE(libvirt);
   INFO(b->output());
   // Several resyncs of the second agent: the first one's domain keeps running.
-  CHECK_FALSE(wait_for([&] { return (*libvirt)->state(a_uuid).value != DomainState::running; }, 3));
-  CHECK((*libvirt)->state(b_uuid).value == DomainState::running);
+  CHECK_FALSE(wait_for([&] {
+    auto state = (*libvirt)->state(a_uuid);
+    return !state || *state != DomainState::running;
+  }, 3));
+  CHECK((*libvirt)->state(b_uuid).value() == DomainState::running);
   CHECK(record_of(servers, a_uuid).state == InstanceState::active);
   CHECK(servers.toyvm({"destroy", a_uuid}).exit_code == 0);
   CHECK(servers.toyvm({"destroy", b_uuid}).exit_code == 0);
-  CHECK((*libvirt)->state(a_uuid).value == DomainState::absent);
-  CHECK((*libvirt)->state(b_uuid).value == DomainState::absent);
+  CHECK((*libvirt)->state(a_uuid).value() == DomainState::absent);
+  CHECK((*libvirt)->state(b_uuid).value() == DomainState::absent);
 }
 
 // Two hosts on one machine: each agent with its own libvirt network and bridge, and its own

@@ -9,8 +9,7 @@
 using namespace toyvm;
 
 TEST_CASE("an empty file gives the documented defaults") {
-  std::string detail;
-  auto config = parse_config("", &detail);
+  auto config = parse_config("");
   REQUIRE(config);
   CHECK(config->etcd.endpoints == std::vector<std::string>{"http://127.0.0.1:2379"});
   CHECK(config->placement.endpoint == "http://127.0.0.1:8080");
@@ -20,7 +19,6 @@ TEST_CASE("an empty file gives the documented defaults") {
 }
 
 TEST_CASE("every section is read") {
-  std::string detail;
   auto config = parse_config(R"(
 [etcd]
 endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
@@ -38,7 +36,7 @@ cpu_allocation_ratio = 2
 reserved_memory_mb = 0
 [schedule]
 image = "cirros"
-)", &detail);
+)");
   REQUIRE(config);
   CHECK(config->etcd.endpoints.size() == 2);
   CHECK(config->etcd.prefix == "/other");
@@ -68,11 +66,10 @@ TEST_CASE("typos and wrong types are errors that say where") {
   };
   for (const Case& c : cases) {
     INFO(c.toml);
-    std::string detail;
-    auto config = parse_config(c.toml, &detail);
+    auto config = parse_config(c.toml);
     REQUIRE_FALSE(config);
     CHECK(config.error() == errc::invalid_config);
-    CHECK_THAT(detail, Catch::Contains(c.mentions));
+    CHECK_THAT(said(config), Catch::Contains(c.mentions));
   }
 }
 
@@ -86,8 +83,7 @@ TEST_CASE("flags win over the environment, the environment over the file") {
   setenv("TOYVM_CONFIG", path, 1);
   setenv("TOYVM_ETCD", "http://env:1,http://env:3", 1);
   unsetenv("TOYVM_PLACEMENT");
-  std::string detail;
-  auto config = load_config({}, &detail);
+  auto config = load_config({});
   REQUIRE(config);
   CHECK(config->etcd.endpoints == std::vector<std::string>{"http://env:1", "http://env:3"});
   CHECK(config->placement.endpoint == "http://file:2");
@@ -95,14 +91,13 @@ TEST_CASE("flags win over the environment, the environment over the file") {
   CommonOverrides flags;
   flags.etcd = "http://flag:1";
   flags.placement = "http://flag:2";
-  config = load_config(flags, &detail);
+  config = load_config(flags);
   REQUIRE(config);
   CHECK(config->etcd.endpoints == std::vector<std::string>{"http://flag:1"});
   CHECK(config->placement.endpoint == "http://flag:2");
 
   flags.config_file = "/no/such/file.toml";
-  CHECK_FALSE(load_config(flags, &detail));
-  CHECK_THAT(detail, Catch::Contains("/no/such/file.toml"));
+  CHECK_THAT(said(load_config(flags)), Catch::Contains("/no/such/file.toml"));
 
   unsetenv("TOYVM_CONFIG");
   unsetenv("TOYVM_ETCD");
@@ -117,21 +112,20 @@ TEST_CASE("a config file holding a secret must not be readable by others") {
   unsetenv("TOYVM_CONFIG");
   CommonOverrides flags;
   flags.config_file = path;
-  std::string detail;
 
   std::ofstream(path) << "[placement]\ntoken = \"s3cret\"\n";
   chmod(path, 0644);
-  CHECK_FALSE(load_config(flags, &detail));
-  CHECK_THAT(detail, Catch::Contains("readable by other users"));
-  CHECK_THAT(detail, !Catch::Contains("s3cret"));  // never echoes the secret
+  const std::string refused = said(load_config(flags));
+  CHECK_THAT(refused, Catch::Contains("readable by other users"));
+  CHECK_THAT(refused, !Catch::Contains("s3cret"));  // never echoes the secret
   chmod(path, 0600);
-  CHECK(load_config(flags, &detail).has_value());
+  CHECK(load_config(flags).has_value());
 
   std::ofstream(path) << "[placement]\ntoken = \"s3cret\"\n[security]\nallow_readable_secrets = true\n";
   chmod(path, 0644);
-  CHECK(load_config(flags, &detail).has_value());
+  CHECK(load_config(flags).has_value());
   std::ofstream(path) << "[placement]\ntoken = \"admin\"\n";  // noauth's token is no secret
-  CHECK(load_config(flags, &detail).has_value());
+  CHECK(load_config(flags).has_value());
   std::remove(path);
 }
 
@@ -139,23 +133,21 @@ TEST_CASE("endpoints without a scheme are bad usage, named with what is expected
   unsetenv("TOYVM_CONFIG");
   unsetenv("TOYVM_ETCD");
   unsetenv("TOYVM_PLACEMENT");
-  std::string detail;
   CommonOverrides flags;
   flags.placement = "localhost:8080";
-  auto config = load_config(flags, &detail);
+  auto config = load_config(flags);
   REQUIRE_FALSE(config);
   CHECK(config.error() == errc::invalid_config);
-  CHECK_THAT(detail, Catch::Contains("'localhost:8080'") && Catch::Contains("http://") && Catch::Contains("https://"));
+  CHECK_THAT(said(config), Catch::Contains("'localhost:8080'") && Catch::Contains("http://") && Catch::Contains("https://"));
 
   flags.placement = "https://placement.example:8778/placement";
   flags.etcd = "http://127.0.0.1:2379,etcd-2:2379";
-  CHECK_FALSE(load_config(flags, &detail));
-  CHECK_THAT(detail, Catch::Contains("etcd endpoint 'etcd-2:2379'"));
+  CHECK_THAT(said(load_config(flags)), Catch::Contains("etcd endpoint 'etcd-2:2379'"));
 
   for (const char* bad : {"http://", "ftp://etcd:2379", "http:///x"}) {
     flags.etcd = bad;
-    CHECK_FALSE(load_config(flags, &detail));
+    CHECK_FALSE(load_config(flags));
   }
   flags.etcd = "https://etcd-1:2379, http://[::1]:2379";
-  CHECK(load_config(flags, &detail).has_value());
+  CHECK(load_config(flags).has_value());
 }

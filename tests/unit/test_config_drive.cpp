@@ -43,9 +43,7 @@ TEST_CASE("a config drive is an ISO 9660 volume labelled config-2, its owner's o
   std::vector<DriveFile> files{{"openstack/latest/meta_data.json", R"({"uuid":"u-1"})"},
                                {"openstack/latest/user_data", user_data},
                                {"ec2/latest/meta-data.json", "{}"}};
-  std::string detail;
-  REQUIRE(write_config_drive(path, files, &detail));
-  INFO(detail);
+  REQUIRE(write_config_drive(path, files));
 
   struct stat st {};
   REQUIRE(stat(path.c_str(), &st) == 0);
@@ -61,15 +59,16 @@ TEST_CASE("a config drive is an ISO 9660 volume labelled config-2, its owner's o
 
   // Made again (the instance rebuilt here): replaced, never appended to.
   files.pop_back();
-  REQUIRE(write_config_drive(path, files, &detail));
+  REQUIRE(write_config_drive(path, files));
   CHECK(slurp(path).find("meta-data.json") == std::string::npos);
   fs::remove_all(dir);
 }
 
 TEST_CASE("a drive that cannot be written is a clear failure, leaving nothing") {
-  std::string detail;
-  CHECK_FALSE(write_config_drive("/nonexistent-dir/config-drive.iso", {{"a/b", "c"}}, &detail));
-  CHECK_THAT(detail, Catch::Contains("/nonexistent-dir/config-drive.iso"));
+  auto written = write_config_drive("/nonexistent-dir/config-drive.iso", {{"a/b", "c"}});
+  REQUIRE_FALSE(written);
+  CHECK(written.error() == errc::launch_failure);
+  CHECK_THAT(written.error().message(), Catch::Contains("/nonexistent-dir/config-drive.iso"));
 }
 
 TEST_CASE("a libvirt network's DNS is its IPv4 address, unless its DNS is off") {

@@ -218,7 +218,7 @@ TEST_CASE("an ERROR recorded before a restart is never built again; what it hold
 
 TEST_CASE("a build libvirt refuses, with no attempts left, ends in ERROR holding nothing") {
   Agent agent;
-  agent.hypervisor().fail_next_create("launch_failure");
+  agent.hypervisor().fail_next_create(errc::launch_failure);
   agent.put_work(PowerState::running);
   REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::error) && !agent.record()->releasing && agent.settled(); }));
   CHECK(agent.record()->error_code == "no_valid_host");

@@ -8,8 +8,10 @@ TEST_CASE("generation conflicts are told apart from capacity conflicts") {
   auto concurrent = classify_placement_error(
       409, R"({"errors":[{"status":409,"title":"Conflict","detail":"There was a conflict when trying to complete your request.\n\n resource provider generation conflict","code":"placement.concurrent_update","request_id":"req-1"}]})");
   CHECK(concurrent.code == errc::placement_concurrent_update);
-  CHECK(concurrent.placement_code == "placement.concurrent_update");
   CHECK(concurrent.detail.find('\n') == std::string::npos);
+  auto consumer = classify_placement_error(
+      409, R"({"errors":[{"status":409,"detail":"There was a conflict when trying to complete your request.\n\n consumer generation conflict - expected 1 but got 2","code":"placement.concurrent_update"}]})");
+  CHECK(consumer.code == errc::placement_consumer_changed);
 
   auto capacity = classify_placement_error(
       409, R"({"errors":[{"status":409,"title":"Conflict","detail":"Unable to allocate inventory: Unable to create allocation for 'VCPU' on resource provider 'x'. The requested amount would exceed the capacity.","code":"placement.undefined_code"}]})");

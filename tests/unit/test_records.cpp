@@ -71,11 +71,10 @@ TEST_CASE("garbage decodes to corrupt_record with a detail, never a crash") {
   const char* garbage[] = {"", "not json", "[]", "{", R"({"uuid":"x"})", R"({"uuid":7})", "\xff\xfe\x00"};
   for (const char* text : garbage) {
     INFO(text);
-    std::string detail;
-    auto work = decode_work(text, &detail);
+    auto work = decode_work(text);
     CHECK_FALSE(work);
     CHECK(work.error() == errc::corrupt_record);
-    CHECK_FALSE(detail.empty());
+    CHECK_FALSE(said(work).empty());
     CHECK_FALSE(decode_instance(text));
     CHECK_FALSE(decode_host(text));
   }
@@ -92,8 +91,6 @@ TEST_CASE("work specs with bad field values are refused") {
   };
   for (const char* text : bad) {
     INFO(text);
-    std::string detail;
-    CHECK_FALSE(decode_work(text, &detail));
-    CHECK_THAT(detail, Catch::Contains("bad field"));
+    CHECK_THAT(said(decode_work(text)), Catch::Contains("bad field"));
   }
 }

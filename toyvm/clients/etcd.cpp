@@ -98,11 +98,6 @@ class GrpcEtcdClient final : public EtcdClient {
 
   const std::string& endpoints_text() const override { return endpoints_text_; }
 
-  std::string last_error() const override {
-    std::lock_guard lock(error_mutex_);
-    return last_error_;
-  }
-
   awaitable<result<RangeResult>> range(std::string key, std::string range_end,
                                        int64_t revision) override {
     pb::RangeRequest request;
@@ -170,7 +165,7 @@ class GrpcEtcdClient final : public EtcdClient {
     };
     auto response = co_await unary<pb::LeaseGrantResponse>(std::move(request), start);
     if (!response) co_return response.error();
-    if (!response->error().empty()) co_return errc::etcd_error;
+    if (!response->error().empty()) co_return Error(errc::etcd_error, response->error());
     co_return response->id();
   }
 
@@ -210,7 +205,7 @@ class GrpcEtcdClient final : public EtcdClient {
         token_.clear();
         continue;
       }
-      remember(status);
+      spdlog::debug("etcd {}: {}", endpoints_text_, status.error_message());
       co_return from_status(status);
     }
   }
@@ -248,24 +243,16 @@ class GrpcEtcdClient final : public EtcdClient {
     };
     auto [status, response] = co_await call<pb::AuthenticateResponse>(request, start, "");
     if (!status.ok()) {
-      remember(status, "authenticating as " + config_.user);
-      co_return status.error_code() == grpc::StatusCode::UNAVAILABLE ? errc::etcd_unavailable : errc::etcd_error;
+      const errc code = status.error_code() == grpc::StatusCode::UNAVAILABLE ? errc::etcd_unavailable : errc::etcd_error;
+      co_return Error(code, fmt::format("authenticating as {}: {}", config_.user, status.error_message()));
     }
     token_ = response.token();
     co_return result<void>{};
   }
 
-  void remember(const grpc::Status& status, const std::string& doing = {}) {
-    spdlog::debug("etcd {}: {}", endpoints_text_, status.error_message());
-    std::lock_guard lock(error_mutex_);
-    last_error_ = doing.empty() ? status.error_message() : doing + ": " + status.error_message();
-  }
-
   std::string endpoints_text_;
   std::chrono::milliseconds timeout_;
   std::string token_;  // from Authenticate; used and renewed on the event loop's thread
-  mutable std::mutex error_mutex_;
-  std::string last_error_;
   // The channel is made at the first call, not with the client: gRPC's start (its library,
   // its threads, the connection) then overlaps what a command asks of Placement first.
   struct Stubs {

@@ -90,7 +90,7 @@ struct WatchBatch {
   bool canceled = false;
   std::string cancel_reason;
   std::vector<WatchEvent> events;
-  error_code error;              // set when the stream ended (etcd down, cancelled)
+  Error error;                   // set when the stream ended (etcd down, cancelled)
 };
 
 struct WatchOptions {
@@ -139,8 +139,6 @@ class EtcdClient {
 
   // For messages: "http://127.0.0.1:2379,..."
   virtual const std::string& endpoints_text() const = 0;
-  // What etcd or gRPC said about the last failed call (TLS, auth...), for messages.
-  virtual std::string last_error() const = 0;
 };
 
 // Lists [key, range_end), then follows its changes from the listing's revision: a broken or

@@ -23,7 +23,7 @@ awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string rang
       auto watch = etcd.watch(WatchOptions{key, range_end, listing->revision + 1, false});
       while (!stopping()) {
         WatchBatch batch = co_await watch->next();
-        if (batch.error || batch.canceled || batch.compact_revision) break;
+        if (batch.error.code || batch.canceled || batch.compact_revision) break;
         backoff.reset();
         for (const WatchEvent& event : batch.events) changed(event);
       }
@@ -61,7 +61,7 @@ awaitable<result<bool>> follow_key(EtcdClient& etcd, std::string key, int64_t re
     if (shared->watch) shared->watch->abort();
   });
   Backoff backoff(std::chrono::milliseconds(100), std::chrono::seconds(2));
-  error_code unanswered;  // what etcd said last, while it did not answer
+  Error unanswered;       // what etcd said last, while it did not answer
   bool warned = false;    // once per outage
   while (!expired) {
     if (revision == 0) {  // after a lost watch: where the key stands now
@@ -89,11 +89,11 @@ awaitable<result<bool>> follow_key(EtcdClient& etcd, std::string key, int64_t re
       while (!expired) {
         WatchBatch batch = co_await watch->next();
         if (expired) break;
-        if (batch.error || batch.canceled || batch.compact_revision) {
+        if (batch.error.code || batch.canceled || batch.compact_revision) {
           spdlog::debug("watch on {} ended ({}); reading it again", key,
-                        batch.compact_revision ? "compacted" : batch.error ? batch.error.message() : batch.cancel_reason);
+                        batch.compact_revision ? "compacted" : batch.error.code ? batch.error.message() : batch.cancel_reason);
           metrics::count("toyvm_etcd_watch_restarts_total");
-          if (batch.error) unanswered = batch.error;
+          if (batch.error.code) unanswered = batch.error;
           revision = 0;
           break;
         }
@@ -106,7 +106,7 @@ awaitable<result<bool>> follow_key(EtcdClient& etcd, std::string key, int64_t re
     if (expired) break;
     co_await backoff.wait(deadline);
   }
-  if (unanswered) co_return result<bool>(boost::system::in_place_error, unanswered);
+  if (unanswered.code) co_return result<bool>(boost::system::in_place_error, unanswered);
   co_return false;
 }
 

@@ -70,13 +70,13 @@ std::string grpc_target(const std::vector<std::string>& endpoints) {
 
 }  // namespace
 
-error_code from_status(const grpc::Status& status) {
+Error from_status(const grpc::Status& status) {
   switch (status.error_code()) {
     case grpc::StatusCode::OK: return {};
     case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return errc::etcd_unavailable;
-    case grpc::StatusCode::CANCELLED: return errc::cancelled;
-    default: return errc::etcd_error;
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return Error(errc::etcd_unavailable, status.error_message());
+    case grpc::StatusCode::CANCELLED: return Error(errc::cancelled, status.error_message());
+    default: return Error(errc::etcd_error, status.error_message());
   }
 }
 

@@ -21,7 +21,8 @@ namespace toyvm::etcd_grpc {
 
 namespace pb = etcdserverpb;
 
-error_code from_status(const grpc::Status& status);
+// The code, and what etcd or gRPC said (TLS, auth...) as the detail.
+Error from_status(const grpc::Status& status);
 // For metrics: the few outcomes worth telling apart.
 std::string status_name(grpc::StatusCode code);
 

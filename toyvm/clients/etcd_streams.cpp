@@ -23,7 +23,7 @@ class GrpcWatch final : public EtcdWatch {
     WatchStream::Item item = co_await stream_->next();
     if (!item.response) {
       ended_ = true;
-      batch.error = item.status.ok() ? error_code(errc::cancelled) : from_status(item.status);
+      batch.error = item.status.ok() ? Error(errc::cancelled) : from_status(item.status);
       if (batch.error == errc::cancelled) batch.canceled = true;
       co_return batch;
     }
@@ -75,7 +75,7 @@ class GrpcLeaseKeeper final : public EtcdLeaseKeeper {
     KeepAliveStream::Item item = co_await stream_->next();
     if (!item.response) {
       ended_ = true;
-      co_return item.status.ok() ? error_code(errc::etcd_unavailable) : from_status(item.status);
+      co_return item.status.ok() ? Error(errc::etcd_unavailable, "the keep-alive stream ended") : from_status(item.status);
     }
     co_return item.response->ttl();
   }

@@ -41,7 +41,7 @@ struct HttpClient::Impl {
     beast::tcp_stream& transport() { return secure ? secure->next_layer() : *plain; }
   };
   std::vector<std::unique_ptr<Connection>> idle;
-  error_code preconnect_error;  // the next request's answer: the attempt to connect was made
+  Error preconnect_error;        // the next request's answer: the attempt to connect was made
 
   awaitable<result<std::unique_ptr<Connection>>> connect() {
     if (endpoints.empty()) {
@@ -157,9 +157,9 @@ awaitable<void> HttpClient::preconnect() {
 
 awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
   auto impl = impl_;  // keeps the pool alive across suspension
-  if (impl->host.empty()) co_return make_error_code(errc::invalid_config);
-  if (impl->tls_error) co_return impl->tls_error;
-  if (auto failed = std::exchange(impl->preconnect_error, {})) co_return failed;
+  if (impl->host.empty()) co_return Error(errc::invalid_config, fmt::format("'{}' is not an HTTP URL", impl->options.url));
+  if (impl->tls_error) co_return Error(impl->tls_error, "loading the CA: " + impl->tls_error.message());
+  if (Error failed = std::exchange(impl->preconnect_error, {}); failed.code) co_return failed;
 
   http::request<http::string_body> req{http::string_to_verb(request.method),
                                        impl->base_path + request.target, 11};

@@ -39,7 +39,7 @@ json::object amounts_json(const ResourceAmounts& amounts) {
 result<std::vector<std::string>> parse_traits(const std::string& body) {
   simdjson::dom::parser parser;
   simdjson::dom::array traits;
-  if (parser.parse(body)["traits"].get_array().get(traits)) return errc::placement_error;
+  if (parser.parse(body)["traits"].get_array().get(traits)) return Error(errc::placement_error, "malformed traits");
   std::vector<std::string> out;
   for (auto trait : traits) {
     std::string_view name;
@@ -60,7 +60,7 @@ PlacementClient::PlacementClient(asio::any_io_executor executor, const Placement
                                     std::chrono::milliseconds(20'000), config.ca_file});
 }
 
-awaitable<bool> PlacementClient::authenticate() {
+awaitable<result<void>> PlacementClient::authenticate() {
   json::object user{{"name", config_.user},
                     {"domain", json::object{{"name", config_.user_domain}}},
                     {"password", config_.password}};
@@ -70,19 +70,14 @@ awaitable<bool> PlacementClient::authenticate() {
                     {"scope", json::object{{"project", std::move(project)}}}};
   HttpRequest request{"POST", "/auth/tokens", {}, json::serialize(json::object{{"auth", std::move(auth)}})};
   auto response = co_await keystone_->request(std::move(request));
-  if (!response) {
-    last_error_ = {errc::placement_unavailable, {},
-                   fmt::format("cannot reach Keystone at {}: {}", keystone_->url(), response.error().message())};
-    co_return false;
-  }
-  if (response->status != 201 || response->subject_token.empty()) {
-    last_error_ = {errc::placement_error, {},
-                   fmt::format("Keystone at {} refused user {} (HTTP {})", keystone_->url(), config_.user,
-                               response->status)};
-    co_return false;
-  }
+  if (!response)
+    co_return Error(errc::placement_unavailable,
+                    fmt::format("cannot reach Keystone at {}: {}", keystone_->url(), response.error().message()));
+  if (response->status != 201 || response->subject_token.empty())
+    co_return Error(errc::placement_error, fmt::format("Keystone at {} refused user {} (HTTP {})", keystone_->url(),
+                                                       config_.user, response->status));
   token_ = std::move(response->subject_token);
-  co_return true;
+  co_return result<void>{};
 }
 
 awaitable<result<HttpResponse>> PlacementClient::call(std::string method, std::string target, std::string microversion,
@@ -95,7 +90,9 @@ awaitable<result<HttpResponse>> PlacementClient::call(std::string method, std::s
   request.body = std::move(body);
   // With Keystone, a token that expired (401) is replaced once and the request sent again.
   for (int renewals = 0;; ++renewals) {
-    if (keystone_ && token_.empty() && !co_await authenticate()) co_return make_error_code(last_error_.code);
+    if (keystone_ && token_.empty()) {
+      if (auto authenticated = co_await authenticate(); !authenticated) co_return authenticated.error();
+    }
     const std::string& token = keystone_ ? token_ : config_.token;
     request.headers.resize(1);
     if (!token.empty()) request.headers.emplace_back(config_.token_header, token);
@@ -122,13 +119,9 @@ awaitable<result<HttpResponse>> PlacementClient::send(const HttpRequest& request
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
       metrics::count("toyvm_placement_requests_total",
                      {{"method", request.method}, {"code", response ? std::to_string(response->status) : "unavailable"}});
-      if (!response) {
-        last_error_ = {errc::placement_unavailable, {},
-                       fmt::format("cannot reach Placement at {}: {}", http_.url(),
-                                   response.error().message())};
-        co_return make_error_code(errc::placement_unavailable);
-      }
-      if (response->status >= 300) last_error_ = classify_placement_error(response->status, response->body);
+      if (!response)
+        co_return Error(errc::placement_unavailable,
+                        fmt::format("cannot reach Placement at {}: {}", http_.url(), response.error().message()));
       co_return response;
     }
     spdlog::debug("placement {} {}: {}, retrying", request.method, request.target,
@@ -137,12 +130,18 @@ awaitable<result<HttpResponse>> PlacementClient::send(const HttpRequest& request
   }
 }
 
+Error PlacementClient::refused(const HttpResponse& response) const {
+  Error said = classify_placement_error(response.status, response.body);
+  said.detail = fmt::format("Placement at {}: {}", http_.url(), said.message());
+  return said;
+}
+
 awaitable<result<Candidates>> PlacementClient::allocation_candidates(std::string query) {
   auto response = co_await call("GET", "/allocation_candidates?" + query, mv_candidates);
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   auto parsed = parse_allocation_candidates(response->body);
-  if (!parsed) last_error_ = {errc::placement_error, {}, "malformed allocation candidates"};
+  if (!parsed) co_return Error(errc::placement_error, "malformed allocation candidates");
   co_return parsed;
 }
 
@@ -157,7 +156,7 @@ awaitable<result<void>> PlacementClient::replace(std::string consumer, Allocatio
 awaitable<result<ConsumerAllocations>> PlacementClient::consumer_allocations(std::string consumer) {
   auto response = co_await call("GET", "/allocations/" + consumer, mv_allocations);
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   co_return parse_consumer_allocations(response->body);
 }
 
@@ -191,15 +190,14 @@ awaitable<result<void>> PlacementClient::claim_all(std::vector<std::pair<std::st
   auto response = co_await call("POST", "/allocations", mv_allocations, json::serialize(body), timeout);
   if (!response) co_return response.error();
   if (response->status == 204) co_return result<void>{};
-  if (response->status == 409 && co_await claimed_before(consumers.front().first, last_error_)) co_return result<void>{};
-  co_return last_error_.code;
+  Error refusal = refused(*response);
+  if (refusal == errc::placement_consumer_changed && co_await claimed_before(consumers.front().first))
+    co_return result<void>{};
+  co_return refusal;
 }
 
-awaitable<bool> PlacementClient::claimed_before(const std::string& consumer, const PlacementError& conflict) {
-  if (conflict.detail.find("consumer generation conflict") == std::string::npos) co_return false;
-  PlacementError kept = conflict;
+awaitable<bool> PlacementClient::claimed_before(const std::string& consumer) {
   auto held = co_await consumer_allocations(consumer);
-  last_error_ = std::move(kept);
   co_return held && !held->allocations.empty();
 }
 
@@ -210,21 +208,23 @@ awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, A
                                 json::serialize(body));
   if (!response) co_return response.error();
   if (response->status == 204) co_return result<void>{};
-  if (response->status == 409 && !generation && co_await claimed_before(consumer, last_error_)) co_return result<void>{};
-  co_return last_error_.code;
+  Error refusal = refused(*response);
+  if (refusal == errc::placement_consumer_changed && !generation && co_await claimed_before(consumer))
+    co_return result<void>{};
+  co_return refusal;
 }
 
 awaitable<result<void>> PlacementClient::release(std::string consumer) {
   auto response = co_await call("DELETE", "/allocations/" + consumer, mv_allocations);
   if (!response) co_return response.error();
-  if (response->status != 204 && response->status != 404) co_return last_error_.code;
+  if (response->status != 204 && response->status != 404) co_return refused(*response);
   co_return result<void>{};
 }
 
 awaitable<result<Allocations>> PlacementClient::allocations_of(std::string consumer) {
   auto response = co_await call("GET", "/allocations/" + consumer, mv_allocations);
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   co_return parse_allocations(response->body);
 }
 
@@ -233,7 +233,7 @@ awaitable<result<std::optional<std::string>>> PlacementClient::provider_named(st
   query.params().append({"name", name});
   auto response = co_await call("GET", std::string(query.buffer()), mv_providers);
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   auto uuids = parse_provider_uuids(response->body);
   if (!uuids) co_return uuids.error();
   if (uuids->empty()) co_return std::optional<std::string>();
@@ -243,32 +243,32 @@ awaitable<result<std::optional<std::string>>> PlacementClient::provider_named(st
 awaitable<result<std::vector<std::string>>> PlacementClient::providers(std::string trait) {
   auto response = co_await call("GET", "/resource_providers?required=" + trait, mv_providers);  // 1.18+
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   co_return parse_provider_uuids(response->body);
 }
 
 awaitable<result<std::map<std::string, ResourceAmounts>>> PlacementClient::provider_allocations(std::string provider) {
   auto response = co_await call("GET", "/resource_providers/" + provider + "/allocations", mv_providers);
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   co_return parse_allocations(response->body);  // the same shape, keyed by consumer
 }
 
 awaitable<result<ResourceAmounts>> PlacementClient::usages(std::string provider) {
   auto response = co_await call("GET", "/resource_providers/" + provider + "/usages", mv_inventory);
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   co_return parse_usages(response->body);
 }
 
 awaitable<result<Inventory>> PlacementClient::inventory(std::string provider) {
   auto response = co_await call("GET", "/resource_providers/" + provider + "/inventories", mv_inventory);
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   simdjson::dom::parser parser;
   simdjson::dom::object inventories;
   if (parser.parse(response->body)["inventories"].get_object().get(inventories))
-    co_return errc::placement_error;
+    co_return Error(errc::placement_error, "malformed inventories");
   Inventory out;
   for (auto [rc, entry] : inventories) {
     InventoryItem item;
@@ -276,7 +276,7 @@ awaitable<result<Inventory>> PlacementClient::inventory(std::string provider) {
         entry["min_unit"].get_int64().get(item.min_unit) || entry["max_unit"].get_int64().get(item.max_unit) ||
         entry["step_size"].get_int64().get(item.step_size) ||
         entry["allocation_ratio"].get_double().get(item.allocation_ratio))
-      co_return errc::placement_error;
+      co_return Error(errc::placement_error, "malformed inventories");
     out[std::string(rc)] = item;
   }
   co_return out;
@@ -285,25 +285,25 @@ awaitable<result<Inventory>> PlacementClient::inventory(std::string provider) {
 awaitable<result<std::vector<std::string>>> PlacementClient::traits(std::string provider) {
   auto response = co_await call("GET", "/resource_providers/" + provider + "/traits", mv_traits);
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   co_return parse_traits(response->body);
 }
 
 awaitable<result<std::vector<std::string>>> PlacementClient::known_traits(std::string prefix) {
   auto response = co_await call("GET", "/traits?name=startswith:" + prefix, mv_traits);
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   co_return parse_traits(response->body);
 }
 
 awaitable<result<int64_t>> PlacementClient::provider_generation(const std::string& uuid) {
   auto response = co_await call("GET", "/resource_providers/" + uuid, mv_providers);
   if (!response) co_return response.error();
-  if (response->status != 200) co_return last_error_.code;
+  if (response->status != 200) co_return refused(*response);
   simdjson::dom::parser parser;
   int64_t generation = 0;
   if (parser.parse(response->body)["generation"].get_int64().get(generation))
-    co_return errc::placement_error;
+    co_return Error(errc::placement_error, "malformed resource provider");
   co_return generation;
 }
 
@@ -317,7 +317,7 @@ awaitable<result<void>> PlacementClient::ensure_provider(std::string uuid, std::
   if (response->status == 200 || response->status == 201) co_return result<void>{};
   // Another start of this same agent may have created it meanwhile.
   if (response->status == 409 && (co_await provider_generation(uuid))) co_return result<void>{};
-  co_return last_error_.code;
+  co_return refused(*response);
 }
 
 // PUT /resource_providers/{uuid}/{what} with {"resource_provider_generation": G, what: value}:
@@ -331,9 +331,9 @@ awaitable<result<void>> PlacementClient::put_with_generation(std::string uuid, s
     auto response = co_await call("PUT", "/resource_providers/" + uuid + "/" + what, microversion, std::move(body));
     if (!response) co_return response.error();
     if (response->status == 200) co_return result<void>{};
-    if (last_error_.code != errc::placement_concurrent_update) co_return last_error_.code;
+    if (Error refusal = refused(*response); refusal != errc::placement_concurrent_update) co_return refusal;
   }
-  co_return make_error_code(errc::placement_concurrent_update);
+  co_return Error(errc::placement_concurrent_update, "the provider kept changing meanwhile");
 }
 
 awaitable<result<void>> PlacementClient::set_inventory(std::string uuid, Inventory inventory) {
@@ -357,12 +357,12 @@ awaitable<result<void>> PlacementClient::add_trait(std::string uuid, std::string
   for (int attempt = 0; attempt < 10; ++attempt) {
     auto response = co_await call("GET", "/resource_providers/" + uuid + "/traits", mv_traits);
     if (!response) co_return response.error();
-    if (response->status != 200) co_return last_error_.code;
+    if (response->status != 200) co_return refused(*response);
     auto traits = parse_traits(response->body);
     int64_t generation = 0;
     simdjson::dom::parser parser;
     if (!traits || parser.parse(response->body)["resource_provider_generation"].get_int64().get(generation))
-      co_return make_error_code(errc::placement_error);
+      co_return Error(errc::placement_error, "malformed traits");
     if (std::find(traits->begin(), traits->end(), trait) != traits->end()) co_return result<void>{};
     json::array names;
     for (const std::string& name : *traits) names.emplace_back(name);
@@ -371,9 +371,9 @@ awaitable<result<void>> PlacementClient::add_trait(std::string uuid, std::string
     auto put = co_await call("PUT", "/resource_providers/" + uuid + "/traits", mv_traits, json::serialize(body));
     if (!put) co_return put.error();
     if (put->status == 200) co_return result<void>{};
-    if (last_error_.code != errc::placement_concurrent_update) co_return last_error_.code;
+    if (Error refusal = refused(*put); refusal != errc::placement_concurrent_update) co_return refusal;
   }
-  co_return make_error_code(errc::placement_concurrent_update);
+  co_return Error(errc::placement_concurrent_update, "the provider kept changing meanwhile");
 }
 
 awaitable<result<void>> PlacementClient::set_traits(std::string uuid, std::vector<std::string> traits) {
@@ -382,7 +382,7 @@ awaitable<result<void>> PlacementClient::set_traits(std::string uuid, std::vecto
     if (trait.starts_with("CUSTOM_")) {
       auto created = co_await call("PUT", "/traits/" + trait, mv_traits);
       if (!created) co_return created.error();
-      if (created->status != 201 && created->status != 204) co_return last_error_.code;
+      if (created->status != 201 && created->status != 204) co_return refused(*created);
     }
     names.emplace_back(trait);
   }

@@ -58,8 +58,6 @@ class PlacementClient {
   // and its generation are read together and written back under that generation.
   awaitable<result<void>> add_trait(std::string uuid, std::string trait);
 
-  // Placement's words about the last failure, for messages.
-  const PlacementError& last_error() const { return last_error_; }
   const std::string& endpoint() const { return http_.url(); }
   // A connection opened ahead of the next request (see HttpClient::preconnect).
   awaitable<void> preconnect() { return http_.preconnect(); }
@@ -69,21 +67,22 @@ class PlacementClient {
                                          std::optional<int64_t> generation);
   awaitable<result<HttpResponse>> call(std::string method, std::string target, std::string microversion,
                                        std::string body = {}, std::chrono::milliseconds timeout = {});
-  // After a conflict on new consumers: whether the first holds allocations already, which
+  // After a consumer's generation conflict on new consumers: whether the first holds allocations already, which
   // (their uuids being fresh) means that an earlier try of this very request was made.
-  awaitable<bool> claimed_before(const std::string& consumer, const PlacementError& conflict);
+  awaitable<bool> claimed_before(const std::string& consumer);
   awaitable<result<int64_t>> provider_generation(const std::string& uuid);
+  // What Placement said when it refused a request, classified; its words after its address.
+  Error refused(const HttpResponse& response) const;
   awaitable<result<void>> put_with_generation(std::string uuid, std::string what, std::string microversion,
                                               std::string value_json);
 
   // Keystone: a project-scoped token for X-Auth-Token, fetched when missing.
-  awaitable<bool> authenticate();
+  awaitable<result<void>> authenticate();
   // One request, retried on 5xx and refused connections.
   awaitable<result<HttpResponse>> send(const HttpRequest& request);
 
   HttpClient http_;
   PlacementConfig config_;
-  PlacementError last_error_;
   std::unique_ptr<HttpClient> keystone_;  // with auth_url only
   std::string token_;
 };

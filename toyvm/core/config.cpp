@@ -16,6 +16,8 @@
 namespace toyvm {
 namespace {
 
+Error invalid(std::string message) { return Error(errc::invalid_config, std::move(message)); }
+
 // Reads one table, rejecting keys it does not know.
 class TableReader {
  public:
@@ -116,15 +118,13 @@ bool is_custom_trait(std::string_view name) {
 
 }  // namespace
 
-result<Config> parse_config(std::string_view text, std::string* detail) {
+result<Config> parse_config(std::string_view text) {
   Config config;
   toml::table root;
   try {
     root = toml::parse(text);
   } catch (const toml::parse_error& e) {
-    if (detail)
-      *detail = fmt::format("line {}: {}", e.source().begin.line, e.description());
-    return errc::invalid_config;
+    return invalid(fmt::format("line {}: {}", e.source().begin.line, e.description()));
   }
   std::string error;
   auto section = [&](const char* name) -> const toml::table* {
@@ -248,14 +248,11 @@ result<Config> parse_config(std::string_view text, std::string* detail) {
                         config.compute.stats_interval < seconds(1)))
     error = "compute.lease_ttl must be >= 2, workers and max_build_attempts >= 1, resync_interval >= 0.1, "
             "stats_interval >= 1";
-  if (!error.empty()) {
-    if (detail) *detail = std::move(error);
-    return errc::invalid_config;
-  }
+  if (!error.empty()) return invalid(std::move(error));
   return config;
 }
 
-result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
+result<Config> load_config(const CommonOverrides& flags) {
   auto env = [](const char* name) -> std::string {
     const char* value = std::getenv(name);
     return value ? value : "";
@@ -265,28 +262,21 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
   if (!path.empty()) {
     std::ifstream in(path);
     if (!in) {
-      if (detail) *detail = fmt::format("cannot read config file {}", path);
-      return errc::invalid_config;
+      return invalid(fmt::format("cannot read config file {}", path));
     }
     std::stringstream buffer;
     buffer << in.rdbuf();
     text = buffer.str();
   }
-  std::string parse_detail;
-  auto config = parse_config(text, &parse_detail);
-  if (!config) {
-    if (detail) *detail = fmt::format("{}: {}", path, parse_detail);
-    return config.error();
-  }
+  auto config = parse_config(text);
+  if (!config) return invalid(fmt::format("{}: {}", path, config.error().message()));
   struct stat info {};
   const bool holds_secret = config->placement.token != PlacementConfig{}.token || !config->etcd.password.empty() ||
                             !config->placement.password.empty();
   if (!path.empty() && holds_secret && !config->security.allow_readable_secrets && stat(path.c_str(), &info) == 0 && (info.st_mode & 077)) {
-    if (detail)
-      *detail = fmt::format("{} holds a secret and is readable by other users (mode {:o}); chmod 600 it, or set "
+    return invalid(fmt::format("{} holds a secret and is readable by other users (mode {:o}); chmod 600 it, or set "
                             "[security] allow_readable_secrets = true",
-                            path, info.st_mode & 0777);
-    return errc::invalid_config;
+                            path, info.st_mode & 0777));
   }
   config->source_file = path;
   std::string etcd = !flags.etcd.empty() ? flags.etcd : env("TOYVM_ETCD");
@@ -301,8 +291,7 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
   std::string placement = !flags.placement.empty() ? flags.placement : env("TOYVM_PLACEMENT");
   if (!placement.empty()) config->placement.endpoint = placement;
   if (config->etcd.endpoints.empty()) {
-    if (detail) *detail = "no etcd endpoint given";
-    return errc::invalid_config;
+    return invalid("no etcd endpoint given");
   }
   std::string bad_url = check_url("the Placement endpoint", config->placement.endpoint);
   if (bad_url.empty() && !config->placement.auth_url.empty())
@@ -310,31 +299,26 @@ result<Config> load_config(const CommonOverrides& flags, std::string* detail) {
   for (const std::string& endpoint : config->etcd.endpoints)
     if (bad_url.empty()) bad_url = check_url("the etcd endpoint", endpoint);
   if (!bad_url.empty()) {
-    if (detail) *detail = std::move(bad_url);
-    return errc::invalid_config;
+    return invalid(std::move(bad_url));
   }
   // TLS material is read when the etcd channel is made; missing files are reported here.
   const EtcdConfig& etcd_config = config->etcd;
   if (etcd_config.cert_file.empty() != etcd_config.key_file.empty()) {
-    if (detail) *detail = "etcd.cert_file and etcd.key_file go together";
-    return errc::invalid_config;
+    return invalid("etcd.cert_file and etcd.key_file go together");
   }
   for (const std::string* file : std::initializer_list<const std::string*>{
            &etcd_config.ca_file, &etcd_config.cert_file, &etcd_config.key_file, &config->placement.ca_file}) {
     if (!file->empty() && !std::ifstream(*file)) {
-      if (detail) *detail = fmt::format("cannot read {}", *file);
-      return errc::invalid_config;
+      return invalid(fmt::format("cannot read {}", *file));
     }
   }
   const PlacementConfig& placement_config = config->placement;
   if (!placement_config.auth_url.empty() &&
       (placement_config.user.empty() || placement_config.password.empty() || placement_config.project.empty())) {
-    if (detail) *detail = "placement.auth_url needs placement.user, placement.password and placement.project";
-    return errc::invalid_config;
+    return invalid("placement.auth_url needs placement.user, placement.password and placement.project");
   }
   if (etcd_config.user.empty() != etcd_config.password.empty()) {
-    if (detail) *detail = "etcd.user and etcd.password go together";
-    return errc::invalid_config;
+    return invalid("etcd.user and etcd.password go together");
   }
   return config;
 }

@@ -152,10 +152,10 @@ struct CommonOverrides {
 };
 
 // Reads the TOML file (if any) and applies environment and flags on top.
-result<Config> load_config(const CommonOverrides& flags, std::string* detail);
+result<Config> load_config(const CommonOverrides& flags);
 
 // Parses TOML text; unknown keys are errors so that typos do not pass silently.
-result<Config> parse_config(std::string_view toml_text, std::string* detail);
+result<Config> parse_config(std::string_view toml_text);
 
 std::vector<std::string> split_endpoints(std::string_view list);
 

@@ -1,5 +1,11 @@
 #include "core/error.hpp"
 
+#include <boost/system/system_error.hpp>
+#include <boost/throw_exception.hpp>
+#include <fmt/format.h>
+
+#include <ostream>
+
 namespace toyvm {
 namespace {
 
@@ -19,10 +25,16 @@ class Category final : public boost::system::error_category {
       case errc::placement_unavailable: return "placement unavailable";
       case errc::placement_conflict: return "placement conflict";
       case errc::placement_concurrent_update: return "placement concurrent update";
+      case errc::placement_consumer_changed: return "placement consumer changed meanwhile";
       case errc::placement_capacity: return "placement capacity exceeded";
       case errc::placement_error: return "placement error";
       case errc::corrupt_record: return "corrupt record";
-      case errc::virt_error: return "libvirt error";
+      case errc::virt_unavailable: return "libvirt unavailable";
+      case errc::launch_failure: return "launch failure";
+      case errc::image_failure: return "image failure";
+      case errc::network_failure: return "network failure";
+      case errc::host_full: return "host full";
+      case errc::no_valid_host: return "no valid host";
       case errc::timeout: return "timed out";
       case errc::cancelled: return "cancelled";
       case errc::changed: return "changed meanwhile";
@@ -36,6 +48,29 @@ class Category final : public boost::system::error_category {
 const boost::system::error_category& toyvm_category() noexcept {
   static const Category category;
   return category;
+}
+
+Error Error::doing(std::string_view what) const {
+  return Error(code, fmt::format("{}: {}", what, message()));
+}
+
+std::ostream& operator<<(std::ostream& out, const Error& e) { return out << e.message(); }
+
+void throw_exception_from_error(const Error& e, const boost::source_location& loc) {
+  boost::throw_exception(boost::system::system_error(e.code, e.detail), loc);
+}
+
+std::string_view reason_code(const Error& e) noexcept {
+  if (e.code.category() == toyvm_category()) {
+    switch (static_cast<errc>(e.code.value())) {
+      case errc::image_failure: return "image_failure";
+      case errc::network_failure: return "network_failure";
+      case errc::host_full: return "full_cn";
+      case errc::no_valid_host: return "no_valid_host";
+      default: break;
+    }
+  }
+  return "launch_failure";
 }
 
 ExitCode exit_code_for(const error_code& ec) noexcept {

@@ -1,17 +1,19 @@
 #pragma once
-// toyvm's error codes: one category, so every layer can return error_code / result<T>.
+// toyvm's one error type: a code from one category, for decisions and the exit code, and the
+// detail a person needs to act on it (the field that is wrong, what a server said in its own
+// words). Every layer returns result<T>.
 
 #include <boost/system/error_code.hpp>
 #include <boost/system/result.hpp>
 
+#include <iosfwd>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace toyvm {
 
 using boost::system::error_code;
-template <class T>
-using result = boost::system::result<T, error_code>;
 
 enum class errc {
   ok = 0,
@@ -24,11 +26,17 @@ enum class errc {
   etcd_error,             // etcd answered with an error
   placement_unavailable,  // connection refused, timeout
   placement_conflict,     // 409 other than concurrent_update
-  placement_concurrent_update,  // generation moved: retry
+  placement_concurrent_update,  // a provider's generation moved: retry
+  placement_consumer_changed,   // the consumer's generation moved: read it again
   placement_capacity,     // claim would exceed capacity
   placement_error,        // any other Placement error answer
   corrupt_record,         // a value in etcd that does not decode
-  virt_error,             // libvirt refused
+  virt_unavailable,       // the connection to libvirt is lost: says nothing about the instance
+  launch_failure,         // libvirt refused to make, start or stop a domain
+  image_failure,          // the image cannot be fetched or is not what it says
+  network_failure,        // the guests' network is missing or will not start
+  host_full,              // the host runs as many instances as it may
+  no_valid_host,          // the host may not take the instance (its group's policy)
   timeout,
   cancelled,
   changed,                // what a guarded write was decided on changed meanwhile
@@ -40,11 +48,46 @@ inline error_code make_error_code(errc e) noexcept {
   return {static_cast<int>(e), toyvm_category()};
 }
 
-// An error with the detail that a person needs to act on it.
-struct Failure {
+}  // namespace toyvm
+
+template <>
+struct boost::system::is_error_code_enum<toyvm::errc> : std::true_type {};
+
+namespace toyvm {
+
+template <class E>
+concept ErrorCodeEnum = boost::system::is_error_code_enum<E>::value;
+
+struct Error {
   error_code code;
-  std::string detail;
+  std::string detail;  // empty: the code says it all
+
+  Error() = default;
+  Error(error_code code, std::string detail = {}) : code(code), detail(std::move(detail)) {}
+  template <ErrorCodeEnum E>
+  Error(E code, std::string detail = {}) : code(code), detail(std::move(detail)) {}
+
+  // The detail when there is one, else what the code means.
+  std::string message() const { return detail.empty() ? code.message() : detail; }
+  // The same error, its detail prefixed with what was being done: "reading x: <detail>".
+  Error doing(std::string_view what) const;
+
+  // No conversion to bool: result<bool> could not tell an Error from a value then. Ask `code`.
+  friend bool operator==(const Error& e, const error_code& code) noexcept { return e.code == code; }
+  template <ErrorCodeEnum E>
+  friend bool operator==(const Error& e, E code) noexcept { return e.code == code; }
 };
+
+std::ostream& operator<<(std::ostream& out, const Error& e);
+
+// What result<T>::value() throws (found by argument-dependent lookup).
+[[noreturn]] void throw_exception_from_error(const Error& e, const boost::source_location& loc);
+
+template <class T>
+using result = boost::system::result<T, Error>;
+
+// The reason code an ERROR record carries for a failure (CIAO's: launch_failure, full_cn, ...).
+std::string_view reason_code(const Error& e) noexcept;
 
 // Exit codes at the edge of the program (documented in README.md).
 enum class ExitCode : int {
@@ -60,6 +103,3 @@ enum class ExitCode : int {
 ExitCode exit_code_for(const error_code& ec) noexcept;
 
 }  // namespace toyvm
-
-template <>
-struct boost::system::is_error_code_enum<toyvm::errc> : std::true_type {};

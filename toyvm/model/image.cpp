@@ -25,51 +25,47 @@ bool has_dot_dot(std::string_view path) {
   return false;
 }
 
-result<ImageRef> refuse(std::string* detail, std::string message) {
-  if (detail) *detail = std::move(message);
-  return errc::invalid_argument;
-}
+Error refuse(std::string message) { return Error(errc::invalid_argument, std::move(message)); }
 
 }  // namespace
 
-result<ImageRef> parse_image_ref(std::string_view text, const std::vector<std::string>& schemes,
-                                 std::string* detail) {
+result<ImageRef> parse_image_ref(std::string_view text, const std::vector<std::string>& schemes) {
   ImageRef ref;
-  if (text.empty()) return refuse(detail, "empty image reference");
+  if (text.empty()) return refuse("empty image reference");
   if (text.find("://") == std::string_view::npos) {
     bool plain = std::all_of(text.begin(), text.end(), [](char c) {
       return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
     });
     if (!plain || text.front() == '.' || text.size() > 255)
-      return refuse(detail, fmt::format("image name '{}' must be letters, digits, '.', '_' or '-', "
+      return refuse(fmt::format("image name '{}' must be letters, digits, '.', '_' or '-', "
                                         "not starting with '.'", text));
     ref.name = text;
     return ref;
   }
   auto url = boost::urls::parse_absolute_uri(text);
-  if (!url) return refuse(detail, fmt::format("image URL '{}' is not a valid URL", text));
+  if (!url) return refuse(fmt::format("image URL '{}' is not a valid URL", text));
   std::string scheme = url->scheme();
   std::transform(scheme.begin(), scheme.end(), scheme.begin(), ::tolower);
   if (std::find(schemes.begin(), schemes.end(), scheme) == schemes.end())
-    return refuse(detail, fmt::format("image URL scheme '{}' is not allowed (allowed: {})", scheme,
+    return refuse(fmt::format("image URL scheme '{}' is not allowed (allowed: {})", scheme,
                                       fmt::join(schemes, ", ")));
   if (scheme == "file") {
     ref.kind = ImageRef::Kind::file;
     ref.path = url->path();  // percent-decoded
     if (!url->host().empty() && url->host() != "localhost")
-      return refuse(detail, "a file:// image URL cannot name another host");
+      return refuse("a file:// image URL cannot name another host");
     if (ref.path.empty() || ref.path.front() != '/' || has_dot_dot(ref.path) ||
         ref.path.find('\0') != std::string::npos)
-      return refuse(detail, fmt::format("image path '{}' must be absolute, without '..'", ref.path));
+      return refuse(fmt::format("image path '{}' must be absolute, without '..'", ref.path));
     ref.path = std::filesystem::path(ref.path).lexically_normal().string();
     return ref;
   }
   if (scheme != "http" && scheme != "https")
-    return refuse(detail, fmt::format("image URL scheme '{}' is not supported", scheme));
+    return refuse(fmt::format("image URL scheme '{}' is not supported", scheme));
   ref.kind = scheme == "http" ? ImageRef::Kind::http : ImageRef::Kind::https;
   ref.url = text;
   ref.host = url->encoded_host();
-  if (ref.host.empty()) return refuse(detail, fmt::format("image URL '{}' has no host", text));
+  if (ref.host.empty()) return refuse(fmt::format("image URL '{}' has no host", text));
   ref.port = !url->port().empty() ? std::string(url->port()) : (scheme == "http" ? "80" : "443");
   ref.target = url->encoded_resource();
   if (ref.target.empty()) ref.target = "/";
@@ -110,11 +106,8 @@ std::optional<DiskFormat> declared_format(const ImageRef& ref, std::string_view 
   return std::nullopt;
 }
 
-result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size, std::string* detail) {
-  auto corrupt = [&](std::string message) -> result<DiskInfo> {
-    if (detail) *detail = std::move(message);
-    return errc::corrupt_record;
-  };
+result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size) {
+  auto corrupt = [](std::string message) { return Error(errc::corrupt_record, std::move(message)); };
   if (file_size == 0) return corrupt("the image is empty");
   if (!has_qcow2_magic(header)) return DiskInfo{DiskFormat::raw, file_size};
   // qcow2 header: version @4, backing_file_offset @8, cluster_bits @20, size @24, crypt @32.

@@ -24,8 +24,7 @@ struct ImageRef {
 
 // Parses a reference; URL schemes not in `schemes` are refused, and neither a name nor a
 // file path may contain ".." or, for names, a "/" (a reference cannot leave the image dir).
-result<ImageRef> parse_image_ref(std::string_view text, const std::vector<std::string>& schemes,
-                                 std::string* detail);
+result<ImageRef> parse_image_ref(std::string_view text, const std::vector<std::string>& schemes);
 
 // True when `path` lies inside `dir` (both absolute and normalised, symlinks resolved by the caller).
 bool path_within(std::string_view dir, std::string_view path);
@@ -51,7 +50,7 @@ std::optional<DiskFormat> declared_format(const ImageRef& ref, std::string_view 
 // What a disk image is, from its first 512 bytes (or fewer, for a short file) and its size.
 // A qcow2 image must be plain: no backing file (it could name any file on the host) and no
 // encryption; anything that claims to be qcow2 but is not well-formed is corrupt.
-result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size, std::string* detail);
+result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size);
 
 // The first bytes of a qcow2 image ("QFI\xfb").
 bool has_qcow2_magic(std::string_view header);

@@ -4,13 +4,14 @@
 
 namespace toyvm {
 
-PlacementError classify_placement_error(int status, std::string_view body) {
-  PlacementError out;
+Error classify_placement_error(int status, std::string_view body) {
+  Error out;
+  std::string_view placement_code;
   simdjson::dom::parser parser;
   simdjson::dom::element first;
   if (!parser.parse(body.data(), body.size()).at_pointer("/errors/0").get(first)) {
     std::string_view text;
-    if (!first["code"].get_string().get(text)) out.placement_code = std::string(text);
+    if (!first["code"].get_string().get(text)) placement_code = text;
     if (!first["detail"].get_string().get(text)) out.detail = std::string(text);
   } else {
     // Not Placement's error format (a proxy, a crash page): keep the start of the body.
@@ -21,8 +22,9 @@ PlacementError classify_placement_error(int status, std::string_view body) {
     if (c == '\n') c = ' ';
   }
   if (status == 409) {
-    if (out.placement_code == "placement.concurrent_update") {
-      out.code = errc::placement_concurrent_update;
+    if (placement_code == "placement.concurrent_update") {
+      const bool consumer = out.detail.find("consumer generation conflict") != std::string::npos;
+      out.code = consumer ? errc::placement_consumer_changed : errc::placement_concurrent_update;
     } else if (out.detail.find("exceed the capacity") != std::string::npos ||
                out.detail.find("Unable to allocate inventory") != std::string::npos) {
       out.code = errc::placement_capacity;

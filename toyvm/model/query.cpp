@@ -64,10 +64,7 @@ void percent_encode(std::string& out, std::string_view text) {
   }
 }
 
-result<void> fail(std::string* detail, std::string message) {
-  if (detail) *detail = std::move(message);
-  return errc::invalid_argument;
-}
+Error invalid(std::string message) { return Error(errc::invalid_argument, std::move(message)); }
 
 }  // namespace
 
@@ -80,11 +77,10 @@ std::string format_amounts(const ResourceAmounts& amounts) {
   return out;
 }
 
-result<ResourceAmounts> parse_resource_amounts(std::string_view text, std::string* detail) {
+result<ResourceAmounts> parse_resource_amounts(std::string_view text) {
   ResourceAmounts amounts;
   if (text.empty()) {
-    fail(detail, "empty resource list (expected e.g. VCPU:1,MEMORY_MB:256)");
-    return errc::invalid_argument;
+    return invalid("empty resource list (expected e.g. VCPU:1,MEMORY_MB:256)");
   }
   for (std::string_view item : split(text, ',')) {
     size_t colon = item.find(':');
@@ -92,66 +88,57 @@ result<ResourceAmounts> parse_resource_amounts(std::string_view text, std::strin
     int64_t amount = 0;
     if (colon == std::string_view::npos || !is_resource_class(name) ||
         !parse_positive(item.substr(colon + 1), amount)) {
-      fail(detail, fmt::format("bad resource '{}' (expected CLASS:AMOUNT, e.g. VCPU:1)", item));
-      return errc::invalid_argument;
+      return invalid(fmt::format("bad resource '{}' (expected CLASS:AMOUNT, e.g. VCPU:1)", item));
     }
     if (!amounts.emplace(std::string(name), amount).second) {
-      fail(detail, fmt::format("resource class {} given twice", name));
-      return errc::invalid_argument;
+      return invalid(fmt::format("resource class {} given twice", name));
     }
   }
   return amounts;
 }
 
-result<PlacementQuery> parse_placement_query(std::string_view text, std::string* detail) {
+result<PlacementQuery> parse_placement_query(std::string_view text) {
   PlacementQuery query;
   if (text.empty()) {
-    fail(detail, "empty query (expected e.g. resources=VCPU:1,MEMORY_MB:256)");
-    return errc::invalid_argument;
+    return invalid("empty query (expected e.g. resources=VCPU:1,MEMORY_MB:256)");
   }
   for (std::string_view param : split(text, '&')) {
     size_t eq = param.find('=');
     if (eq == std::string_view::npos || eq == 0) {
-      fail(detail, fmt::format("bad parameter '{}' (expected name=value)", param));
-      return errc::invalid_argument;
+      return invalid(fmt::format("bad parameter '{}' (expected name=value)", param));
     }
     std::string_view key = param.substr(0, eq);
     std::string_view value = param.substr(eq + 1);
     auto [base, group] = split_group_suffix(key);
     if (base == "resources") {
-      auto amounts = parse_resource_amounts(value, detail);
+      auto amounts = parse_resource_amounts(value);
       if (!amounts) return amounts.error();
       for (auto& [rc, amount] : *amounts) query.resources[rc] += amount;
     } else if (base == "required" || base == "root_required") {
       for (std::string_view trait : split(value.starts_with("in:") ? value.substr(3) : value, ',')) {
         if (trait.starts_with('!')) trait.remove_prefix(1);
         if (!is_trait_name(trait)) {
-          fail(detail, fmt::format("bad trait '{}' in {}", trait, key));
-          return errc::invalid_argument;
+          return invalid(fmt::format("bad trait '{}' in {}", trait, key));
         }
       }
     } else if (base == "limit" && group.empty()) {
       int64_t limit = 0;
       if (!parse_positive(value, limit) || limit > 100000) {
-        fail(detail, fmt::format("bad limit '{}' (expected a positive integer)", value));
-        return errc::invalid_argument;
+        return invalid(fmt::format("bad limit '{}' (expected a positive integer)", value));
       }
       query.limit = int(limit);
     } else if (base == "member_of" || base == "in_tree" || base == "group_policy" ||
                base == "same_subtree") {
       if (value.empty()) {
-        fail(detail, fmt::format("empty value for {}", key));
-        return errc::invalid_argument;
+        return invalid(fmt::format("empty value for {}", key));
       }
     } else {
-      fail(detail, fmt::format("unknown parameter '{}'", key));
-      return errc::invalid_argument;
+      return invalid(fmt::format("unknown parameter '{}'", key));
     }
     query.params.emplace_back(std::string(key), std::string(value));
   }
   if (query.resources.empty()) {
-    fail(detail, "the query names no resources (expected e.g. resources=VCPU:1,MEMORY_MB:256)");
-    return errc::invalid_argument;
+    return invalid("the query names no resources (expected e.g. resources=VCPU:1,MEMORY_MB:256)");
   }
   return query;
 }

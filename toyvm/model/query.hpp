@@ -29,10 +29,10 @@ struct PlacementQuery {
 
 // Validates syntax locally so that a typo is reported in one clear line instead of a
 // Placement 400; the detail names the offending part.
-result<PlacementQuery> parse_placement_query(std::string_view text, std::string* detail);
+result<PlacementQuery> parse_placement_query(std::string_view text);
 
 // "VCPU:4,DISK_GB:10,MEMORY_MB:512" (the value of `resources=`; also `--inventory`).
-result<ResourceAmounts> parse_resource_amounts(std::string_view text, std::string* detail);
+result<ResourceAmounts> parse_resource_amounts(std::string_view text);
 
 // "MEMORY_MB:256,VCPU:1": the same form parse_resource_amounts reads.
 std::string format_amounts(const ResourceAmounts& amounts);

@@ -34,17 +34,17 @@ class Reader {
   explicit Reader(std::string_view text) : padded_(text) {}
 
   template <class Fn>
-  result<void> each_field(std::string* detail, Fn&& on_field) {
+  result<void> each_field(Fn&& on_field) {
     try {
       od::document doc = parser().iterate(padded_);
       od::object object = doc.get_object();
       for (auto field : object) {
         std::string_view key = field.unescaped_key();
         od::value value = field.value();
-        if (!on_field(key, value)) return fail(detail, fmt::format("bad field '{}'", key));
+        if (!on_field(key, value)) return fail(fmt::format("bad field '{}'", key));
       }
     } catch (const simdjson::simdjson_error& e) {
-      return fail(detail, fmt::format("malformed JSON: {}", e.what()));
+      return fail(fmt::format("malformed JSON: {}", e.what()));
     }
     return {};
   }
@@ -54,10 +54,7 @@ class Reader {
     thread_local od::parser parser;
     return parser;
   }
-  static result<void> fail(std::string* detail, std::string message) {
-    if (detail) *detail = std::move(message);
-    return errc::corrupt_record;
-  }
+  static result<void> fail(std::string message) { return Error(errc::corrupt_record, std::move(message)); }
   simdjson::padded_string padded_;
 };
 
@@ -105,10 +102,9 @@ bool read_enum(od::value& value, const std::string_view (&names)[N], Enum& out) 
   return false;
 }
 
-result<void> require(bool ok, std::string* detail, std::string_view what) {
+result<void> require(bool ok, std::string_view what) {
   if (ok) return {};
-  if (detail) *detail = fmt::format("missing or invalid {}", what);
-  return errc::corrupt_record;
+  return Error(errc::corrupt_record, fmt::format("missing or invalid {}", what));
 }
 
 }  // namespace
@@ -213,10 +209,10 @@ std::string encode(const InstanceRecord& r) {
   return json::serialize(o);
 }
 
-result<HostRecord> decode_host(std::string_view text, std::string* detail) {
+result<HostRecord> decode_host(std::string_view text) {
   HostRecord r;
   Reader reader(text);
-  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+  auto parsed = reader.each_field([&](std::string_view key, od::value& v) {
     if (key == "name") return read_string(v, r.name);
     if (key == "provider") return read_string(v, r.provider);
     if (key == "status") return read_string(v, r.status);
@@ -226,14 +222,14 @@ result<HostRecord> decode_host(std::string_view text, std::string* detail) {
     return true;  // unknown fields: written by a newer agent
   });
   if (!parsed) return parsed.error();
-  if (auto ok = require(is_uuid(r.provider), detail, "provider"); !ok) return ok.error();
+  if (auto ok = require(is_uuid(r.provider), "provider"); !ok) return ok.error();
   return r;
 }
 
-result<HostStats> decode_host_stats(std::string_view text, std::string* detail) {
+result<HostStats> decode_host_stats(std::string_view text) {
   HostStats s;
   Reader reader(text);
-  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+  auto parsed = reader.each_field([&](std::string_view key, od::value& v) {
     if (key == "mem_total_mb") return read_int(v, s.mem_total_mb);
     if (key == "mem_available_mb") return read_int(v, s.mem_available_mb);
     if (key == "disk_total_mb") return read_int(v, s.disk_total_mb);
@@ -247,10 +243,10 @@ result<HostStats> decode_host_stats(std::string_view text, std::string* detail) 
   return s;
 }
 
-result<InstanceUsage> decode_usage(std::string_view text, std::string* detail) {
+result<InstanceUsage> decode_usage(std::string_view text) {
   InstanceUsage u;
   Reader reader(text);
-  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+  auto parsed = reader.each_field([&](std::string_view key, od::value& v) {
     if (key == "running") return !v.get_bool().get(u.running);
     if (key == "vcpus") return read_int(v, u.vcpus);
     if (key == "cpu_time_s") return !v.get_double().get(u.cpu_time_s);
@@ -268,10 +264,10 @@ result<InstanceUsage> decode_usage(std::string_view text, std::string* detail) {
   return u;
 }
 
-result<HostMaintenance> decode_maintenance(std::string_view text, std::string* detail) {
+result<HostMaintenance> decode_maintenance(std::string_view text) {
   HostMaintenance m;
   Reader reader(text);
-  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+  auto parsed = reader.each_field([&](std::string_view key, od::value& v) {
     if (key == "reason") return read_string(v, m.reason);
     if (key == "at") return read_int(v, m.at);
     return true;
@@ -280,11 +276,11 @@ result<HostMaintenance> decode_maintenance(std::string_view text, std::string* d
   return m;
 }
 
-result<WorkSpec> decode_work(std::string_view text, std::string* detail) {
+result<WorkSpec> decode_work(std::string_view text) {
   WorkSpec s;
   int64_t attempt = 1;
   Reader reader(text);
-  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+  auto parsed = reader.each_field([&](std::string_view key, od::value& v) {
     if (key == "uuid") return read_string(v, s.uuid);
     if (key == "name") return read_string(v, s.name);
     if (key == "image") return read_string(v, s.image);
@@ -324,14 +320,14 @@ result<WorkSpec> decode_work(std::string_view text, std::string* detail) {
   });
   if (!parsed) return parsed.error();
   s.attempt = int(attempt);
-  if (auto ok = require(is_uuid(s.uuid), detail, "uuid"); !ok) return ok.error();
+  if (auto ok = require(is_uuid(s.uuid), "uuid"); !ok) return ok.error();
   return s;
 }
 
-result<InstanceRecord> decode_instance(std::string_view text, std::string* detail) {
+result<InstanceRecord> decode_instance(std::string_view text) {
   InstanceRecord r;
   Reader reader(text);
-  auto parsed = reader.each_field(detail, [&](std::string_view key, od::value& v) {
+  auto parsed = reader.each_field([&](std::string_view key, od::value& v) {
     if (key == "uuid") return read_string(v, r.uuid);
     if (key == "name") return read_string(v, r.name);
     if (key == "host") return read_string(v, r.host);
@@ -357,7 +353,7 @@ result<InstanceRecord> decode_instance(std::string_view text, std::string* detai
     return true;
   });
   if (!parsed) return parsed.error();
-  if (auto ok = require(is_uuid(r.uuid), detail, "uuid"); !ok) return ok.error();
+  if (auto ok = require(is_uuid(r.uuid), "uuid"); !ok) return ok.error();
   return r;
 }
 

@@ -113,12 +113,12 @@ std::string encode(const InstanceUsage& usage);
 std::string encode(const WorkSpec& spec);
 std::string encode(const InstanceRecord& record);
 
-result<HostRecord> decode_host(std::string_view json, std::string* detail = nullptr);
-result<HostStats> decode_host_stats(std::string_view json, std::string* detail = nullptr);
-result<HostMaintenance> decode_maintenance(std::string_view json, std::string* detail = nullptr);
-result<InstanceUsage> decode_usage(std::string_view json, std::string* detail = nullptr);
-result<WorkSpec> decode_work(std::string_view json, std::string* detail = nullptr);
-result<InstanceRecord> decode_instance(std::string_view json, std::string* detail = nullptr);
+result<HostRecord> decode_host(std::string_view json);
+result<HostStats> decode_host_stats(std::string_view json);
+result<HostMaintenance> decode_maintenance(std::string_view json);
+result<InstanceUsage> decode_usage(std::string_view json);
+result<WorkSpec> decode_work(std::string_view json);
+result<InstanceRecord> decode_instance(std::string_view json);
 
 int64_t unix_seconds();
 int64_t unix_millis();

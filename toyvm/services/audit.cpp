@@ -91,18 +91,16 @@ class Auditor {
       auto key = keys_.parse_work(kv.key);
       if (!key) continue;
       s.work_host[key->instance] = key->host;
-      std::string why;
-      auto spec = decode_work(kv.value, &why);
-      if (spec && spec->uuid != key->instance) why = "its uuid is not its key's";
-      if (!spec || !why.empty()) s.unreadable.push_back({key->instance, kv.key, why});
+      auto spec = decode_work(kv.value);
+      if (!spec) s.unreadable.push_back({key->instance, kv.key, spec.error().message()});
+      else if (spec->uuid != key->instance) s.unreadable.push_back({key->instance, kv.key, "its uuid is not its key's"});
     }
     const std::string records_root = keys_.instances_prefix();
     for (const KeyValue& kv : txn->ranges[2].kvs) {
-      std::string why;
-      if (auto record = decode_instance(kv.value, &why))
+      if (auto record = decode_instance(kv.value))
         s.instances[record->uuid] = std::move(*record);
       else
-        s.unreadable.push_back({kv.key.substr(records_root.size()), kv.key, why});
+        s.unreadable.push_back({kv.key.substr(records_root.size()), kv.key, record.error().message()});
     }
     for (const KeyValue& kv : txn->ranges[3].kvs) {
       // <groups_root><name>/<instance>
@@ -129,8 +127,8 @@ class Auditor {
     co_return s;
   }
 
-  std::optional<AuditSnapshot> placement_failed(const error_code& ec) {
-    failure_ = placement_failure(placement_, ec, placement_.last_error());
+  std::optional<AuditSnapshot> placement_failed(const Error& e) {
+    failure_ = report_failure(e);
     return std::nullopt;
   }
 
@@ -147,7 +145,7 @@ class Auditor {
     Allocations none;
     auto released = co_await placement_.replace(d.instance, std::move(none), *read->second.generation);
     if (!released)
-      spdlog::warn("not releasing {}: {}", d.instance, placement_.last_error().detail);
+      spdlog::warn("not releasing {}: {}", d.instance, released.error().message());
     co_return bool(released);
   }
 

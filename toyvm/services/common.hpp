@@ -20,23 +20,13 @@ inline int report_failure(ExitCode code, const std::string& message) {
   return static_cast<int>(code);
 }
 
-inline int report_failure(const error_code& ec, const std::string& message) {
-  return report_failure(exit_code_for(ec), message);
-}
+inline int report_failure(const Error& e) { return report_failure(exit_code_for(e.code), e.message()); }
+inline int report_failure(errc code, const std::string& message) { return report_failure(Error(code, message)); }
 
 // "etcd at <endpoints>: <what failed>: <what etcd or gRPC said>".
-inline int etcd_failure(const EtcdClient& etcd, const error_code& ec) {
-  std::string said = etcd.last_error();
-  return report_failure(ec, fmt::format("etcd at {}: {}{}{}", etcd.endpoints_text(), ec.message(),
-                                        said.empty() ? "" : ": ", said));
-}
-
-// "Placement at <endpoint>: <what Placement said>". `said` is the client's last_error() as
-// the failing call left it (a later call overwrites it).
-inline int placement_failure(const PlacementClient& placement, const error_code& ec, const PlacementError& said) {
-  std::string detail = said.detail.empty() ? ec.message() : said.detail;
-  if (ec == errc::placement_unavailable) return report_failure(ec, detail);  // it names the endpoint
-  return report_failure(ec, fmt::format("Placement at {}: {}", placement.endpoint(), detail));
+inline int etcd_failure(const EtcdClient& etcd, const Error& e) {
+  return report_failure(exit_code_for(e.code), fmt::format("etcd at {}: {}{}{}", etcd.endpoints_text(), e.code.message(),
+                                                           e.detail.empty() ? "" : ": ", e.detail));
 }
 
 // Runs `task` on `io` until it ends; its value is the exit code.

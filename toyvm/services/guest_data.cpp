@@ -28,49 +28,41 @@ std::optional<std::string> read_small_file(const std::string& path, size_t limit
 
 }  // namespace
 
-result<void> read_guest_data(const ScheduleOptions& options, WorkSpec& spec, std::string* detail) {
+result<void> read_guest_data(const ScheduleOptions& options, WorkSpec& spec) {
   // The syntax only: which schemes are allowed, and whether the image exists, is each agent's call.
   if (!options.image.empty()) {
-    auto image = parse_image_ref(options.image, {"http", "https", "file"}, detail);
+    auto image = parse_image_ref(options.image, {"http", "https", "file"});
     if (!image) return image.error();
   }
   if (!options.image_sha256.empty() && !is_sha256_hex(options.image_sha256)) {
-    *detail = "--image-sha256 must be 64 lowercase hex digits";
-    return errc::invalid_argument;
+    return Error(errc::invalid_argument, "--image-sha256 must be 64 lowercase hex digits");
   }
   if (!options.user_data_file.empty()) {
     auto data = read_small_file(options.user_data_file, max_user_data);
-    if (!data) {
-      *detail = fmt::format("cannot read user data file {}", options.user_data_file);
-      return errc::invalid_argument;
-    }
+    if (!data) return Error(errc::invalid_argument, fmt::format("cannot read user data file {}", options.user_data_file));
     if (data->size() > max_user_data) {
-      *detail = fmt::format("user data file {} is larger than {} bytes", options.user_data_file, max_user_data);
-      return errc::invalid_argument;
+      return Error(errc::invalid_argument, fmt::format("user data file {} is larger than {} bytes", options.user_data_file, max_user_data));
     }
     spec.user_data = std::move(*data);
   }
   for (const std::string& key : options.keys) {
     size_t eq = key.find('=');
     if (eq == 0 || eq == std::string::npos || key.find('\n') != std::string::npos) {
-      *detail = fmt::format("bad --key '{}' (expected NAME=PUBKEY)", key.substr(0, 40));
-      return errc::invalid_argument;
+      return Error(errc::invalid_argument, fmt::format("bad --key '{}' (expected NAME=PUBKEY)", key.substr(0, 40)));
     }
     spec.keys.emplace_back(key.substr(0, eq), key.substr(eq + 1));
   }
   for (const std::string& file : options.key_files) {
     auto text = read_small_file(file, 16 * 1024);
     if (!text || text->size() > 16 * 1024) {
-      *detail = fmt::format("cannot read ssh public key file {}", file);
-      return errc::invalid_argument;
+      return Error(errc::invalid_argument, fmt::format("cannot read ssh public key file {}", file));
     }
     std::string line = text->substr(0, text->find('\n'));
     // "type base64 comment": the comment names the key, else the file does.
     size_t first = line.find(' ');
     size_t second = first == std::string::npos ? first : line.find(' ', first + 1);
     if (first == std::string::npos) {
-      *detail = fmt::format("{} is not an OpenSSH public key", file);
-      return errc::invalid_argument;
+      return Error(errc::invalid_argument, fmt::format("{} is not an OpenSSH public key", file));
     }
     std::string name = second == std::string::npos ? std::filesystem::path(file).stem().string()
                                                    : line.substr(second + 1);

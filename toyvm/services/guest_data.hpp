@@ -10,8 +10,8 @@
 
 namespace toyvm {
 
-// Fills in `spec`'s user data and keys; an error (and why, in `detail`) for anything that an
+// Fills in `spec`'s user data and keys; an error saying why for anything that an
 // agent could never use.
-result<void> read_guest_data(const ScheduleOptions& options, WorkSpec& spec, std::string* detail);
+result<void> read_guest_data(const ScheduleOptions& options, WorkSpec& spec);
 
 }  // namespace toyvm

@@ -36,15 +36,15 @@ class HostAdmin {
   awaitable<int> run() {
     // A name (the agent's --name, Placement's provider name) or the provider's uuid.
     auto named = co_await placement_.provider_named(options_.host);
-    if (!named) co_return placement_failure();
+    if (!named) co_return report_failure(named.error());
     std::string provider = named->value_or("");
     if (provider.empty() && is_uuid(options_.host)) {
       auto traits = co_await placement_.traits(options_.host);
       if (traits) provider = options_.host;
-      else if (traits.error() != errc::not_found) co_return placement_failure();
+      else if (traits.error() != errc::not_found) co_return report_failure(traits.error());
     }
     if (provider.empty())
-      co_return report_failure(errc::not_found, fmt::format("no host {} in Placement", options_.host));
+      co_return report_failure(Error(errc::not_found, fmt::format("no host {} in Placement", options_.host)));
     switch (options_.action) {
       case HostOptions::Action::disable: co_return co_await disable(provider);
       case HostOptions::Action::enable: co_return co_await enable(provider);
@@ -60,7 +60,8 @@ class HostAdmin {
     if (!put) co_return etcd_failure(*etcd_, put.error());
     // Traits its agent registers meanwhile stay: only this one is added, under the generation
     // read with the rest.
-    if (!co_await placement_.add_trait(provider, std::string(disabled_trait))) co_return placement_failure();
+    if (auto marked = co_await placement_.add_trait(provider, std::string(disabled_trait)); !marked)
+      co_return report_failure(marked.error());
     std::printf("DISABLED HOST %s (%s)\n", options_.host.c_str(), provider.c_str());
     co_return 0;
   }
@@ -110,7 +111,7 @@ class HostAdmin {
       auto moved = co_await evacuate_one(provider, *work, kv.mod_revision);
       if (!moved) {
         if (is_etcd_error(moved.error())) co_return etcd_failure(*etcd_, moved.error());
-        co_return placement_failure();
+        co_return report_failure(moved.error());
       }
       switch (moved->outcome) {
         case Relocated::Outcome::moved:
@@ -122,7 +123,7 @@ class HostAdmin {
           break;
         case Relocated::Outcome::lost_race:
         case Relocated::Outcome::put_back:
-          if (moved->unknown) co_return etcd_failure(*etcd_, moved->unknown);
+          if (moved->unknown.code) co_return etcd_failure(*etcd_, moved->unknown);
           std::fprintf(stderr,
                        "toyvm: instance %s changed while it was evacuated (stopped, started, destroyed, moved by "
                        "another evacuation, or its host came back); left\n",
@@ -157,11 +158,6 @@ class HostAdmin {
     move.also_require = {EtcdCompare::absent(keys_.host(provider))};
     move.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     co_return co_await placer_.relocate(std::move(move));
-  }
-
-  int placement_failure() {
-    const PlacementError& said = placement_.last_error();
-    return toyvm::placement_failure(placement_, make_error_code(said.code), said);
   }
 
   const HostOptions& options_;

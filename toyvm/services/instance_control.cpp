@@ -26,9 +26,7 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
                              const InstanceRecord& record, int64_t record_revision) {
   PlacementClient placement(io.get_executor(), config.placement);
   auto held = co_await placement.consumer_allocations(record.uuid);
-  if (!held)
-    co_return report_failure(placement.last_error().code, fmt::format("reading the allocation of {}: {}", record.uuid,
-                                                                      placement.last_error().detail));
+  if (!held) co_return report_failure(held.error().doing(fmt::format("reading the allocation of {}", record.uuid)));
   if (!held->allocations.empty() && !held->allocations.count(record.host))
     co_return report_failure(errc::changed,
                              fmt::format("instance {} holds its resources on another host than {} (a move in flight?); "
@@ -58,10 +56,10 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
   if (held->generation && !held->allocations.empty()) {
     auto released = co_await placement.replace(record.uuid, {}, *held->generation);
     if (!released)
-      co_return report_failure(released.error(),
-                               fmt::format("instance {} is removed, but its allocation was not released ({}); "
-                                           "`toyvm audit --fix` releases it",
-                                           record.uuid, placement.last_error().detail));
+      co_return report_failure(Error(released.error().code,
+                                     fmt::format("instance {} is removed, but its allocation was not released ({}); "
+                                                 "`toyvm audit --fix` releases it",
+                                                 record.uuid, released.error().message())));
   }
   std::printf("DESTROYED INSTANCE %s\n", record.uuid.c_str());
   co_return 0;

@@ -114,17 +114,16 @@ class MetadataServer {
         http_(io, config.mdserver, [this](const std::string& ip) { return index_.find(ip); }) {}
 
   awaitable<int> run(std::vector<std::string> listen) {
-    std::string error;
-    if (!http_.configure(&error)) co_return report_failure(ExitCode::usage, error);
+    if (auto configured = http_.configure(); !configured) co_return report_failure(configured.error());
     for (const std::string& address : listen) {
       if (!MetadataHttpServer::parse_listen(address))
         co_return report_failure(ExitCode::usage, MetadataHttpServer::bad_listen("listen address", address));
     }
     for (const std::string& address : listen) {
-      if (!http_.listen(address, "", &error)) co_return report_failure(ExitCode::failed, error);
+      if (auto served = http_.listen(address, ""); !served) co_return report_failure(served.error());
     }
     if (!metrics_listen_.empty()) {
-      if (auto failed = serve_metrics(io_, metrics_listen_, listen)) co_return report_failure(failed->code, failed->detail);
+      if (auto served = serve_metrics(io_, metrics_listen_, listen); !served) co_return report_failure(served.error());
     }
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     signals.async_wait([this](const error_code& ec, int) {

@@ -47,17 +47,14 @@ awaitable<void> reply_error(beast::tcp_stream& stream, http::status status) {
 MetadataHttpServer::MetadataHttpServer(asio::io_context& io, const MdserverConfig& config, Lookup lookup)
     : io_(io), config_(config), lookup_(std::move(lookup)), limiter_(config.rate_limit, config.rate_burst) {}
 
-bool MetadataHttpServer::configure(std::string* error) {
+result<void> MetadataHttpServer::configure() {
   for (const std::string& cidr : config_.guest_networks) {
     error_code ec;
     auto network = asio::ip::make_network_v4(cidr, ec);
-    if (ec) {
-      *error = fmt::format("bad guest network '{}' (expected A.B.C.D/N)", cidr);
-      return false;
-    }
+    if (ec) return Error(errc::invalid_config, fmt::format("bad guest network '{}' (expected A.B.C.D/N)", cidr));
     guest_networks_.push_back(network);
   }
-  return true;
+  return {};
 }
 
 std::optional<tcp::endpoint> MetadataHttpServer::parse_listen(const std::string& address) {
@@ -68,12 +65,9 @@ std::string MetadataHttpServer::bad_listen(std::string_view setting, const std::
   return fmt::format("bad {} '{}' (expected ADDRESS:PORT, [ADDRESS]:PORT for IPv6)", setting, address);
 }
 
-bool MetadataHttpServer::listen(const std::string& address, const std::string& device, std::string* error) {
+result<void> MetadataHttpServer::listen(const std::string& address, const std::string& device) {
   auto parsed = parse_listen(address);
-  if (!parsed) {
-    *error = bad_listen("listen address", address);
-    return false;
-  }
+  if (!parsed) return Error(errc::invalid_config, bad_listen("listen address", address));
   const tcp::endpoint endpoint = *parsed;
   error_code ec;
   auto acceptor = std::make_shared<tcp::acceptor>(io_);
@@ -84,14 +78,13 @@ bool MetadataHttpServer::listen(const std::string& address, const std::string& d
     ec = error_code(errno, boost::system::system_category());
   if (!ec) acceptor->bind(endpoint, ec);
   if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    *error = fmt::format("cannot listen on {}{}: {}", address, device.empty() ? "" : " (" + device + ")", ec.message());
-    return false;
-  }
+  if (ec)
+    return Error(ec, fmt::format("cannot listen on {}{}: {}", address, device.empty() ? "" : " (" + device + ")",
+                                 ec.message()));
   spdlog::info("serving metadata on {}{}", address, device.empty() ? "" : " (" + device + ")");
   acceptors_.push_back(acceptor);
   asio::co_spawn(io_, accept_loop(std::move(acceptor)), asio::detached);
-  return true;
+  return {};
 }
 
 void MetadataHttpServer::stop_listening() {

@@ -28,8 +28,8 @@ class MetadataHttpServer {
 
   MetadataHttpServer(asio::io_context& io, const MdserverConfig& config, Lookup lookup);
 
-  // Reads guest_networks; false (with why) when one is not A.B.C.D/N.
-  bool configure(std::string* error);
+  // Reads guest_networks; invalid_config when one is not A.B.C.D/N.
+  result<void> configure();
 
   // ADDRESS:PORT ([ADDRESS]:PORT for IPv6) as an endpoint; nullopt when it is not one
   // (core/address.hpp reads it).
@@ -39,7 +39,7 @@ class MetadataHttpServer {
 
   // Serves ADDRESS:PORT from now on. With a device, only connections that arrive on it
   // (SO_BINDTODEVICE): agents of one machine then serve their own bridges on one address.
-  bool listen(const std::string& address, const std::string& device, std::string* error);
+  result<void> listen(const std::string& address, const std::string& device);
 
   // Closes every listening socket; connections being served finish.
   void stop_listening();

@@ -56,11 +56,11 @@ awaitable<void> accept_loop(std::shared_ptr<tcp::acceptor> acceptor) {
 
 }  // namespace
 
-std::optional<Failure> serve_metrics(asio::io_context& io, const std::string& address,
-                                     const std::vector<std::string>& guest_listens) {
+result<void> serve_metrics(asio::io_context& io, const std::string& address,
+                           const std::vector<std::string>& guest_listens) {
   auto endpoint = MetadataHttpServer::parse_listen(address);
   if (!endpoint)
-    return Failure{errc::invalid_config, MetadataHttpServer::bad_listen("metrics_listen", address)};
+    return Error(errc::invalid_config, MetadataHttpServer::bad_listen("metrics_listen", address));
   const auto ip = endpoint->address();
   // Every address (0.0.0.0, ::) includes the metadata address.
   bool guests_reach =
@@ -70,18 +70,18 @@ std::optional<Failure> serve_metrics(asio::io_context& io, const std::string& ad
     if (guest && guest->address() == ip) guests_reach = true;
   }
   if (guests_reach)
-    return Failure{errc::invalid_config, fmt::format("metrics_listen {} is an address guests reach (the metadata "
-                                                     "service's); choose another", address)};
+    return Error(errc::invalid_config, fmt::format("metrics_listen {} is an address guests reach (the metadata "
+                                                   "service's); choose another", address));
   auto acceptor = std::make_shared<tcp::acceptor>(io);
   error_code ec;
   acceptor->open(endpoint->protocol(), ec);
   if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor->bind(*endpoint, ec);
   if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return Failure{ec, fmt::format("cannot serve metrics on {}: {}", address, ec.message())};
+  if (ec) return Error(ec, fmt::format("cannot serve metrics on {}: {}", address, ec.message()));
   spdlog::info("serving metrics on http://{}/metrics", address);
   asio::co_spawn(io, accept_loop(std::move(acceptor)), asio::detached);
-  return std::nullopt;
+  return {};
 }
 
 }  // namespace toyvm

@@ -15,8 +15,8 @@ namespace toyvm {
 
 // Serves `address` (ADDRESS:PORT) until the process ends. Refuses an address guests reach (the
 // metadata address, or one the metadata service listens on: `guest_listens`) as invalid_config,
-// and one it cannot listen on as a plain failure; nothing when it serves.
-std::optional<Failure> serve_metrics(asio::io_context& io, const std::string& address,
-                                     const std::vector<std::string>& guest_listens);
+// and one it cannot listen on as a plain failure.
+result<void> serve_metrics(asio::io_context& io, const std::string& address,
+                           const std::vector<std::string>& guest_listens);
 
 }  // namespace toyvm

@@ -55,12 +55,15 @@ awaitable<result<Claim>> Placer::claim_first_fit(std::string uuid, std::vector<C
     for (int attempt = 1; attempt <= config_.schedule.max_claim_attempts; ++attempt) {
       auto claimed = co_await placement_.claim(uuid, *choice.allocations);
       if (claimed) co_return Claim{choice.host, *choice.allocations};
-      if (claimed.error() == errc::placement_concurrent_update) continue;
+      // A provider's generation moved (a claim beside ours), or a consumer of that uuid
+      // came and went: the same choice again.
+      if (claimed.error() == errc::placement_concurrent_update || claimed.error() == errc::placement_consumer_changed)
+        continue;
       if (claimed.error() == errc::placement_capacity) break;
       co_return claimed.error();
     }
   }
-  co_return make_error_code(errc::no_allocations_left);
+  co_return Error(errc::no_allocations_left);
 }
 
 awaitable<result<Placer::Move>> Placer::move_allocation(std::string uuid, ConsumerAllocations read, Allocations to) {
@@ -71,11 +74,10 @@ awaitable<result<Placer::Move>> Placer::move_allocation(std::string uuid, Consum
     auto put = co_await placement_.replace(uuid, to, *read.generation);
     if (put) co_return Move::moved;
     if (put.error() == errc::placement_capacity) co_return Move::no_room;
+    // Someone else changed its allocations after they were read.
+    if (put.error() == errc::placement_consumer_changed) co_return Move::changed;
+    // A provider's generation moved (a claim beside ours): again.
     if (put.error() != errc::placement_concurrent_update) co_return put.error();
-    // The consumer's generation moved: someone else changed its allocations after they
-    // were read. Any other conflict is a provider's generation (a claim beside ours): again.
-    if (placement_.last_error().detail.find("consumer generation conflict") != std::string::npos)
-      co_return Move::changed;
   }
   co_return Move::no_room;
 }
@@ -117,7 +119,7 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
 awaitable<result<Relocated>> Placer::relocate(Relocation move) {
   Relocated out;  // no room, unless it moves
   const std::string uuid = move.work.uuid;
-  auto query = parse_placement_query(move.work.query, nullptr);
+  auto query = parse_placement_query(move.work.query);
   if (!query) co_return out;
   // What it holds, read once: every write below is guarded by this reading, so of two moves
   // of one instance (two evacuations, an evacuation and a destroy --force) one wins.

@@ -30,8 +30,8 @@ struct PlacementView {
 };
 
 // Whether a failure of Placer::look came from etcd rather than from Placement.
-inline bool is_etcd_error(const error_code& ec) {
-  return ec == errc::etcd_unavailable || ec == errc::etcd_error || ec == errc::cancelled;
+inline bool is_etcd_error(const Error& e) {
+  return e == errc::etcd_unavailable || e == errc::etcd_error || e == errc::cancelled;
 }
 
 struct Claim {
@@ -49,7 +49,7 @@ struct HandOverResult {
   enum class Outcome { committed, refused, unknown };
   Outcome outcome = Outcome::unknown;
   int64_t revision = 0;  // committed: the revision of the write
-  error_code error;      // unknown: why etcd did not tell
+  Error error;           // unknown: why etcd did not tell
 };
 
 // An instance to move off `from` to another live host (a failed build, an evacuation).
@@ -74,7 +74,7 @@ struct Relocated {
   };
   Outcome outcome = Outcome::no_room;
   std::string host;
-  error_code unknown;  // set when etcd did not tell whether it took the hand-over
+  Error unknown;  // set when etcd did not tell whether it took the hand-over
 };
 
 class Placer {

@@ -38,25 +38,24 @@ Scheduler::Scheduler(asio::io_context& io, const Config& config, const ScheduleO
       group_policy_(options.group.empty() ? std::nullopt : parse_group_policy(options.group_policy)) {}
 
 awaitable<int> Scheduler::run() {
-  std::string detail;
-  auto query = parse_placement_query(options_.query, &detail);
-  if (!query) co_return report_failure(query.error(), "invalid query: " + detail);
+  auto query = parse_placement_query(options_.query);
+  if (!query) co_return report_failure(query.error().doing("invalid query"));
   if (!options_.group.empty() && !is_group_name(options_.group))
-    co_return report_failure(errc::invalid_argument,
-                             fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group));
+    co_return report_failure(Error(errc::invalid_argument,
+                                   fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group)));
   if (!options_.availability_zone.empty())
     query->params.emplace_back("member_of", availability_zone_aggregate(options_.availability_zone));
   WorkSpec spec;
-  if (auto read = read_guest_data(options_, spec, &detail); !read)
-    co_return report_failure(read.error(), detail);
+  if (auto read = read_guest_data(options_, spec); !read) co_return report_failure(read.error());
   // Checked before anything is claimed: an instance etcd cannot take in one request could
   // never be handed over, and its claim would only have to be given back.
   const int count = std::max(1, options_.count);
   const Placed biggest = instance(spec, new_uuid(), count - 1, new_uuid(), {});  // its host not known yet
   if (const TxnCost one = hand_over_cost(keys_, biggest.work, biggest.record); !split_by_limits({one}))
-    co_return report_failure(errc::invalid_argument,
-                             fmt::format("the instance's data ({} bytes with its user data and keys) is more than "
-                                         "etcd takes in one request ({} bytes)", one.bytes, etcd_request_budget));
+    co_return report_failure(Error(errc::invalid_argument,
+                                   fmt::format("the instance's data ({} bytes with its user data and keys) is more "
+                                               "than etcd takes in one request ({} bytes)",
+                                               one.bytes, etcd_request_budget)));
 
   std::vector<std::string> uuids(static_cast<size_t>(count));
   for (std::string& uuid : uuids) uuid = new_uuid();
@@ -67,7 +66,7 @@ awaitable<int> Scheduler::run() {
 awaitable<int> Scheduler::place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids) {
   const int count = int(uuids.size());
   uuids_ = uuids;
-  result<std::vector<Claim>> claims = make_error_code(errc::no_allocations_left);
+  result<std::vector<Claim>> claims = Error(errc::no_allocations_left);
   if (count == 1) {
     claims = co_await claim_one(std::move(query), uuids.front());
   } else {
@@ -79,12 +78,9 @@ awaitable<int> Scheduler::place(PlacementQuery query, WorkSpec spec, std::vector
       std::printf("NO ALLOCATIONS LEFT\n");
       co_return static_cast<int>(ExitCode::no_allocations);
     }
-    if (!group_clash_.empty()) co_return report_failure(claims.error(), group_clash_);
     if (is_etcd_error(claims.error())) co_return etcd_failure(claims.error());
-    // What Placement said, before the releases below have their say.
-    const PlacementError said = placement_.last_error();
     if (claiming_) co_await release_all(uuids);  // a claim whose answer was lost may have been made
-    co_return placement_failure(claims.error(), said);
+    co_return report_failure(claims.error());
   }
   spdlog::debug("schedule: claimed {} instance(s)", count);
 
@@ -98,7 +94,7 @@ awaitable<int> Scheduler::place(PlacementQuery query, WorkSpec spec, std::vector
   }
   co_await failpoint::pass("schedule.hand_over");  // claimed, not yet handed over
   HandOver handed = co_await hand_over(specs, records);
-  if (handed.error) {
+  if (handed.error.code) {
     co_await let_go();  // nothing more of this schedule's is on its way
     co_return co_await give_up_hand_over(handed, uuids, specs, records);
   }
@@ -162,9 +158,8 @@ awaitable<result<PlacementView>> Scheduler::look(PlacementQuery query, int limit
   if (!view) co_return view.error();
   for (GroupPolicy policy : view->group_policies) {
     if (policy != group_policy()) {
-      group_clash_ = fmt::format("server group {} has policy {}, not {}", options_.group, to_string(policy),
-                                 options_.group_policy);
-      co_return make_error_code(errc::invalid_argument);
+      co_return Error(errc::invalid_argument, fmt::format("server group {} has policy {}, not {}", options_.group,
+                                                          to_string(policy), options_.group_policy));
     }
   }
   spdlog::debug("schedule: {} candidates, {} live hosts", view->candidates.allocation_requests.size(),
@@ -190,7 +185,7 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_batch(PlacementQuery quer
   int limit = std::max<int>(config_.placement.candidate_limit, int(uuids.size()));
   std::mt19937_64 rng{random_seed()};
   for (int round = 1;; ++round) {
-    result<PlacementView> view = make_error_code(errc::no_allocations_left);
+    result<PlacementView> view = Error(errc::no_allocations_left);
     if (round == 1) {
       view = co_await first_look(query, limit);
     } else {
@@ -200,7 +195,7 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_batch(PlacementQuery quer
     const bool truncated = !own_limit && view->candidates.allocation_requests.size() >= size_t(limit);
     auto plan = plan_batch(std::move(*view), uuids.size(), placer_.weigh_policy(options_.policy), group_policy(), rng);
     if (!plan) {
-      if (!truncated) co_return make_error_code(errc::no_allocations_left);
+      if (!truncated) co_return Error(errc::no_allocations_left);
       limit *= 4;  // the rest of the cloud may have room
       continue;
     }
@@ -210,9 +205,10 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_batch(PlacementQuery quer
     auto claimed = co_await placement_.claim_all(std::move(consumers));
     if (claimed) co_return std::move(*plan);
     const bool raced = claimed.error() == errc::placement_capacity ||
-                       claimed.error() == errc::placement_concurrent_update;
+                       claimed.error() == errc::placement_concurrent_update ||
+                       claimed.error() == errc::placement_consumer_changed;
     if (!raced || round >= config_.schedule.max_claim_attempts * 4) co_return claimed.error();
-    spdlog::debug("schedule: another claim came first ({}); planning again", placement_.last_error().detail);
+    spdlog::debug("schedule: another claim came first ({}); planning again", claimed.error().message());
     // Apart, so that batches racing for the same room do not meet again at once.
     std::uniform_int_distribution<int> jitter(0, 20 * std::min(round, 10));
     asio::steady_timer timer(io_, std::chrono::milliseconds(jitter(rng)));
@@ -222,8 +218,8 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_batch(PlacementQuery quer
 
 awaitable<void> Scheduler::release_all(const std::vector<std::string>& uuids) {
   for (const std::string& uuid : uuids) {
-    if (!co_await placement_.release(uuid))
-      spdlog::error("releasing allocation {}: {}", uuid, placement_.last_error().detail);
+    if (auto released = co_await placement_.release(uuid); !released)
+      spdlog::error("releasing allocation {}: {}", uuid, released.error().message());
   }
 }
 

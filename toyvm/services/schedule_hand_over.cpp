@@ -22,7 +22,7 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
   for (size_t i = 0; i < specs.size(); ++i) costs.push_back(hand_over_cost(keys_, specs[i], records[i]));
   auto ends = split_by_limits(costs);
   if (!ends) {  // checked before claiming; a resource amount cannot make up the difference
-    out.error = make_error_code(errc::invalid_argument);
+    out.error = Error(errc::invalid_argument, "the instances' data is more than etcd takes in one request");
     co_return out;
   }
   const auto deadline = std::chrono::steady_clock::now() + 3 * config_.etcd.timeout;
@@ -48,7 +48,10 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
       case HandOverResult::Outcome::refused: {  // keys exist that are not ours, or our hold lapsed
         auto hold = co_await etcd_->range(keys_.claim(specs[first].uuid));
         out.hold_lapsed = hold && hold->kvs.empty();
-        out.error = make_error_code(out.hold_lapsed ? errc::timeout : errc::already_exists);
+        out.error = out.hold_lapsed ? Error(errc::timeout, fmt::format("this schedule's hold on its claims lapsed "
+                                                                       "(etcd out of reach for more than {} s)",
+                                                                       claim_hold_ttl_s))
+                                    : Error(errc::already_exists, "an instance key already exists");
         co_return out;
       }
       case HandOverResult::Outcome::unknown:
@@ -93,16 +96,13 @@ awaitable<int> Scheduler::give_up_hand_over(HandOver handed, std::vector<std::st
   const size_t kept = handed.handed - undone;
   for (size_t i = undone; i < handed.handed; ++i)
     std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", records[i].host.c_str(), records[i].uuid.c_str());
-  std::string what = handed.error == errc::already_exists ? "an instance key already exists"
-                     : handed.hold_lapsed ? fmt::format("this schedule's hold on its claims lapsed (etcd out of reach "
-                                                        "for more than {} s)", claim_hold_ttl_s)
-                                          : handed.error.message();
-  std::string detail = fmt::format("cannot hand the instance(s) over through etcd at {}: {}", etcd_->endpoints_text(), what);
+  std::string detail = fmt::format("cannot hand the instance(s) over through etcd at {}: {}", etcd_->endpoints_text(),
+                                   handed.error.message());
   if (kept > 0) detail += fmt::format("; {} were handed over already and are kept", kept);
   if (handed.in_doubt > 0)
     detail += fmt::format("; {} may have been handed over, and keep their claims until `toyvm audit --fix`",
                           handed.in_doubt);
-  co_return report_failure(handed.error, detail);
+  co_return report_failure(Error(handed.error.code, std::move(detail)));
 }
 
 awaitable<int> Scheduler::wait_until_settled(const std::string& uuid, int64_t since_revision) {

@@ -40,7 +40,7 @@ class Scheduler {
     size_t handed = 0;     // the first `handed` instances are in etcd
     size_t in_doubt = 0;   // the next ones may be: etcd did not say
     bool hold_lapsed = false;
-    error_code error;
+    Error error;
   };
 
   awaitable<int> place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids);
@@ -82,10 +82,7 @@ class Scheduler {
   // Prints each state the instance reaches until it is settled; rides over a lost watch.
   awaitable<int> wait_until_settled(const std::string& uuid, int64_t since_revision);
 
-  int etcd_failure(const error_code& ec) { return toyvm::etcd_failure(*etcd_, ec); }
-  int placement_failure(const error_code& ec, const PlacementError& said) {
-    return toyvm::placement_failure(placement_, ec, said);
-  }
+  int etcd_failure(const Error& e) { return toyvm::etcd_failure(*etcd_, e); }
 
   asio::io_context& io_;
   const Config& config_;
@@ -97,7 +94,6 @@ class Scheduler {
   std::vector<std::string> uuids_;  // the instances of this schedule
   int64_t hold_lease_ = 0;          // the lease its claims are held under, while they are
   std::optional<GroupPolicy> group_policy_;  // with a group
-  std::string group_clash_;  // why the group refused, when it did
   bool claiming_ = false;    // a claim went to Placement
 };
 

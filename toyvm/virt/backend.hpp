@@ -44,50 +44,39 @@ struct GuestAddress {
   std::string ip;
 };
 
-// A failure with a reason code from the instance error taxonomy (launch_failure, ...), or
-// libvirt_unavailable: the connection to libvirt is lost, which says nothing about the instance.
-struct VirtFailure {
-  std::string reason;
-  std::string message;
-};
-
-template <class T>
-struct VirtResult {
-  T value{};
-  std::optional<VirtFailure> failure;
-  explicit operator bool() const { return !failure; }
-};
-
+// Failures carry a code of the instance error taxonomy (launch_failure, image_failure,
+// network_failure), or virt_unavailable: the connection to libvirt is lost, which says
+// nothing about the instance.
 class VirtBackend {
  public:
   virtual ~VirtBackend() = default;
   // Makes the disk overlay, defines and starts the domain (unless the spec says not to); a
   // domain that already exists is started if needed.
-  virtual VirtResult<bool> create(const DomainSpec& spec) = 0;
-  virtual VirtResult<bool> start(const std::string& uuid) = 0;
+  virtual result<void> create(const DomainSpec& spec) = 0;
+  virtual result<void> start(const std::string& uuid) = 0;
   // Asks the guest to power off (ACPI); stop() pulls the plug.
-  virtual VirtResult<bool> shutdown(const std::string& uuid) = 0;
-  virtual VirtResult<bool> stop(const std::string& uuid) = 0;
+  virtual result<void> shutdown(const std::string& uuid) = 0;
+  virtual result<void> stop(const std::string& uuid) = 0;
   // Stops and undefines, deletes the overlay and the instance's dir; what does not exist is
   // already destroyed.
-  virtual VirtResult<bool> destroy(const std::string& uuid) = 0;
+  virtual result<void> destroy(const std::string& uuid) = 0;
   // The configured libvirt network exists and is active (started if it is not).
-  virtual VirtResult<bool> ensure_network() = 0;
+  virtual result<void> ensure_network() = 0;
   // The DNS servers the guests' network offers (its dnsmasq on a libvirt network); none on a
   // bridge, whose DHCP server says.
-  virtual VirtResult<std::vector<std::string>> network_dns() = 0;
+  virtual result<std::vector<std::string>> network_dns() = 0;
   // The guest's IPv4 addresses as libvirt knows them (DHCP leases, or ARP on a bridge).
-  virtual VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) = 0;
-  virtual VirtResult<DomainState> state(const std::string& uuid) = 0;
-  virtual VirtResult<DomainUsage> usage(const std::string& uuid) = 0;
+  virtual result<std::vector<GuestAddress>> addresses(const std::string& uuid) = 0;
+  virtual result<DomainState> state(const std::string& uuid) = 0;
+  virtual result<DomainUsage> usage(const std::string& uuid) = 0;
   // For a shut-off domain: why.
-  virtual VirtResult<StopCause> stop_cause(const std::string& uuid) = 0;
+  virtual result<StopCause> stop_cause(const std::string& uuid) = 0;
   // `changed(uuid, started)` is called, on libvirt's event thread, whenever one of this
   // agent's domains starts, stops, crashes or goes away.
   virtual void on_lifecycle(std::function<void(const std::string& uuid, bool started)> changed) = 0;
   // The uuids of the domains this agent manages: named toyvm-<uuid> and, with an owner set,
   // made by that owner (several agents may share one libvirt).
-  virtual VirtResult<std::vector<std::string>> list() = 0;
+  virtual result<std::vector<std::string>> list() = 0;
 };
 
 struct LibvirtOptions {
@@ -111,7 +100,7 @@ std::string config_drive_path(const std::string& instance_dir, const std::string
 // A stable locally administered MAC address for an instance (52:54:00 is QEMU's prefix).
 std::string instance_mac(const std::string& uuid);
 
-result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options, std::string* detail);
+result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options);
 
 // The domain name toyvm gives an instance, and the reverse.
 std::string domain_name(const std::string& uuid);

@@ -52,7 +52,7 @@ struct IsofsApi {
 
 const IsofsApi* isofs = nullptr;
 
-bool load_libisofs(std::string* detail) {
+result<void> load_libisofs() {
   static IsofsApi api;
   static std::string error;
   static std::once_flag once;
@@ -75,8 +75,8 @@ bool load_libisofs(std::string* detail) {
     api.iso_set_msgs_severities(const_cast<char*>("NEVER"), const_cast<char*>("NEVER"), const_cast<char*>("toyvm"));
     isofs = &api;
   });
-  if (!isofs && detail) *detail = error;
-  return isofs != nullptr;
+  if (!isofs) return Error(errc::launch_failure, error);
+  return {};
 }
 
 struct ImageRef {
@@ -127,12 +127,9 @@ IsoDir* directory(IsoImage* image, std::map<std::string, IsoDir*>& made, const s
 
 }  // namespace
 
-bool write_config_drive(const std::string& path, const std::vector<DriveFile>& files, std::string* detail) {
-  if (!load_libisofs(detail)) return false;
-  auto failed = [&](std::string message) {
-    if (detail) *detail = std::move(message);
-    return false;
-  };
+result<void> write_config_drive(const std::string& path, const std::vector<DriveFile>& files) {
+  if (auto loaded = load_libisofs(); !loaded) return loaded;
+  auto failed = [](std::string message) { return Error(errc::launch_failure, std::move(message)); };
   ImageRef image;
   if (int code = isofs->iso_image_new(volume_label, &image.image); code < 0) return failed(iso_failure("new image", code));
   std::map<std::string, IsoDir*> dirs;
@@ -201,7 +198,7 @@ bool write_config_drive(const std::string& path, const std::vector<DriveFile>& f
     unlink(partial.c_str());
     return failed("config drive: " + why);
   }
-  return true;
+  return {};
 }
 
 }  // namespace toyvm

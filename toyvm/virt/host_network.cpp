@@ -24,18 +24,16 @@ void add_attribute(nlmsghdr* message, int type, const void* data, size_t length)
 
 }  // namespace
 
-result<void> add_interface_address(const std::string& interface, const std::string& ipv4, std::string* detail) {
+result<void> add_interface_address(const std::string& interface, const std::string& ipv4) {
   unsigned index = if_nametoindex(interface.c_str());
   in_addr address{};
   if (index == 0 || inet_pton(AF_INET, ipv4.c_str(), &address) != 1) {
-    *detail = index == 0 ? fmt::format("no network interface {}", interface)
-                         : fmt::format("'{}' is not an IPv4 address", ipv4);
-    return errc::invalid_config;
+    return Error(errc::invalid_config, index == 0 ? fmt::format("no network interface {}", interface)
+                                                  : fmt::format("'{}' is not an IPv4 address", ipv4));
   }
   int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
   if (fd < 0) {
-    *detail = fmt::format("netlink: {}", std::strerror(errno));
-    return errc::invalid_config;
+    return Error(errc::invalid_config, fmt::format("netlink: {}", std::strerror(errno)));
   }
   struct {
     nlmsghdr header;
@@ -70,8 +68,7 @@ result<void> add_interface_address(const std::string& interface, const std::stri
   }
   close(fd);
   if (error != 0 && error != EEXIST) {
-    *detail = fmt::format("adding {} to {}: {}", ipv4, interface, std::strerror(error));
-    return errc::invalid_config;
+    return Error(errc::invalid_config, fmt::format("adding {} to {}: {}", ipv4, interface, std::strerror(error)));
   }
   return {};
 }

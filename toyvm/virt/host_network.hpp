@@ -8,6 +8,6 @@
 namespace toyvm {
 
 // Adds ADDRESS/32 to the interface; an address that is already there is success.
-result<void> add_interface_address(const std::string& interface, const std::string& ipv4, std::string* detail);
+result<void> add_interface_address(const std::string& interface, const std::string& ipv4);
 
 }  // namespace toyvm

@@ -21,8 +21,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-VirtResult<BootImage> image_failure(std::string message) {
-  return {BootImage{}, VirtFailure{"image_failure", std::move(message)}};
+Error image_failure(std::string message) {
+  return Error(errc::image_failure, std::move(message));
 }
 
 // The first bytes of a file (enough for any header toyvm reads) and its size.
@@ -59,8 +59,8 @@ std::string file_sha256(const fs::path& path, std::string& error) {
 // A disk image in the format its reference declares. Raw is taken as raw, whatever its first
 // bytes say; a qcow2 must be one (and a plain one). A file whose reference says nothing is
 // raw only if it does not look like qcow2: one that does is refused rather than guessed.
-VirtResult<BootImage> probe_disk_file(const fs::path& path, std::optional<DiskFormat> declared) {
-  std::string head, error, detail;
+result<BootImage> probe_disk_file(const fs::path& path, std::optional<DiskFormat> declared) {
+  std::string head, error;
   uint64_t size = 0;
   if (!read_head(path, head, size, error)) return image_failure(error);
   if (!declared && has_qcow2_magic(head))
@@ -69,16 +69,16 @@ VirtResult<BootImage> probe_disk_file(const fs::path& path, std::optional<DiskFo
         "--image-format",
         path.string()));
   auto disk = declared == DiskFormat::raw ? result<DiskInfo>(DiskInfo{DiskFormat::raw, size})
-                                          : probe_disk(head, size, &detail);
-  if (disk && size == 0) disk = errc::corrupt_record, detail = "the image is empty";
-  if (!disk) return image_failure(fmt::format("{} is not a usable disk image: {}", path.string(), detail));
+                                          : probe_disk(head, size);
+  if (disk && size == 0) disk = Error(errc::corrupt_record, "the image is empty");
+  if (!disk) return image_failure(fmt::format("{} is not a usable disk image: {}", path.string(), disk.error().message()));
   if (declared == DiskFormat::qcow2 && disk->format != DiskFormat::qcow2)
     return image_failure(fmt::format("{} is not a qcow2 image", path.string()));
   BootImage image;
   image.disk = path.string();
   image.disk_format = disk->format;
   image.disk_size = disk->virtual_size;
-  return {image, {}};
+  return image;
 }
 
 }  // namespace
@@ -87,16 +87,15 @@ ImageStore::ImageStore(asio::any_io_executor executor, asio::thread_pool& pool, 
     : executor_(std::move(executor)), pool_(pool), options_(std::move(options)) {}
 
 std::string ImageStore::cache_path(const std::string& text) const {
-  auto ref = parse_image_ref(text, options_.schemes, nullptr);
+  auto ref = parse_image_ref(text, options_.schemes);
   if (!ref || (ref->kind != ImageRef::Kind::http && ref->kind != ImageRef::Kind::https)) return {};
   return options_.cache_dir + "/" + sha256_hex(ref->url).substr(0, 32) + ".img";
 }
 
-awaitable<std::optional<VirtResult<BootImage>>> ImageStore::acquire(std::string text, std::string sha256,
+awaitable<std::optional<result<BootImage>>> ImageStore::acquire(std::string text, std::string sha256,
                                                                       std::string format, asio::steady_timer& wake) {
-  std::string detail;
-  auto ref = parse_image_ref(text, options_.schemes, &detail);
-  if (!ref) co_return image_failure(detail);
+  auto ref = parse_image_ref(text, options_.schemes);
+  if (!ref) co_return image_failure(ref.error().message());
   if (!sha256.empty() && !is_sha256_hex(sha256)) co_return image_failure("the expected sha256 is not 64 hex digits");
   if (!format.empty() && !parse_disk_format(format))
     co_return image_failure(fmt::format("image format '{}' is unknown (raw or qcow2)", format));
@@ -177,7 +176,7 @@ awaitable<void> ImageStore::fetch(ImageRef ref, std::string path, std::shared_pt
   for (asio::steady_timer* waiter : fetching->waiters) waiter->cancel();
 }
 
-VirtResult<BootImage> ImageStore::resolve_local(const ImageRef& ref, const std::string& sha256,
+result<BootImage> ImageStore::resolve_local(const ImageRef& ref, const std::string& sha256,
                                                 std::optional<DiskFormat> declared) const {
   std::error_code ec;
   fs::path root = fs::canonical(options_.image_dir, ec);
@@ -231,12 +230,12 @@ VirtResult<BootImage> ImageStore::resolve_local(const ImageRef& ref, const std::
     if (auto refused = inside(real / name, file)) return image_failure(*refused);
     auto disk = probe_disk_file(file, format);
     if (!disk) return disk;
-    image.disk = disk.value.disk;
-    image.disk_format = disk.value.disk_format;
-    image.disk_size = disk.value.disk_size;
+    image.disk = disk->disk;
+    image.disk_format = disk->disk_format;
+    image.disk_size = disk->disk_size;
     break;
   }
-  return {image, {}};
+  return image;
 }
 
 void ImageStore::trim(const std::set<std::string>& in_use) const {

@@ -37,7 +37,7 @@ class ImageStore {
   // Resolves `ref` into local files; failures carry the reason image_failure. `format` is
   // schedule's --image-format (empty: as the name says, see declared_format). Waits on
   // `wake` (a timer that never expires by itself): cancelling it gives up and yields nullopt.
-  awaitable<std::optional<VirtResult<BootImage>>> acquire(std::string ref, std::string sha256, std::string format,
+  awaitable<std::optional<result<BootImage>>> acquire(std::string ref, std::string sha256, std::string format,
                                                            asio::steady_timer& wake);
 
   // The cache file a URL reference is fetched to; empty for anything else.
@@ -56,7 +56,7 @@ class ImageStore {
   };
 
   awaitable<void> fetch(ImageRef ref, std::string path, std::shared_ptr<Fetch> fetch);
-  VirtResult<BootImage> resolve_local(const ImageRef& ref, const std::string& sha256,
+  result<BootImage> resolve_local(const ImageRef& ref, const std::string& sha256,
                                       std::optional<DiskFormat> declared) const;
 
   asio::any_io_executor executor_;

@@ -13,7 +13,7 @@ void silent_error_handler(void*, virErrorPtr) {}
 
 }  // namespace
 
-const LibvirtApi* load_libvirt(std::string* detail) {
+result<const LibvirtApi*> load_libvirt() {
   static LibvirtApi api;
   static std::string error;
   static std::once_flag once;
@@ -40,10 +40,7 @@ const LibvirtApi* load_libvirt(std::string* detail) {
         while (true) api.virEventRunDefaultImpl();
       }).detach();
   });
-  if (!error.empty()) {
-    if (detail) *detail = error;
-    return nullptr;
-  }
+  if (!error.empty()) return Error(errc::virt_unavailable, error);
   return &api;
 }
 

@@ -4,6 +4,8 @@
 // otherwise spend most of their start-up resolving symbols of libvirt and the ~60 libraries
 // it pulls in (glib, gnutls, libxml2, curl, ...).
 
+#include "core/error.hpp"
+
 #include <libvirt/libvirt.h>
 #include <libvirt/virterror.h>
 
@@ -62,7 +64,7 @@ struct LibvirtApi {
 #undef TOYVM_LIBVIRT_POINTER
 };
 
-// Loads libvirt once per process; nullptr (and a detail) when it cannot.
-const LibvirtApi* load_libvirt(std::string* detail);
+// Loads libvirt once per process; virt_unavailable, saying why, when it cannot.
+result<const LibvirtApi*> load_libvirt();
 
 }  // namespace toyvm

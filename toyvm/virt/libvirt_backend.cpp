@@ -56,8 +56,8 @@ bool LibvirtBackend::revive() {
   return true;
 }
 
-VirtResult<bool> LibvirtBackend::create(const DomainSpec& spec) {
-  if (!revive()) return unavailable<bool>();
+result<void> LibvirtBackend::create(const DomainSpec& spec) {
+  if (!revive()) return unavailable();
   // Each step's time, for `-v`: where a build's time goes (the benchmark reads it).
   using clock = std::chrono::steady_clock;
   auto since = [mark = clock::now()]() mutable {
@@ -69,101 +69,100 @@ VirtResult<bool> LibvirtBackend::create(const DomainSpec& spec) {
   double disk_ms = 0, define_ms = 0;
   DomainHandle dom(api->virDomainLookupByUUIDString(conn_, spec.uuid.c_str()));
   if (!dom) {
-    if (!last_error_is(VIR_ERR_NO_DOMAIN)) return fail<bool>("launch_failure");
+    if (!last_error_is(VIR_ERR_NO_DOMAIN)) return fail(errc::launch_failure);
     if (auto network = ensure_network(); !network) return network;
     std::error_code ec;
     fs::path dir = instance_path(options_.instance_dir, spec.uuid);
     fs::create_directories(dir, ec);
     // QEMU runs as its own user on qemu:///system: it must reach the console log.
     fs::permissions(dir, fs::perms(0755), ec);
-    if (ec) return {false, VirtFailure{"launch_failure", fmt::format("cannot create {}: {}", dir.string(), ec.message())}};
+    if (ec) return Error(errc::launch_failure, fmt::format("cannot create {}: {}", dir.string(), ec.message()));
     since();
     auto disk = make_overlay(spec);
-    if (!disk) return {false, disk.failure};
+    if (!disk) return disk.error();
     std::string drive;
     if (!spec.config_drive.empty()) {
       drive = config_drive_path(options_.instance_dir, spec.uuid);
-      std::string why;
-      if (!write_config_drive(drive, spec.config_drive, &why)) return {false, VirtFailure{"launch_failure", why}};
+      if (auto written = write_config_drive(drive, spec.config_drive); !written) return written;
     }
     disk_ms = since();
-    dom.ptr = api->virDomainDefineXML(conn_, domain_xml(spec, options_, disk.value, drive).c_str());
+    dom.ptr = api->virDomainDefineXML(conn_, domain_xml(spec, options_, *disk, drive).c_str());
     if (!dom)
-      return fail<bool>(last_error_is(VIR_ERR_NO_NETWORK) ? "network_failure" : "launch_failure",
+      return fail(last_error_is(VIR_ERR_NO_NETWORK) ? errc::network_failure : errc::launch_failure,
                         "libvirt refused the domain");
     define_ms = since();
   }
-  if (!spec.start) return {true, {}};
+  if (!spec.start) return {};
   int active = api->virDomainIsActive(dom.ptr);
-  if (active == 1) return {true, {}};
+  if (active == 1) return {};
   since();
-  if (active < 0 || api->virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure", "cannot start the domain");
+  if (active < 0 || api->virDomainCreate(dom.ptr) < 0) return fail(errc::launch_failure, "cannot start the domain");
   spdlog::debug("instance {}: disk {:.1f} ms, define {:.1f} ms, start {:.1f} ms", spec.uuid, disk_ms, define_ms,
                 since());
-  return {true, {}};
+  return {};
 }
 
-VirtResult<bool> LibvirtBackend::start(const std::string& uuid) {
-  if (!revive()) return unavailable<bool>();
+result<void> LibvirtBackend::start(const std::string& uuid) {
+  if (!revive()) return unavailable();
   DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail<bool>("launch_failure");
-  if (api->virDomainIsActive(dom.ptr) == 1) return {true, {}};
+  if (!dom) return fail(errc::launch_failure);
+  if (api->virDomainIsActive(dom.ptr) == 1) return {};
   if (auto network = ensure_network(); !network) return network;
-  if (api->virDomainCreate(dom.ptr) < 0) return fail<bool>("launch_failure", "cannot start the domain");
-  return {true, {}};
+  if (api->virDomainCreate(dom.ptr) < 0) return fail(errc::launch_failure, "cannot start the domain");
+  return {};
 }
 
-VirtResult<bool> LibvirtBackend::shutdown(const std::string& uuid) {
+result<void> LibvirtBackend::shutdown(const std::string& uuid) {
   return power_off(uuid, api->virDomainShutdown, "shutting down");
 }
 
-VirtResult<bool> LibvirtBackend::stop(const std::string& uuid) {
+result<void> LibvirtBackend::stop(const std::string& uuid) {
   return power_off(uuid, api->virDomainDestroy, "stopping");
 }
 
-VirtResult<bool> LibvirtBackend::destroy(const std::string& uuid) {
-  if (!revive()) return unavailable<bool>();
+result<void> LibvirtBackend::destroy(const std::string& uuid) {
+  if (!revive()) return unavailable();
   DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom && !last_error_is(VIR_ERR_NO_DOMAIN)) return fail<bool>("launch_failure");
+  if (!dom && !last_error_is(VIR_ERR_NO_DOMAIN)) return fail(errc::launch_failure);
   if (dom) {
     if (api->virDomainIsActive(dom.ptr) == 1 && api->virDomainDestroy(dom.ptr) < 0)
-      return fail<bool>("launch_failure");
+      return fail(errc::launch_failure);
     if (api->virDomainUndefine(dom.ptr) < 0 && !last_error_is(VIR_ERR_NO_DOMAIN))
-      return fail<bool>("launch_failure");
+      return fail(errc::launch_failure);
   }
   forget_owned(uuid);
   if (auto deleted = delete_overlay(uuid); !deleted) return deleted;
   std::error_code ec;
   fs::remove_all(instance_path(options_.instance_dir, uuid), ec);
-  if (ec) return {false, VirtFailure{"launch_failure", "removing the instance dir: " + ec.message()}};
-  return {true, {}};
+  if (ec) return Error(errc::launch_failure, "removing the instance dir: " + ec.message());
+  return {};
 }
 
-VirtResult<bool> LibvirtBackend::power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing) {
-  if (!revive()) return unavailable<bool>();
+result<void> LibvirtBackend::power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing) {
+  if (!revive()) return unavailable();
   DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail<bool>("invalid_data");
-  if (api->virDomainIsActive(dom.ptr) != 1 || call(dom.ptr) == 0) return {true, {}};
-  auto failed = fail<bool>("launch_failure", doing);
-  if (api->virDomainIsActive(dom.ptr) == 0) return {true, {}};  // it went off meanwhile
+  if (!dom) return fail(errc::not_found);
+  if (api->virDomainIsActive(dom.ptr) != 1 || call(dom.ptr) == 0) return {};
+  auto failed = fail(errc::launch_failure, doing);
+  if (api->virDomainIsActive(dom.ptr) == 0) return {};  // it went off meanwhile
   return failed;
 }
 
-VirtResult<std::string> LibvirtBackend::make_overlay(const DomainSpec& spec) {
+result<std::string> LibvirtBackend::make_overlay(const DomainSpec& spec) {
   const BootImage& image = spec.image;
   uint64_t wanted = uint64_t(spec.disk_gb) << 30;
-  if (image.disk.empty() && wanted == 0) return {"", {}};
+  if (image.disk.empty() && wanted == 0) return std::string();
   if (!image.disk.empty() && wanted < image.disk_size) {
     if (spec.disk_gb > 0)
-      return {"", VirtFailure{"image_failure", fmt::format("the image's disk is {} bytes, larger than the "
-                                                          "instance's {} GiB", image.disk_size, spec.disk_gb)}};
+      return Error(errc::image_failure, fmt::format("the image's disk is {} bytes, larger than the instance's {} GiB",
+                                                    image.disk_size, spec.disk_gb));
     wanted = image.disk_size;
   }
   PoolHandle pool(api->virStoragePoolLookupByName(conn_, pool_.c_str()));
   if (!pool) {
-    if (auto made = ensure_pool(); !made) return {"", made.failure};
+    if (auto made = ensure_pool(); !made) return made.error();
     pool.ptr = api->virStoragePoolLookupByName(conn_, pool_.c_str());
-    if (!pool) return fail<std::string>("launch_failure");
+    if (!pool) return fail(errc::launch_failure);
   }
   // A volume left by a build that failed before its domain was defined is made afresh.
   VolumeHandle stale(api->virStorageVolLookupByName(pool.ptr, overlay_name(spec.uuid).c_str()));
@@ -171,86 +170,83 @@ VirtResult<std::string> LibvirtBackend::make_overlay(const DomainSpec& spec) {
   const std::string xml = overlay_volume_xml(spec.uuid, wanted, image);
   VolumeHandle volume(api->virStorageVolCreateXML(pool.ptr, xml.c_str(), 0));
   // No room in the pool is this host's failure, not the image's: another host may do.
-  if (!volume) return fail<std::string>("launch_failure", "cannot make the disk overlay");
+  if (!volume) return fail(errc::launch_failure, "cannot make the disk overlay");
   char* path = api->virStorageVolGetPath(volume.ptr);
-  if (!path) return fail<std::string>("launch_failure");
-  std::string result = path;
+  if (!path) return fail(errc::launch_failure);
+  std::string made = path;
   free(path);
-  return {result, {}};
+  return made;
 }
 
-VirtResult<bool> LibvirtBackend::delete_overlay(const std::string& uuid) {
+result<void> LibvirtBackend::delete_overlay(const std::string& uuid) {
   PoolHandle pool(api->virStoragePoolLookupByName(conn_, pool_.c_str()));
-  if (!pool) return {true, {}};
+  if (!pool) return {};
   VolumeHandle volume(api->virStorageVolLookupByName(pool.ptr, overlay_name(uuid).c_str()));
   if (!volume) {
     // Made by an earlier run of the agent, before libvirt last saw the pool's contents.
     api->virStoragePoolRefresh(pool.ptr, 0);
     volume.ptr = api->virStorageVolLookupByName(pool.ptr, overlay_name(uuid).c_str());
-    if (!volume) return {true, {}};
+    if (!volume) return {};
   }
-  if (api->virStorageVolDelete(volume.ptr, 0) < 0) return fail<bool>("launch_failure");
-  return {true, {}};
+  if (api->virStorageVolDelete(volume.ptr, 0) < 0) return fail(errc::launch_failure);
+  return {};
 }
 
-VirtResult<bool> LibvirtBackend::ensure_pool() {
+result<void> LibvirtBackend::ensure_pool() {
   PoolHandle pool(api->virStoragePoolLookupByName(conn_, pool_.c_str()));
-  if (pool) return {true, {}};
+  if (pool) return {};
   const std::string xml = storage_pool_xml(pool_, options_.instance_dir);
   pool.ptr = api->virStoragePoolCreateXML(conn_, xml.c_str(), 0);
   if (!pool) {
-    auto failed = fail<bool>("launch_failure", "cannot make the storage pool");
+    auto failed = fail(errc::launch_failure, "cannot make the storage pool");
     PoolHandle made(api->virStoragePoolLookupByName(conn_, pool_.c_str()));  // by another thread meanwhile
-    return made ? VirtResult<bool>{true, {}} : failed;
+    if (made) return {};
+    return failed;
   }
-  return {true, {}};
+  return {};
 }
 
-VirtResult<bool> LibvirtBackend::ensure_network() {
-  if (!revive()) return unavailable<bool>();
-  if (options_.network.empty() || !options_.bridge.empty()) return {true, {}};
+result<void> LibvirtBackend::ensure_network() {
+  if (!revive()) return unavailable();
+  if (options_.network.empty() || !options_.bridge.empty()) return {};
   NetworkHandle network(api->virNetworkLookupByName(conn_, options_.network.c_str()));
-  if (!network) return fail<bool>("network_failure", fmt::format("libvirt network '{}'", options_.network));
-  if (api->virNetworkIsActive(network.ptr) == 1 || api->virNetworkCreate(network.ptr) == 0) return {true, {}};
-  auto failed = fail<bool>("network_failure", fmt::format("cannot start libvirt network '{}'", options_.network));
-  if (api->virNetworkIsActive(network.ptr) == 1) return {true, {}};  // another agent started it
+  if (!network) return fail(errc::network_failure, fmt::format("libvirt network '{}'", options_.network));
+  if (api->virNetworkIsActive(network.ptr) == 1 || api->virNetworkCreate(network.ptr) == 0) return {};
+  auto failed = fail(errc::network_failure, fmt::format("cannot start libvirt network '{}'", options_.network));
+  if (api->virNetworkIsActive(network.ptr) == 1) return {};  // another agent started it
   return failed;
 }
 
-VirtResult<std::vector<std::string>> LibvirtBackend::network_dns() {
-  if (!revive()) return unavailable<std::vector<std::string>>();
-  if (options_.network.empty() || !options_.bridge.empty()) return {{}, {}};
+result<std::vector<std::string>> LibvirtBackend::network_dns() {
+  if (!revive()) return unavailable();
+  if (options_.network.empty() || !options_.bridge.empty()) return std::vector<std::string>();
   NetworkHandle network(api->virNetworkLookupByName(conn_, options_.network.c_str()));
-  if (!network) return fail<std::vector<std::string>>("network_failure");
+  if (!network) return fail(errc::network_failure);
   char* xml = api->virNetworkGetXMLDesc(network.ptr, 0);
-  if (!xml) return fail<std::vector<std::string>>("network_failure");
+  if (!xml) return fail(errc::network_failure);
   std::vector<std::string> addresses = network_dns_addresses(xml);
   free(xml);
-  return {addresses, {}};
+  return addresses;
 }
 
 }  // namespace libvirt_impl
 
-result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options, std::string* detail) {
+result<std::unique_ptr<VirtBackend>> open_libvirt(const LibvirtOptions& options) {
   using namespace libvirt_impl;
-  api = load_libvirt(detail);
-  if (!api) return errc::virt_error;
+  auto loaded = load_libvirt();
+  if (!loaded) return loaded.error();
+  api = *loaded;
   virConnectPtr conn = api->virConnectOpen(options.uri.c_str());
-  if (!conn) {
-    if (detail) *detail = fmt::format("cannot open libvirt {}: {}", options.uri, last_virt_error());
-    return errc::virt_error;
-  }
+  if (!conn)
+    return Error(errc::virt_unavailable, fmt::format("cannot open libvirt {}: {}", options.uri, last_virt_error()));
   LibvirtOptions resolved = options;
   if (resolved.domain_type.empty()) resolved.domain_type = options.uri.starts_with("test:") ? "test" : "qemu";
   // One pool per instance dir, so that agents with different dirs never share one.
   std::string pool = "toyvm-" + sha256_hex(options.instance_dir).substr(0, 12);
   auto backend = std::make_unique<LibvirtBackend>(conn, resolved, pool);
   if (!options.instance_dir.empty()) {
-    if (auto made = backend->ensure_pool(); !made) {
-      if (detail) *detail = fmt::format("cannot make storage pool {} over {}: {}", pool, options.instance_dir,
-                                        made.failure->message);
-      return errc::virt_error;
-    }
+    if (auto made = backend->ensure_pool(); !made)
+      return made.error().doing(fmt::format("cannot make storage pool {} over {}", pool, options.instance_dir));
   }
   return std::unique_ptr<VirtBackend>(std::move(backend));
 }

@@ -50,23 +50,23 @@ class LibvirtBackend final : public VirtBackend {
       : conn_(conn), options_(std::move(options)), pool_(std::move(pool)) {}
   ~LibvirtBackend() override;
 
-  VirtResult<bool> create(const DomainSpec& spec) override;
-  VirtResult<bool> start(const std::string& uuid) override;
-  VirtResult<bool> shutdown(const std::string& uuid) override;
-  VirtResult<bool> stop(const std::string& uuid) override;
-  VirtResult<bool> destroy(const std::string& uuid) override;
-  VirtResult<DomainState> state(const std::string& uuid) override;
-  VirtResult<DomainUsage> usage(const std::string& uuid) override;
-  VirtResult<StopCause> stop_cause(const std::string& uuid) override;
+  result<void> create(const DomainSpec& spec) override;
+  result<void> start(const std::string& uuid) override;
+  result<void> shutdown(const std::string& uuid) override;
+  result<void> stop(const std::string& uuid) override;
+  result<void> destroy(const std::string& uuid) override;
+  result<DomainState> state(const std::string& uuid) override;
+  result<DomainUsage> usage(const std::string& uuid) override;
+  result<StopCause> stop_cause(const std::string& uuid) override;
   void on_lifecycle(std::function<void(const std::string& uuid, bool started)> changed) override;
-  VirtResult<std::vector<GuestAddress>> addresses(const std::string& uuid) override;
-  VirtResult<std::vector<std::string>> list() override;
-  VirtResult<std::vector<std::string>> network_dns() override;
-  VirtResult<bool> ensure_network() override;
+  result<std::vector<GuestAddress>> addresses(const std::string& uuid) override;
+  result<std::vector<std::string>> list() override;
+  result<std::vector<std::string>> network_dns() override;
+  result<void> ensure_network() override;
 
   // The instance storage pool: transient (libvirt forgets it on restart; open_libvirt makes
   // it again), a dir pool over the instance dir.
-  VirtResult<bool> ensure_pool();
+  result<void> ensure_pool();
 
  private:
   // libvirtd may restart under the agent: a connection found dead is replaced by a new one.
@@ -80,18 +80,16 @@ class LibvirtBackend final : public VirtBackend {
   static int lifecycle_event(virConnectPtr, virDomainPtr domain, int event, int, void* opaque);
 
   // A failure carrying libvirt's own words, after what toyvm was doing when it has a say. A
-  // connection that died meanwhile says nothing about the instance: libvirt_unavailable.
-  template <class T>
-  VirtResult<T> fail(const char* reason, std::string_view doing = {}) {
+  // connection that died meanwhile says nothing about the instance: virt_unavailable.
+  Error fail(errc reason, std::string_view doing = {}) {
     std::string message = doing.empty() ? last_virt_error() : fmt::format("{}: {}", doing, last_virt_error());
-    if (call_connection != conn_.load() || api->virConnectIsAlive(conn_.load()) != 1) reason = "libvirt_unavailable";
-    return {T{}, VirtFailure{reason, std::move(message)}};
+    if (call_connection != conn_.load() || api->virConnectIsAlive(conn_.load()) != 1) reason = errc::virt_unavailable;
+    return Error(reason, std::move(message));
   }
 
-  template <class T>
-  VirtResult<T> unavailable() {
-    return {T{}, VirtFailure{"libvirt_unavailable", fmt::format("cannot connect to libvirt {} again: {}", options_.uri,
-                                                                last_virt_error())}};
+  Error unavailable() {
+    return Error(errc::virt_unavailable,
+                 fmt::format("cannot connect to libvirt {} again: {}", options_.uri, last_virt_error()));
   }
 
   // Whether this agent made the domain, as its metadata says. Its own are remembered until
@@ -100,10 +98,10 @@ class LibvirtBackend final : public VirtBackend {
   bool owned(virDomainPtr domain, const std::string& uuid);
   void forget_owned(const std::string& uuid);
 
-  VirtResult<bool> power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing);
+  result<void> power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing);
   // A copy-on-write qcow2 over the base disk (or a blank one), as big as the instance's disk.
-  VirtResult<std::string> make_overlay(const DomainSpec& spec);
-  VirtResult<bool> delete_overlay(const std::string& uuid);
+  result<std::string> make_overlay(const DomainSpec& spec);
+  result<void> delete_overlay(const std::string& uuid);
 
   std::atomic<virConnectPtr> conn_;
   std::mutex revive_mutex_;

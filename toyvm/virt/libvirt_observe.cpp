@@ -9,24 +9,24 @@
 
 namespace toyvm::libvirt_impl {
 
-VirtResult<DomainState> LibvirtBackend::state(const std::string& uuid) {
-  if (!revive()) return unavailable<DomainState>();
+result<DomainState> LibvirtBackend::state(const std::string& uuid) {
+  if (!revive()) return unavailable();
   DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
   if (!dom) {
-    if (last_error_is(VIR_ERR_NO_DOMAIN)) return {DomainState::absent, {}};
-    return fail<DomainState>("launch_failure");
+    if (last_error_is(VIR_ERR_NO_DOMAIN)) return DomainState::absent;
+    return fail(errc::launch_failure);
   }
   int active = api->virDomainIsActive(dom.ptr);
-  if (active < 0) return fail<DomainState>("launch_failure");
-  return {active == 1 ? DomainState::running : DomainState::stopped, {}};
+  if (active < 0) return fail(errc::launch_failure);
+  return active == 1 ? DomainState::running : DomainState::stopped;
 }
 
-VirtResult<DomainUsage> LibvirtBackend::usage(const std::string& uuid) {
-  if (!revive()) return unavailable<DomainUsage>();
+result<DomainUsage> LibvirtBackend::usage(const std::string& uuid) {
+  if (!revive()) return unavailable();
   DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail<DomainUsage>("launch_failure");
+  if (!dom) return fail(errc::launch_failure);
   virDomainInfo info{};
-  if (api->virDomainGetInfo(dom.ptr, &info) < 0) return fail<DomainUsage>("launch_failure");
+  if (api->virDomainGetInfo(dom.ptr, &info) < 0) return fail(errc::launch_failure);
   DomainUsage usage;
   usage.running = info.state == VIR_DOMAIN_RUNNING || info.state == VIR_DOMAIN_BLOCKED ||
                   info.state == VIR_DOMAIN_PAUSED;
@@ -45,35 +45,35 @@ VirtResult<DomainUsage> LibvirtBackend::usage(const std::string& uuid) {
     usage.disk_allocation = int64_t(block.allocation);
   }
   usage.simulated = options_.domain_type == "test";
-  return {usage, {}};
+  return usage;
 }
 
-VirtResult<StopCause> LibvirtBackend::stop_cause(const std::string& uuid) {
-  if (!revive()) return unavailable<StopCause>();
+result<StopCause> LibvirtBackend::stop_cause(const std::string& uuid) {
+  if (!revive()) return unavailable();
   DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail<StopCause>("launch_failure");
+  if (!dom) return fail(errc::launch_failure);
   int state = 0, reason = 0;
-  if (api->virDomainGetState(dom.ptr, &state, &reason, 0) < 0) return fail<StopCause>("launch_failure");
-  if (state == VIR_DOMAIN_CRASHED) return {StopCause::crashed, {}};
-  if (state != VIR_DOMAIN_SHUTOFF) return {StopCause::unknown, {}};
+  if (api->virDomainGetState(dom.ptr, &state, &reason, 0) < 0) return fail(errc::launch_failure);
+  if (state == VIR_DOMAIN_CRASHED) return StopCause::crashed;
+  if (state != VIR_DOMAIN_SHUTOFF) return StopCause::unknown;
   switch (reason) {
-    case VIR_DOMAIN_SHUTOFF_SHUTDOWN: return {StopCause::shutdown, {}};
-    case VIR_DOMAIN_SHUTOFF_DESTROYED: return {StopCause::destroyed, {}};
-    case VIR_DOMAIN_SHUTOFF_CRASHED: return {StopCause::crashed, {}};
-    default: return {StopCause::unknown, {}};
+    case VIR_DOMAIN_SHUTOFF_SHUTDOWN: return StopCause::shutdown;
+    case VIR_DOMAIN_SHUTOFF_DESTROYED: return StopCause::destroyed;
+    case VIR_DOMAIN_SHUTOFF_CRASHED: return StopCause::crashed;
+    default: return StopCause::unknown;
   }
 }
 
-VirtResult<std::vector<GuestAddress>> LibvirtBackend::addresses(const std::string& uuid) {
-  if (!revive()) return unavailable<std::vector<GuestAddress>>();
+result<std::vector<GuestAddress>> LibvirtBackend::addresses(const std::string& uuid) {
+  if (!revive()) return unavailable();
   DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail<std::vector<GuestAddress>>("launch_failure");
+  if (!dom) return fail(errc::launch_failure);
   // dnsmasq's leases on a libvirt network; the host's ARP table on a plain bridge.
   unsigned source = options_.bridge.empty() ? VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE
                                             : VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP;
   virDomainInterfacePtr* interfaces = nullptr;
   int count = api->virDomainInterfaceAddresses(dom.ptr, &interfaces, source, 0);
-  if (count < 0) return fail<std::vector<GuestAddress>>("network_failure");
+  if (count < 0) return fail(errc::network_failure);
   std::vector<GuestAddress> found;
   for (int i = 0; i < count; ++i) {
     virDomainInterfacePtr interface = interfaces[i];
@@ -84,14 +84,14 @@ VirtResult<std::vector<GuestAddress>> LibvirtBackend::addresses(const std::strin
     api->virDomainInterfaceFree(interface);
   }
   free(interfaces);
-  return {std::move(found), {}};
+  return std::move(found);
 }
 
-VirtResult<std::vector<std::string>> LibvirtBackend::list() {
-  if (!revive()) return unavailable<std::vector<std::string>>();
+result<std::vector<std::string>> LibvirtBackend::list() {
+  if (!revive()) return unavailable();
   virDomainPtr* domains = nullptr;
   int count = api->virConnectListAllDomains(conn_, &domains, 0);
-  if (count < 0) return fail<std::vector<std::string>>("launch_failure");
+  if (count < 0) return fail(errc::launch_failure);
   std::vector<std::string> uuids;
   char uuid[VIR_UUID_STRING_BUFLEN];
   for (int i = 0; i < count; ++i) {
@@ -102,7 +102,7 @@ VirtResult<std::vector<std::string>> LibvirtBackend::list() {
     api->virDomainFree(domains[i]);
   }
   free(domains);
-  return {std::move(uuids), {}};
+  return std::move(uuids);
 }
 
 bool LibvirtBackend::owned(virDomainPtr domain, const std::string& uuid) {

@@ -77,7 +77,6 @@ class FakeEtcd : public EtcdClient {
   std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t) override { return std::make_unique<Keeper>(*this); }
   std::unique_ptr<EtcdWatch> watch(WatchOptions) override { return std::make_unique<EndedWatch>(); }
   const std::string& endpoints_text() const override { return endpoints_; }
-  std::string last_error() const override { return down ? "etcd is down" : ""; }
 
  private:
   struct Keeper : EtcdLeaseKeeper {
@@ -92,16 +91,16 @@ class FakeEtcd : public EtcdClient {
   struct EndedWatch : EtcdWatch {
     awaitable<WatchBatch> next() override {
       WatchBatch batch;
-      batch.error = make_error_code(errc::etcd_unavailable);
+      batch.error = Error(errc::etcd_unavailable, "etcd is down");
       co_return batch;
     }
     void cancel() override {}
     void abort() override {}
   };
 
-  error_code unavailable() {
+  Error unavailable() {
     ++unanswered;
-    return make_error_code(errc::etcd_unavailable);
+    return Error(errc::etcd_unavailable, "etcd is down");
   }
 
   bool in_range(const std::string& key, const std::string& from, const std::string& end) const {

@@ -121,9 +121,8 @@ class ComputeAgent {
  private:
   int prepare() {
     const ComputeConfig& c = config_.compute;
-    std::string detail;
-    auto uuid = load_or_create_provider_uuid(c.state_dir, &detail);
-    if (!uuid) return report_failure(uuid.error(), detail);
+    auto uuid = load_or_create_provider_uuid(c.state_dir);
+    if (!uuid) return report_failure(uuid.error());
     HostIdentity& host = ctx_.host;
     host.provider = *uuid;
     host.name = c.name.empty() ? host_name() : c.name;
@@ -136,12 +135,12 @@ class ComputeAgent {
     fs::permissions(host.instance_dir, fs::perms(0755), ec);
     Inventory inventory;
     if (!c.inventory.empty()) {
-      auto amounts = parse_resource_amounts(c.inventory, &detail);
-      if (!amounts) return report_failure(amounts.error(), "invalid --inventory: " + detail);
+      auto amounts = parse_resource_amounts(c.inventory);
+      if (!amounts) return report_failure(amounts.error().doing("invalid --inventory"));
       inventory = inventory_from_amounts(*amounts);
     } else {
       auto facts = measure_host(host.instance_dir);
-      if (!facts) return report_failure(facts.error(), "cannot measure this host's resources");
+      if (!facts) return report_failure(facts.error().doing("cannot measure this host's resources"));
       inventory = inventory_from_host(*facts, c.policy);
     }
     std::ifstream cpuinfo("/proc/cpuinfo");
@@ -158,8 +157,8 @@ class ComputeAgent {
     images_ = std::make_unique<ImageStore>(ctx_.io.get_executor(), pool_, std::move(images));
     LibvirtOptions libvirt{c.libvirt_uri, c.domain_type, host.instance_dir, c.network, c.bridge, c.nic_model,
                            c.guest_filter, host.provider};
-    auto backend = open_libvirt(libvirt, &detail);
-    if (!backend) return report_failure(backend.error(), detail);
+    auto backend = open_libvirt(libvirt);
+    if (!backend) return report_failure(backend.error());
     // A guest that stops, crashes or is killed outside toyvm is looked at at once; the
     // periodic resync remains the net for an event that is lost.
     (*backend)->on_lifecycle([this](const std::string& uuid, bool started) {
@@ -180,8 +179,8 @@ class ComputeAgent {
   int serve_agent_metrics() {
     const std::string& address = config_.compute.metrics_listen;
     if (address.empty()) return 0;
-    if (auto failed = serve_metrics(ctx_.io, address, config_.mdserver.listen))
-      return report_failure(failed->code, failed->detail);
+    if (auto served = serve_metrics(ctx_.io, address, config_.mdserver.listen); !served)
+      return report_failure(served.error());
     metrics::on_render([this] {
       std::map<std::string, int> by_state;
       for (InstanceState state : {InstanceState::scheduled, InstanceState::building, InstanceState::active,
@@ -198,10 +197,10 @@ class ComputeAgent {
   // The guests' network first: its bridge is where the metadata address usually goes.
   awaitable<void> ensure_network() {
     auto network = co_await virt_(&VirtBackend::ensure_network);
-    if (!network) spdlog::error("libvirt network {}: {}", config_.compute.network, network.failure->message);
+    if (!network) spdlog::error("libvirt network {}: {}", config_.compute.network, network.error().message());
     // Told to guests in their network data; without it they still have what DHCP says.
     auto dns = co_await virt_(&VirtBackend::network_dns);
-    if (dns) ctx_.guest_dns = dns.value;
+    if (dns) ctx_.guest_dns = *dns;
   }
 
   Config config_;

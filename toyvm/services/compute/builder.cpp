@@ -13,24 +13,22 @@ awaitable<Made> Builder::make_domain(WorkSpec spec, BuildCancel cancel) {
     auto acquired = co_await acquire_image(spec, cancel.wake);
     if (!acquired) co_return Made(Outcome::cancelled);
     // An image failure of a build destroyed meanwhile is no failure: cancelled, below.
-    if (!*acquired && !cancel.requested())
-      co_return Made(Outcome::failed, acquired->failure->reason, acquired->failure->message);
-    image = acquired->value;
+    if (!*acquired && !cancel.requested()) co_return Made(Outcome::failed, acquired->error());
+    if (*acquired) image = **acquired;
   }
   if (cancel.requested()) co_return Made(Outcome::cancelled);
   auto created = co_await ctx_.virt(&VirtBackend::create, domain_spec(spec, image));
   if (created) co_return Made(Outcome::made);
   // libvirt unavailable: nothing wrong with the instance or this host's fit for it, so try
   // again, here. Otherwise the domain may be half-made; nothing of a failed build stays.
-  if (created.failure->reason == "libvirt_unavailable")
-    co_return Made(Outcome::retry, created.failure->reason, created.failure->message);
+  if (created.error() == errc::virt_unavailable) co_return Made(Outcome::retry, created.error());
   co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
-  co_return Made(Outcome::failed, created.failure->reason, created.failure->message);
+  co_return Made(Outcome::failed, created.error());
 }
 
 // Waits for the image (fetched once however many builds want it); nullopt when the build
 // was cancelled meanwhile.
-awaitable<std::optional<VirtResult<BootImage>>> Builder::acquire_image(WorkSpec spec, asio::steady_timer& wake) {
+awaitable<std::optional<result<BootImage>>> Builder::acquire_image(WorkSpec spec, asio::steady_timer& wake) {
   auto acquired = co_await parts_.images.acquire(spec.image, spec.image_sha256, spec.image_format, wake);
   if (acquired && *acquired && !parts_.images.cache_path(spec.image).empty()) {
     std::set<std::string> in_use;
@@ -66,8 +64,7 @@ DomainSpec Builder::domain_spec(const WorkSpec& spec, const BootImage& image) co
 awaitable<bool> Builder::give_back(WorkSpec spec) {
   auto released = co_await ctx_.placement.release(spec.uuid);
   if (!released) {
-    spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid,
-                 ctx_.placement.last_error().detail);
+    spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid, released.error().message());
     co_return false;
   }
   if (!spec.group.empty() && !co_await ctx_.etcd->erase(ctx_.keys.group_member(spec.group, spec.uuid)))
@@ -101,7 +98,7 @@ awaitable<result<bool>> Builder::group_allows_here(WorkSpec spec) {
   if (!policy) co_return true;
   const std::string prefix = ctx_.keys.group_prefix(spec.group);
   auto listed = co_await ctx_.etcd->range_prefix(prefix);
-  if (!listed) co_return result<bool>(boost::system::in_place_error, listed.error());
+  if (!listed) co_return listed.error();
   std::vector<GroupMember> members;
   for (const KeyValue& kv : listed->kvs) {
     auto member = decode_group_member(kv.value);

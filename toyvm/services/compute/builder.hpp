@@ -21,10 +21,9 @@ namespace toyvm::compute {
 // What making the domain came to; nothing of it is recorded yet.
 struct Made {
   enum class Outcome { made, cancelled, failed, retry };
-  explicit Made(Outcome outcome, std::string reason = {}, std::string message = {})
-      : outcome(outcome), reason(std::move(reason)), message(std::move(message)) {}
+  explicit Made(Outcome outcome, Error failure = {}) : outcome(outcome), failure(std::move(failure)) {}
   Outcome outcome;
-  std::string reason, message;  // failed, retry
+  Error failure;  // failed, retry
 };
 
 // How a build learns that its instance was destroyed meanwhile: asked between stages, and
@@ -60,7 +59,7 @@ class Builder {
   awaitable<bool> give_back(WorkSpec spec);
 
  private:
-  awaitable<std::optional<VirtResult<BootImage>>> acquire_image(WorkSpec spec, asio::steady_timer& wake);
+  awaitable<std::optional<result<BootImage>>> acquire_image(WorkSpec spec, asio::steady_timer& wake);
   DomainSpec domain_spec(const WorkSpec& spec, const BootImage& image) const;
 
   AgentContext& ctx_;

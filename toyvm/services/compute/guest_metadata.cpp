@@ -15,9 +15,8 @@ GuestMetadata::GuestMetadata(AgentContext& ctx, const Instances& instances)
 awaitable<void> GuestMetadata::run() {
   const std::string& interface = ctx_.config.compute.metadata_interface;
   if (interface.empty() || ctx_.config.mdserver.listen.empty()) co_return;
-  std::string detail;
-  if (!http_.configure(&detail)) {
-    spdlog::error("metadata service: {}", detail);
+  if (auto configured = http_.configure(); !configured) {
+    spdlog::error("metadata service: {}", configured.error().message());
     co_return;
   }
   unsigned served = 0;  // the interface's index when last set up
@@ -33,19 +32,19 @@ awaitable<void> GuestMetadata::run() {
 }
 
 void GuestMetadata::serve_on(const std::string& interface) {
-  std::string detail;
   for (const std::string& listen : ctx_.config.mdserver.listen) {
     auto endpoint = MetadataHttpServer::parse_listen(listen);
     if (!endpoint) {
       spdlog::error("metadata service: {}", MetadataHttpServer::bad_listen("[mdserver] listen", listen));
       continue;
     }
-    if (!add_interface_address(interface, endpoint->address().to_string(), &detail)) {
-      spdlog::error("metadata service: {}", detail);
+    if (auto added = add_interface_address(interface, endpoint->address().to_string()); !added) {
+      spdlog::error("metadata service: {}", added.error().message());
       continue;
     }
     // Bound to the interface: another agent of this machine may serve the same address on its own.
-    if (!http_.listen(listen, interface, &detail)) spdlog::error("metadata service: {}", detail);
+    if (auto served = http_.listen(listen, interface); !served)
+      spdlog::error("metadata service: {}", served.error().message());
   }
 }
 

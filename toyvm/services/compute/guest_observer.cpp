@@ -62,7 +62,7 @@ awaitable<void> GuestObserver::find_address(std::string uuid) {
   auto found = co_await ctx_.virt(&VirtBackend::addresses, uuid);
   if (!found) co_return;
   // It may have gone meanwhile.
-  if (auto instance = instances_.find(uuid)) co_await instance->take_addresses(std::move(found.value));
+  if (auto instance = instances_.find(uuid)) co_await instance->take_addresses(std::move(*found));
 }
 
 awaitable<void> GuestObserver::follow_console_requests() {
@@ -167,17 +167,17 @@ awaitable<void> GuestObserver::answer_usage(std::string uuid, int64_t lease) {
   auto first = co_await ctx_.virt(&VirtBackend::usage, uuid);
   if (!first) co_return;  // no domain (yet, or any more): the asker sees no answer
   auto first_at = std::chrono::steady_clock::now();
-  DomainUsage last = first.value;
+  DomainUsage last = *first;
   double window_s = 0;
-  if (first.value.running) {
+  if (first->running) {
     asio::steady_timer timer(ctx_.io, 1s);
     co_await timer.async_wait(asio::as_tuple(use_awaitable));
     auto second = co_await ctx_.virt(&VirtBackend::usage, uuid);
     if (!second) co_return;
-    last = second.value;
+    last = *second;
     window_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_at).count();
   }
-  InstanceUsage usage = usage_between(first.value, last, window_s);
+  InstanceUsage usage = usage_between(*first, last, window_s);
   usage.at = unix_millis();
   std::vector<EtcdCompare> here{EtcdCompare::present(ctx_.keys.work(ctx_.host.provider, uuid))};
   std::vector<EtcdOp> put{EtcdOp::put(ctx_.keys.usage(uuid), encode(usage), lease)};

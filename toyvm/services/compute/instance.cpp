@@ -26,13 +26,12 @@ void Instance::take_work(const WatchEvent& event, bool listed) {
   if (event.type == WatchEvent::Type::erase) {
     desired_.reset();
   } else {
-    std::string detail;
-    auto spec = decode_work(event.kv.value, &detail);
+    auto spec = decode_work(event.kv.value);
     if (!spec || spec->uuid != uuid_) {
       // Unknown is not absent: the guest, its disk and its allocation stay as they are, and
       // the instance counts as listed, until a value this agent can read replaces it.
       spdlog::error("work {} cannot be read ({}); its instance is left as it is until it can", event.kv.key,
-                    spec ? "its uuid is not its key's" : detail);
+                    spec ? "its uuid is not its key's" : spec.error().message());
       unreadable_ = true;
       return;
     }
@@ -97,16 +96,16 @@ awaitable<bool> Instance::step() {
   if (desired_ && !phase_ && !co_await load_recorded()) co_return false;
   auto actual = co_await ctx_.virt(&VirtBackend::state, uuid_);
   if (!actual) {
-    spdlog::error("instance {}: libvirt: {}", uuid_, actual.failure->message);
+    spdlog::error("instance {}: libvirt: {}", uuid_, actual.error().message());
     co_return false;
   }
   const CrashPolicy on_crash = ctx_.config.compute.on_guest_crash == "error" ? CrashPolicy::error : CrashPolicy::restart;
   // Why it is off matters only for a guest that should run and was running.
   StopCause cause = StopCause::unknown;
-  if (actual.value == DomainState::stopped && desired_ && desired_->power == PowerState::running &&
+  if (*actual == DomainState::stopped && desired_ && desired_->power == PowerState::running &&
       phase() == Phase::active) {
     auto why = co_await ctx_.virt(&VirtBackend::stop_cause, uuid_);
-    if (why) cause = why.value;
+    if (why) cause = *why;
     if (cause == StopCause::crashed) spdlog::warn("instance {}: the guest crashed", uuid_);
     if (cause == StopCause::crashed && on_crash == CrashPolicy::restart)
       metrics::count("toyvm_guest_events_total", {{"outcome", "restarted"}});
@@ -115,7 +114,7 @@ awaitable<bool> Instance::step() {
   const std::optional<WorkSpec> desired = desired_;
   const int64_t revision = revision_;
   const Desired power = desired ? Desired(desired->power) : std::nullopt;
-  switch (decide(power, actual.value, phase(), cause, on_crash)) {
+  switch (decide(power, *actual, phase(), cause, on_crash)) {
     case ReconcileAction::none: co_return true;
     case ReconcileAction::build: co_return co_await build(*desired);
     case ReconcileAction::start: co_return co_await power_on_off(*desired, true);

@@ -84,7 +84,7 @@ class Instance : public std::enable_shared_from_this<Instance> {
   awaitable<bool> build(WorkSpec spec);
   awaitable<std::optional<bool>> record_building_if_slow(WorkSpec spec, asio::steady_timer& patience);
   awaitable<Made> make_domain_in_time(WorkSpec spec, asio::steady_timer& patience);
-  awaitable<bool> fail(WorkSpec spec, std::string reason, std::string message);
+  awaitable<bool> fail(WorkSpec spec, Error failure);
   awaitable<result<bool>> move_elsewhere(WorkSpec spec);
   awaitable<bool> release_held(WorkSpec spec);
   awaitable<bool> power_on_off(WorkSpec spec, bool on);

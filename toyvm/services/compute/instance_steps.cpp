@@ -30,14 +30,14 @@ awaitable<bool> Instance::build(WorkSpec spec) {
   }
   int limit = ctx_.config.compute.max_instances;
   if (limit > 0 && steps_.presence.instance_count() > size_t(limit))
-    co_return co_await fail(spec, "full_cn", fmt::format("host {} is full ({} instances)", ctx_.host.name, limit));
+    co_return co_await fail(spec, Error(errc::host_full, fmt::format("host {} is full ({} instances)", ctx_.host.name, limit)));
   if (!spec.group.empty()) {
     auto allowed = co_await steps_.builder.group_allows_here(spec);
     if (!allowed) co_return false;
     if (!*allowed)
-      co_return co_await fail(spec, "no_valid_host",
-                              fmt::format("server group {} ({}) does not allow this host", spec.group,
-                                          spec.group_policy ? to_string(*spec.group_policy) : "no policy"));
+      co_return co_await fail(spec, Error(errc::no_valid_host,
+                                          fmt::format("server group {} ({}) does not allow this host", spec.group,
+                                                      spec.group_policy ? to_string(*spec.group_policy) : "no policy")));
   }
   spdlog::info("instance {}: building with image {} and {}", spec.uuid, spec.image, format_amounts(spec.resources));
   const auto started = std::chrono::steady_clock::now();
@@ -56,12 +56,12 @@ awaitable<bool> Instance::build(WorkSpec spec) {
   switch (made.outcome) {
     case Made::Outcome::cancelled: co_return true;  // destroyed meanwhile: the next round removes what there is
     case Made::Outcome::retry:
-      spdlog::warn("instance {}: {}; will retry", spec.uuid, made.message);
+      spdlog::warn("instance {}: {}; will retry", spec.uuid, made.failure.message());
       co_return false;
     case Made::Outcome::failed:
       steps_.presence.publish(spec.uuid);
       metrics::count("toyvm_builds_total", {{"result", "failed"}});
-      co_return co_await fail(spec, made.reason, made.message);
+      co_return co_await fail(spec, made.failure);
     case Made::Outcome::made: break;
   }
   // Work that should be off (an evacuated STOPPED instance) is made and left off.
@@ -113,9 +113,11 @@ awaitable<Made> Instance::make_domain_in_time(WorkSpec spec, asio::steady_timer&
 // A build that failed here may succeed elsewhere (Nova's alternates): the instance moves
 // to another live host while attempts remain; after the last it is ERROR no_valid_host.
 // A bad image is bad everywhere: image_failure is final at once (Nova's BuildAbort).
-awaitable<bool> Instance::fail(WorkSpec spec, std::string reason, std::string message) {
+awaitable<bool> Instance::fail(WorkSpec spec, Error failure) {
+  std::string reason(reason_code(failure));
+  std::string message = failure.message();
   spdlog::error("instance {}: {}: {}", spec.uuid, reason, message);
-  if (reason != "image_failure") {
+  if (failure != errc::image_failure) {
     if (spec.attempt < ctx_.config.compute.max_build_attempts) {
       auto moved = co_await move_elsewhere(spec);
       if (moved && *moved) co_return true;
@@ -143,7 +145,7 @@ awaitable<result<bool>> Instance::move_elsewhere(WorkSpec spec) {
   WorkSpec work = *desired_;
   work.attempt = spec.attempt;
   auto moved = co_await steps_.builder.move_elsewhere(std::move(work), revision_);
-  if (!moved) co_return result<bool>(boost::system::in_place_error, moved.error());
+  if (!moved) co_return moved.error();
   switch (moved->outcome) {
     case Relocated::Outcome::moved:
       spdlog::info("instance {}: moved to host {} for attempt {}", spec.uuid, moved->host, spec.attempt + 1);
@@ -157,8 +159,8 @@ awaitable<result<bool>> Instance::move_elsewhere(WorkSpec spec) {
     case Relocated::Outcome::put_back:
       break;
   }
-  if (moved->unknown) co_return result<bool>(boost::system::in_place_error, moved->unknown);
-  co_return result<bool>(boost::system::in_place_error, make_error_code(errc::cancelled));
+  if (moved->unknown.code) co_return moved->unknown;
+  co_return Error(errc::changed, "its work or allocation changed while it was moved");
 }
 
 // An ERROR instance gives back what it holds; then its record stops saying "releasing".
@@ -179,7 +181,7 @@ awaitable<bool> Instance::power_on_off(WorkSpec spec, bool on) {
   if (!on) co_await shut_down_gracefully();
   auto done = co_await ctx_.virt(on ? &VirtBackend::start : &VirtBackend::stop, spec.uuid);
   if (!done) {
-    spdlog::error("instance {}: {}", spec.uuid, done.failure->message);
+    spdlog::error("instance {}: {}", spec.uuid, done.error().message());
     co_return false;
   }
   co_return co_await record_state(spec, on ? InstanceState::active : InstanceState::stopped);
@@ -192,7 +194,7 @@ awaitable<void> Instance::shut_down_gracefully() {
   if (timeout <= Duration::zero() || !co_await ctx_.virt(&VirtBackend::shutdown, uuid_)) co_return;
   while (std::chrono::steady_clock::now() < deadline && co_await ctx_.stop.sleep(250ms)) {
     auto state = co_await ctx_.virt(&VirtBackend::state, uuid_);
-    if (!state || state.value != DomainState::running) co_return;
+    if (!state || *state != DomainState::running) co_return;
   }
   spdlog::info("instance {}: did not power off within {} s; forcing it off", uuid_, in_seconds(timeout));
 }
@@ -202,12 +204,12 @@ awaitable<void> Instance::shut_down_gracefully() {
 awaitable<bool> Instance::remove(WorkSpec spec) {
   auto gone = co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
   if (!gone) {
-    spdlog::error("instance {}: destroying: {}", spec.uuid, gone.failure->message);
+    spdlog::error("instance {}: destroying: {}", spec.uuid, gone.error().message());
     co_return false;
   }
   auto released = co_await ctx_.placement.release(spec.uuid);
   if (!released) {
-    spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid, ctx_.placement.last_error().detail);
+    spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid, released.error().message());
     co_return false;
   }
   std::vector<EtcdOp> ops;
@@ -224,7 +226,7 @@ awaitable<bool> Instance::remove(WorkSpec spec) {
 
 awaitable<bool> Instance::remove_domain() {
   auto gone = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
-  if (!gone) spdlog::error("instance {}: destroying: {}", uuid_, gone.failure->message);
+  if (!gone) spdlog::error("instance {}: destroying: {}", uuid_, gone.error().message());
   steps_.presence.publish(uuid_);
   co_return bool(gone);
 }

@@ -53,9 +53,9 @@ awaitable<void> Instances::apply_listing(RangeResult listed) {
   // Domains nobody asked for.
   auto domains = co_await ctx_.virt(&VirtBackend::list);
   if (!domains) co_return;  // libvirt did not answer: the next resync looks again
-  for (const std::string& uuid : domains.value)
+  for (const std::string& uuid : *domains)
     if (!seen.count(uuid) && !table_.count(uuid)) instance(uuid, false).wake();
-  steps_->presence.publish(domains.value);
+  steps_->presence.publish(*domains);
   metrics::count("toyvm_work_listings_total");
 }
 

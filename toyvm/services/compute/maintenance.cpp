@@ -33,9 +33,8 @@ void HostMaintenanceFollower::apply(const KeyValue* kv) {
   std::optional<HostMaintenance> maintenance;
   if (kv) {
     // A value that does not decode still says an operator wants the host out of service.
-    std::string detail;
-    auto decoded = decode_maintenance(kv->value, &detail);
-    maintenance = decoded ? *decoded : HostMaintenance{"(unreadable: " + detail + ")", 0};
+    auto decoded = decode_maintenance(kv->value);
+    maintenance = decoded ? *decoded : HostMaintenance{"(unreadable: " + decoded.error().message() + ")", 0};
   }
   if (maintenance == current_) return;
   if (maintenance)

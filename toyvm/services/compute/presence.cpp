@@ -148,7 +148,7 @@ awaitable<void> HostPresence::publish_loop() {
       auto state = co_await ctx_.virt(&VirtBackend::state, uuid);
       if (!state)
         unchecked_.insert(uuid);  // libvirt did not answer: looked up with the next publication
-      else if (state.value == DomainState::absent)
+      else if (*state == DomainState::absent)
         domains_.erase(uuid);
       else
         domains_.insert(uuid);

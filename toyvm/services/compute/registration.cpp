@@ -13,7 +13,7 @@ namespace toyvm::compute {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-result<std::string> load_or_create_provider_uuid(const fs::path& state_dir, std::string* detail) {
+result<std::string> load_or_create_provider_uuid(const fs::path& state_dir) {
   std::error_code ec;
   fs::create_directories(state_dir, ec);
   fs::path file = state_dir / "provider_uuid";
@@ -21,8 +21,7 @@ result<std::string> load_or_create_provider_uuid(const fs::path& state_dir, std:
   std::string uuid;
   if (in >> uuid) {
     if (is_uuid(uuid)) return uuid;
-    *detail = fmt::format("{} does not hold a uuid; remove it to register a new provider", file.string());
-    return errc::invalid_config;
+    return Error(errc::invalid_config, fmt::format("{} does not hold a uuid; remove it to register a new provider", file.string()));
   }
   uuid = new_uuid();
   fs::path tmp = file;
@@ -31,14 +30,12 @@ result<std::string> load_or_create_provider_uuid(const fs::path& state_dir, std:
     std::ofstream out(tmp);
     out << uuid << '\n';
     if (!out.flush()) {
-      *detail = fmt::format("cannot write {}", tmp.string());
-      return errc::invalid_config;
+      return Error(errc::invalid_config, fmt::format("cannot write {}", tmp.string()));
     }
   }
   fs::rename(tmp, file, ec);
   if (ec) {
-    *detail = fmt::format("cannot write {}: {}", file.string(), ec.message());
-    return errc::invalid_config;
+    return Error(errc::invalid_config, fmt::format("cannot write {}: {}", file.string(), ec.message()));
   }
   return uuid;
 }
@@ -51,12 +48,12 @@ awaitable<void> adopt_provider_by_name(AgentContext& ctx, fs::path state_dir, st
     auto found = co_await ctx.placement.provider_named(name);
     if (found && !*found) co_return;  // a new host: a new provider
     if (!found) {
-      spdlog::warn("looking up provider {} in Placement: {}; retrying", name, ctx.placement.last_error().detail);
+      spdlog::warn("looking up provider {} in Placement: {}; retrying", name, found.error().message());
       continue;
     }
     auto alive = co_await ctx.etcd->range(ctx.keys.host(**found));
     if (!alive) {
-      spdlog::warn("looking up provider {} in etcd: unavailable; retrying", **found);
+      spdlog::warn("looking up provider {} in etcd: {}; retrying", **found, alive.error().message());
       continue;
     }
     if (!alive->kvs.empty()) {
@@ -78,9 +75,11 @@ awaitable<void> adopt_provider_by_name(AgentContext& ctx, fs::path state_dir, st
 
 awaitable<void> ProviderRegistration::register_until_done() {
   Backoff backoff;
-  while (!ctx_.stop.requested() && !co_await register_once()) {
+  while (!ctx_.stop.requested()) {
+    auto registered = co_await register_once();
+    if (registered) break;
     spdlog::warn("registering provider {} in Placement: {}; retrying", ctx_.host.provider,
-                 ctx_.placement.last_error().detail);
+                 registered.error().message());
     co_await backoff.wait();
   }
   spdlog::info("registered provider {} with inventory {}", ctx_.host.provider,
@@ -126,7 +125,7 @@ awaitable<void> ProviderRegistration::mark_disabled() {
   std::vector<std::string> traits = traits_with_status(true);
   auto marked = co_await ctx_.placement.set_traits(ctx_.host.provider, std::move(traits));
   if (!marked)
-    spdlog::warn("could not mark provider {} disabled: {}", ctx_.host.provider, ctx_.placement.last_error().detail);
+    spdlog::warn("could not mark provider {} disabled: {}", ctx_.host.provider, marked.error().message());
 }
 
 void ProviderRegistration::set_operator_disabled(bool disabled) {
@@ -149,7 +148,7 @@ awaitable<void> ProviderRegistration::update_status() {
       continue;
     }
     spdlog::warn("setting provider {} {} in Placement: {}; retrying", ctx_.host.provider,
-                 disabled ? "disabled" : "enabled", ctx_.placement.last_error().detail);
+                 disabled ? "disabled" : "enabled", updated.error().message());
     co_await backoff.wait();
   }
   updating_ = false;

@@ -22,7 +22,7 @@ awaitable<void> WorkFeed::follow() {
     watch_ = ctx_.etcd->watch(WatchOptions{prefix, prefix_range_end(prefix), revision + 1, false});
     while (!ctx_.stop.requested()) {
       WatchBatch batch = co_await watch_->next();
-      if (batch.error || batch.canceled || batch.compact_revision) {
+      if (batch.error.code || batch.canceled || batch.compact_revision) {
         if (!ctx_.stop.requested()) {
           spdlog::warn("watch on {} ended ({}); listing again", prefix,
                        batch.compact_revision ? "compacted" : batch.error.message());
