@@ -3,8 +3,10 @@
 #include "harness.hpp"
 #include "model/inventory.hpp"
 #include "model/keys.hpp"
+#include "model/moves.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
+#include "services/placer.hpp"
 
 #include "catch_result.hpp"
 
@@ -240,4 +242,74 @@ TEST_CASE("audit: Placement or etcd down is exit 4 with one line", "[audit]") {
   CHECK(r.exit_code == 4);
   CHECK(count_lines(r.err) == 1);
   CHECK_THAT(r.err, Catch::Contains("Placement"));
+}
+
+TEST_CASE("a move's books in the real Placement: its migration consumer holds the source until the move ends",
+          "[audit]") {
+  Servers servers;
+  std::string a, b;
+  auto on_a = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &a);
+  auto on_b = servers.start_compute("c2", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &b);
+  const std::string uuid = new_uuid(), migration = new_uuid();
+  const ResourceAmounts size{{"VCPU", 2}, {"MEMORY_MB", 256}};
+  servers.claim(uuid, Allocations{{a, size}});
+  using Move = Placer::Move;
+  // One step of the placer's against the real Placement; its outcome, or -1 for an error.
+  auto step = [&](std::function<awaitable<int>(Placer&, PlacementClient&)> body) {
+    return run_sync<int>([&](asio::io_context& io) -> awaitable<int> {
+      PlacementClient placement(io.get_executor(), servers.config.placement);
+      auto etcd = EtcdClient::create(servers.config.etcd);
+      Placer placer(placement, *etcd, servers.config);
+      co_return co_await body(placer, placement);
+    });
+  };
+  auto begin = [&](ResourceAmounts wanted) {
+    return step([&](Placer& placer, PlacementClient& placement) -> awaitable<int> {
+      auto held = co_await placement.consumer_allocations(uuid);
+      if (!held) co_return -1;
+      Allocations to{{b, wanted}};  // a named local: GCC 12 cannot keep a braced temporary in co_await
+      auto moved = co_await placer.begin_move(uuid, migration, *held, std::move(to));
+      co_return moved ? int(*moved) : -1;
+    });
+  };
+  auto revert = [&] {
+    return step([&](Placer& placer, PlacementClient&) -> awaitable<int> {
+      auto moved = co_await placer.revert_move(uuid, migration);
+      co_return moved ? int(*moved) : -1;
+    });
+  };
+
+  // No room on the destination: nothing changes.
+  CHECK(begin({{"VCPU", 2}, {"MEMORY_MB", 4096}}) == int(Move::no_room));
+  CHECK(servers.allocations(uuid) == Allocations{{a, size}});
+  CHECK(servers.allocations(migration).empty());
+
+  // Both hosts hold it while it moves; reverted, only the source does, the instance's again.
+  REQUIRE(begin(size) == int(Move::moved));
+  CHECK(servers.allocations(uuid) == Allocations{{b, size}});
+  CHECK(servers.allocations(migration) == Allocations{{a, size}});
+  CHECK(servers.usages(a)["VCPU"] == 2);
+  CHECK(servers.usages(b)["VCPU"] == 2);
+  CHECK(revert() == int(Move::moved));
+  CHECK(servers.allocations(uuid) == Allocations{{a, size}});
+  CHECK(servers.allocations(migration).empty());
+  CHECK(servers.usages(b)["VCPU"] == 0);
+  CHECK(revert() == int(Move::changed));  // reverted before: nothing written
+
+  // A move that happened: the migration consumer's share goes, once, however often asked.
+  REQUIRE(begin(size) == int(Move::moved));
+  // While the record says so, audit sees a move in flight, not a leak, and --fix leaves it.
+  MoveRecord moving{uuid, migration, a, b, MoveKind::live, MoveState::claimed, unix_millis()};
+  servers.etcd_put(KeyLayout().move(uuid), encode(moving));
+  auto audited = servers.toyvm({"audit", "--json"});
+  INFO(audited.out << audited.err);
+  CHECK_THAT(audited.out, !Catch::Contains(migration));
+  for (int twice = 0; twice < 2; ++twice) {
+    CHECK(step([&](Placer& placer, PlacementClient&) -> awaitable<int> {
+            co_return (co_await placer.finish_move(migration)) ? 0 : -1;
+          }) == 0);
+  }
+  CHECK(servers.allocations(migration).empty());
+  CHECK(servers.allocations(uuid) == Allocations{{b, size}});
+  CHECK(servers.usages(a)["VCPU"] == 0);
 }

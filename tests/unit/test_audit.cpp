@@ -1,6 +1,6 @@
 #include "model/audit.hpp"
 
-#include <catch2/catch.hpp>
+#include "catch_result.hpp"
 
 using namespace toyvm;
 
@@ -128,4 +128,25 @@ TEST_CASE("only unambiguous repairs are fixable") {
   CHECK_FALSE(fixable(AuditKind::domain_without_work));
   CHECK_FALSE(fixable(AuditKind::instance_without_domain));
   CHECK_FALSE(fixable(AuditKind::unreadable_value));
+}
+
+TEST_CASE("a move in flight: its migration consumer holds the source, the instance its destination") {
+  using K = AuditKind;
+  AuditSnapshot s = consistent();
+  // i-1 moves from host_a to host_b: its work is still on host_a.
+  const std::string migration = "11111111-2222-4333-8444-555555555555";
+  s.allocations[migration] = Allocations{{host_a, {{"VCPU", 1}}}};
+  s.consumers[migration].project = "toyvm";
+  s.allocations["i-1"] = Allocations{{host_b, {{"VCPU", 1}}}};
+  SECTION("with its move record, the books are as they should be") {
+    s.moves["i-1"] = MoveRecord{"i-1", migration, host_a, host_b, MoveKind::live, MoveState::claimed, 1};
+    CHECK(find_discrepancies(s).empty());
+  }
+  SECTION("without one, the migration consumer is nobody's and the instance holds another host") {
+    CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance, K::allocation_elsewhere});
+  }
+  SECTION("with a move record that cannot be read, no consumer is judged to be nobody's") {
+    s.moves_unreadable = true;
+    CHECK(kinds(s) == std::vector<K>{K::allocation_elsewhere});
+  }
 }

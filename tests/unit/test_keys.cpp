@@ -76,13 +76,14 @@ TEST_CASE("new uuids are random version 4 uuids, never repeated") {
   CHECK(random_seed() != random_seed());
 }
 
-TEST_CASE("an instance's keys are listed in one place: its work, record, membership, console copies and usage") {
+TEST_CASE("an instance's keys are listed in one place: work, record, membership, console copies, usage, move") {
   KeyLayout keys("/p");
   using Range = KeyLayout::Range;
   const std::vector<Range> alone{{"/p/work/rp/i-1", ""},
                                  {"/p/instances/i-1", ""},
                                  {"/p/console/i-1/", "/p/console/i-10"},
-                                 {"/p/usage/i-1", ""}};
+                                 {"/p/usage/i-1", ""},
+                                 {"/p/moves/i-1", ""}};
   CHECK(keys.instance_keys("rp", "i-1", "") == alone);
   std::vector<Range> grouped = alone;
   grouped.push_back({"/p/groups/web/i-1", ""});

@@ -94,3 +94,23 @@ TEST_CASE("work specs with bad field values are refused") {
     CHECK_THAT(said(decode_work(text)), Catch::Contains("bad field"));
   }
 }
+
+#include "model/moves.hpp"
+
+TEST_CASE("a move record round-trips, and one this reader cannot follow is corrupt, never another move") {
+  MoveRecord move{"7387cdc8-291c-4b02-87ce-895f460b7a80", "11111111-2222-4333-8444-555555555555",
+                  "aaaaaaaa-0000-4000-8000-000000000001", "aaaaaaaa-0000-4000-8000-000000000002",
+                  MoveKind::resize, MoveState::claimed, 1'700'000'000'000};
+  auto back = decode_move(encode(move));
+  REQUIRE(back);
+  CHECK(*back == move);
+
+  std::string newer = encode(move);
+  newer.replace(newer.find("\"claimed\""), 9, "\"paused\"");
+  CHECK(decode_move(newer).error() == errc::corrupt_record);
+  CHECK_THAT(said(decode_move(newer)), Catch::Contains("unknown state 'paused'"));
+  std::string no_migration = encode(move);
+  no_migration.replace(no_migration.find("11111111"), 8, "zzzzzzzz");
+  CHECK_THAT(said(decode_move(no_migration)), Catch::Contains("migration"));
+  for (const char* garbage : {"", "[]", "{", R"({"instance":7})"}) CHECK_FALSE(said(decode_move(garbage)).empty());
+}

@@ -18,22 +18,15 @@ namespace {
 namespace json = boost::json;
 
 // The microversions toyvm speaks: 1.39 for candidates (every query parameter up to
-// `required=in:`) and claims (consumer_type is required from 1.38); 1.26 for inventory
+// `required=in:`) and claims (clients/placement_allocations.cpp); 1.26 for inventory
 // (reserved may equal total); 1.20 for POST /resource_providers (answers with the body).
 constexpr const char* mv_candidates = "1.39";
-constexpr const char* mv_allocations = "1.39";
 constexpr const char* mv_providers = "1.20";
 constexpr const char* mv_inventory = "1.26";
 // 1.23 at least wherever a generation can conflict: errors carry their code (e.g.
 // placement.concurrent_update, which is retried) only from 1.23 on.
 constexpr const char* mv_traits = "1.23";
 constexpr const char* mv_aggregates = "1.23";  // aggregates with the provider generation (1.19)
-
-json::object amounts_json(const ResourceAmounts& amounts) {
-  json::object out;
-  for (auto& [rc, n] : amounts) out[rc] = n;
-  return out;
-}
 
 // {"traits": ["HW_CPU_X86_AVX2", ...]}
 result<std::vector<std::string>> parse_traits(const std::string& body) {
@@ -143,89 +136,6 @@ awaitable<result<Candidates>> PlacementClient::allocation_candidates(std::string
   auto parsed = parse_allocation_candidates(response->body);
   if (!parsed) co_return Error(errc::placement_error, "malformed allocation candidates");
   co_return parsed;
-}
-
-awaitable<result<void>> PlacementClient::claim(std::string consumer, Allocations allocations) {
-  co_return co_await put_allocations(std::move(consumer), std::move(allocations), std::nullopt);
-}
-
-awaitable<result<void>> PlacementClient::replace(std::string consumer, Allocations allocations, int64_t generation) {
-  co_return co_await put_allocations(std::move(consumer), std::move(allocations), generation);
-}
-
-awaitable<result<ConsumerAllocations>> PlacementClient::consumer_allocations(std::string consumer) {
-  auto response = co_await call("GET", "/allocations/" + consumer, mv_allocations);
-  if (!response) co_return response.error();
-  if (response->status != 200) co_return refused(*response);
-  co_return parse_consumer_allocations(response->body);
-}
-
-namespace {
-json::object allocations_json(const Allocations& allocations, std::optional<int64_t> generation,
-                              const PlacementConfig& config) {
-  json::object body;
-  json::object by_provider;
-  for (auto& [rp, resources] : allocations)
-    by_provider[rp] = json::object{{"resources", amounts_json(resources)}};
-  body["allocations"] = std::move(by_provider);
-  // Placement requires both ids; they mark the consumer as this toyvm's.
-  body["project_id"] = config.consumer_project;
-  body["user_id"] = config.consumer_user;
-  if (generation) {
-    body["consumer_generation"] = *generation;
-  } else {
-    body["consumer_generation"] = nullptr;
-  }
-  body["consumer_type"] = "INSTANCE";
-  return body;
-}
-}  // namespace
-
-awaitable<result<void>> PlacementClient::claim_all(std::vector<std::pair<std::string, Allocations>> consumers) {
-  json::object body;
-  for (auto& [consumer, allocations] : consumers) body[consumer] = allocations_json(allocations, std::nullopt, config_);
-  // Placement takes its time over a large batch: give it 50 ms per instance.
-  const auto timeout = std::max(config_.timeout,
-                                std::chrono::milliseconds(50 * int64_t(consumers.size())));
-  auto response = co_await call("POST", "/allocations", mv_allocations, json::serialize(body), timeout);
-  if (!response) co_return response.error();
-  if (response->status == 204) co_return result<void>{};
-  Error refusal = refused(*response);
-  if (refusal == errc::placement_consumer_changed && co_await claimed_before(consumers.front().first))
-    co_return result<void>{};
-  co_return refusal;
-}
-
-awaitable<bool> PlacementClient::claimed_before(const std::string& consumer) {
-  auto held = co_await consumer_allocations(consumer);
-  co_return held && !held->allocations.empty();
-}
-
-awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, Allocations allocations,
-                                                         std::optional<int64_t> generation) {
-  json::object body = allocations_json(allocations, generation, config_);
-  auto response = co_await call("PUT", "/allocations/" + consumer, mv_allocations,
-                                json::serialize(body));
-  if (!response) co_return response.error();
-  if (response->status == 204) co_return result<void>{};
-  Error refusal = refused(*response);
-  if (refusal == errc::placement_consumer_changed && !generation && co_await claimed_before(consumer))
-    co_return result<void>{};
-  co_return refusal;
-}
-
-awaitable<result<void>> PlacementClient::release(std::string consumer) {
-  auto response = co_await call("DELETE", "/allocations/" + consumer, mv_allocations);
-  if (!response) co_return response.error();
-  if (response->status != 204 && response->status != 404) co_return refused(*response);
-  co_return result<void>{};
-}
-
-awaitable<result<Allocations>> PlacementClient::allocations_of(std::string consumer) {
-  auto response = co_await call("GET", "/allocations/" + consumer, mv_allocations);
-  if (!response) co_return response.error();
-  if (response->status != 200) co_return refused(*response);
-  co_return parse_allocations(response->body);
 }
 
 awaitable<result<std::optional<std::string>>> PlacementClient::provider_named(std::string name) {

@@ -14,6 +14,16 @@
 
 namespace toyvm {
 
+enum class ConsumerType { instance, migration };
+
+// One consumer's part of a write that changes several at once.
+struct ConsumerWrite {
+  std::string consumer;
+  Allocations allocations;            // empty: it gives up all it holds
+  std::optional<int64_t> generation;  // the consumer's, as read; none for a consumer new to Placement
+  ConsumerType type = ConsumerType::instance;
+};
+
 class PlacementClient {
  public:
   PlacementClient(asio::any_io_executor executor, const PlacementConfig& config);
@@ -25,6 +35,10 @@ class PlacementClient {
   // POST /allocations for new consumers: all of them or none, in one request under each
   // provider's generation (Placement retries its own generation conflicts).
   awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> consumers);
+  // POST /allocations: every consumer's allocations replaced at once, or none if any
+  // consumer's generation moved (placement_consumer_changed) or a provider lacks room. Nova's
+  // move: the instance's share of the source handed to a migration consumer, and back.
+  awaitable<result<void>> write_together(std::vector<ConsumerWrite> writes);
   // PUT /allocations/{consumer} for one that holds allocations: replaces them all in one
   // step (a move to another provider) unless the consumer changed since `generation`
   // (placement_concurrent_update).

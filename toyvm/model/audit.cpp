@@ -37,8 +37,11 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
     return text;
   };
 
+  std::set<std::string> migrations;  // the consumers holding a moving instance's source share
+  for (auto& [uuid, move] : s.moves) migrations.insert(move.migration);
   for (auto& [consumer, allocations] : s.allocations) {
-    if (allocations.empty()) continue;
+    // Unknown is not absent: with a move record that cannot be read, no consumer is judged.
+    if (allocations.empty() || migrations.count(consumer) || s.moves_unreadable) continue;
     auto read = s.consumers.find(consumer);
     const bool ours = read != s.consumers.end() && read->second.project == s.own_project;
     // A running schedule's claim is on its way to becoming an instance.
@@ -67,7 +70,10 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
       if (!deleting) add(AuditKind::instance_without_allocation, uuid, host, "it holds no resources in Placement");
       continue;
     }
-    if (!held->second.count(host))
+    // While it moves, it holds its destination (its source's share is its migration's).
+    auto move = s.moves.find(uuid);
+    const bool moving = move != s.moves.end() && held->second.count(move->second.destination);
+    if (!held->second.count(host) && !moving)
       add(AuditKind::allocation_elsewhere, uuid, providers_of(held->second),
           fmt::format("its work is on {}", host));
   }

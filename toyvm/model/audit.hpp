@@ -4,6 +4,7 @@
 // disagree. Pure.
 
 #include "model/candidates.hpp"
+#include "model/moves.hpp"
 #include "model/records.hpp"
 
 #include <map>
@@ -34,6 +35,8 @@ struct AuditSnapshot {
   std::map<std::string, std::set<std::string>> domains;      // live provider -> domain uuids it reports
   std::vector<UnreadableValue> unreadable;                   // work and records that do not decode
   std::set<std::string> claiming;                            // instances a running schedule claims for
+  std::map<std::string, MoveRecord> moves;                   // instance -> its move in flight
+  bool moves_unreadable = false;  // a move record does not decode: any consumer may be its migration
   // Consumers read one by one (those that hold resources and are no instance, and ERROR
   // instances that hold some): whose they are, and the generation a fix is guarded by. Only
   // `own_project`'s are toyvm's to judge (Nova's, or another toyvm's, share the Placement).

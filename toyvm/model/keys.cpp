@@ -69,7 +69,8 @@ std::vector<KeyLayout::Range> KeyLayout::instance_keys(std::string_view host, st
   std::vector<Range> keys{{work(host, uuid), {}},
                           {instance(uuid), {}},
                           {console_prefix(uuid), prefix_range_end(console_prefix(uuid))},
-                          {usage(uuid), {}}};
+                          {usage(uuid), {}},
+                          {move(uuid), {}}};
   if (!group.empty()) keys.push_back({group_member(group, uuid), {}});
   return keys;
 }

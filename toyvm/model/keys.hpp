@@ -12,6 +12,7 @@
 //   <prefix>/stats/<rp>              the host's figures (memory, disk, load), under its lease
 //   <prefix>/disabled/<rp>           an operator took the host out of service, and why
 //   <prefix>/claims/<instance>       a schedule is claiming for it (under that schedule's lease)
+//   <prefix>/moves/<instance>        a move of the instance in flight (model/moves.hpp)
 
 #include <optional>
 #include <string>
@@ -65,6 +66,8 @@ class KeyLayout {
   // requires them. `audit --fix` leaves a claim alone while its key is there.
   std::string claims_prefix() const { return prefix_ + "/claims/"; }
   std::string claim(std::string_view instance) const { return claims_prefix() + std::string(instance); }
+  std::string moves_prefix() const { return prefix_ + "/moves/"; }
+  std::string move(std::string_view instance) const { return moves_prefix() + std::string(instance); }
   std::string group_prefix(std::string_view group) const;
   std::string group_member(std::string_view group, std::string_view instance) const;
 
@@ -76,7 +79,8 @@ class KeyLayout {
     bool operator==(const Range&) const = default;
   };
   // Every key one instance owns, as its removal erases them: its work on `host`, its record,
-  // its server group membership (`group` may be empty), its console copies and its usage.
+  // its server group membership (`group` may be empty), its console copies, its usage and a
+  // move in flight.
   std::vector<Range> instance_keys(std::string_view host, std::string_view uuid, std::string_view group) const;
 
   struct HostInstance {

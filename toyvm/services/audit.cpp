@@ -78,7 +78,7 @@ class Auditor {
     const std::string groups_root = keys_.prefix() + "/groups/";
     std::vector<EtcdOp> reads;
     for (const std::string& prefix : {keys_.hosts_prefix(), keys_.work_root(), keys_.instances_prefix(), groups_root,
-                                      keys_.domains_root(), keys_.claims_prefix()})
+                                      keys_.domains_root(), keys_.claims_prefix(), keys_.moves_prefix()})
       reads.push_back(EtcdOp::get(prefix, prefix_range_end(prefix)));
     auto txn = co_await etcd_->txn({}, std::move(reads));
     if (!txn) {
@@ -113,6 +113,15 @@ class Auditor {
       if (auto key = keys_.parse_domain(kv.key)) s.domains[key->host].insert(key->instance);
     for (const KeyValue& kv : txn->ranges[5].kvs)
       if (auto uuid = keys_.leaf(kv.key, keys_.claims_prefix())) s.claiming.insert(*uuid);
+    for (const KeyValue& kv : txn->ranges[6].kvs) {
+      auto move = decode_move(kv.value);
+      if (move) {
+        s.moves[move->instance] = std::move(*move);
+      } else {
+        s.moves_unreadable = true;
+        s.unreadable.push_back({kv.key.substr(keys_.moves_prefix().size()), kv.key, move.error().message()});
+      }
+    }
     // Whose each consumer without an instance is (only toyvm's own are judged), and, with
     // --fix, the generation of those a fix may release.
     s.own_project = config_.placement.consumer_project;

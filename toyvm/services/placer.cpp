@@ -178,6 +178,45 @@ awaitable<Relocated::Outcome> Placer::put_back(std::string uuid, std::string fro
   co_return back && *back == Move::moved ? Relocated::Outcome::put_back : Relocated::Outcome::stranded;
 }
 
+awaitable<result<Placer::Move>> Placer::begin_move(std::string uuid, std::string migration, ConsumerAllocations held,
+                                                   Allocations to) {
+  if (!held.generation || held.allocations.empty()) co_return Move::changed;
+  std::vector<ConsumerWrite> writes{{uuid, std::move(to), held.generation, ConsumerType::instance},
+                                    {migration, std::move(held.allocations), std::nullopt, ConsumerType::migration}};
+  auto written = co_await placement_.write_together(std::move(writes));
+  if (written) co_return Move::moved;
+  if (written.error() == errc::placement_capacity) co_return Move::no_room;
+  if (written.error() == errc::placement_consumer_changed) co_return Move::changed;
+  co_return written.error();
+}
+
+awaitable<result<void>> Placer::finish_move(std::string migration) {
+  for (int attempt = 1; attempt <= config_.schedule.max_claim_attempts; ++attempt) {
+    auto held = co_await placement_.consumer_allocations(migration);
+    if (!held) co_return held.error();
+    if (!held->generation || held->allocations.empty()) co_return result<void>{};
+    Allocations none;  // a named local: GCC 12 cannot keep a braced temporary in co_await
+    auto released = co_await placement_.replace(migration, std::move(none), *held->generation);
+    if (released || released.error() != errc::placement_consumer_changed) co_return released;
+  }
+  co_return Error(errc::placement_consumer_changed, "the migration consumer " + migration + " kept changing");
+}
+
+awaitable<result<Placer::Move>> Placer::revert_move(std::string uuid, std::string migration) {
+  auto [instance, kept] = co_await (placement_.consumer_allocations(uuid) &&
+                                    placement_.consumer_allocations(migration));
+  if (!instance) co_return instance.error();
+  if (!kept) co_return kept.error();
+  if (!kept->generation || kept->allocations.empty()) co_return Move::changed;
+  std::vector<ConsumerWrite> writes{
+      {uuid, std::move(kept->allocations), instance->generation, ConsumerType::instance},
+      {migration, {}, kept->generation, ConsumerType::migration}};
+  auto written = co_await placement_.write_together(std::move(writes));
+  if (written) co_return Move::moved;
+  if (written.error() == errc::placement_consumer_changed) co_return Move::changed;
+  co_return written.error();
+}
+
 WeighPolicy Placer::weigh_policy(const std::string& policy_name) const {
   const ScheduleConfig& c = config_.schedule;
   WeighPolicy policy;

@@ -128,6 +128,20 @@ class Placer {
   awaitable<Relocated::Outcome> put_back(std::string uuid, std::string from, ResourceAmounts resources,
                                          std::optional<Allocations> put);
 
+  // The books of a guest that moves while its source keeps a share (Nova's protocol, made one
+  // request): the instance's allocations become `to` (the destination's, or for a resize on
+  // its own host its new size) and its migration consumer takes over what it held, both
+  // under what was read (`held`, the instance's). moved; no_room where `to` asks; changed:
+  // the instance's allocations moved since they were read, and nothing was written.
+  awaitable<result<Move>> begin_move(std::string uuid, std::string migration, ConsumerAllocations held, Allocations to);
+  // The move happened: the migration consumer's share goes (guarded by its generation).
+  // Done when it holds nothing, as after an earlier try.
+  awaitable<result<void>> finish_move(std::string migration);
+  // The move did not happen: the instance takes back what its migration consumer holds, which
+  // drops its claim on the destination, in one request. moved; changed: the migration
+  // consumer holds nothing (finished, or reverted before), and nothing was written.
+  awaitable<result<Move>> revert_move(std::string uuid, std::string migration);
+
   // The weighers as configured, `policy_name` ("spread"/"pack") overriding the config's.
   WeighPolicy weigh_policy(const std::string& policy_name = {}) const;
 
