@@ -86,7 +86,13 @@ if [ -n "$id" ]; then
 else
   echo "toyvm-guest: no metadata service"
 fi
-while true; do sleep 3600; done
+# A heartbeat on the console: a guest moved while it runs goes on counting, its uptime too.
+tick=0
+while true; do
+  tick=$((tick + 1))
+  echo "toyvm-guest: tick $tick uptime $(cut -d' ' -f1 /proc/uptime)"
+  sleep 5
+done
 INIT
 cat > "$root/bin/dhcp-event" <<'DHCP'
 #!/bin/busybox sh

@@ -649,6 +649,18 @@ void ensure_libvirtd() {
   });
 }
 
+std::string ensure_second_libvirtd() {
+  static std::once_flag once;
+  static std::string uri;
+  std::call_once(once, [] {
+    TempDir dir;
+    auto started = run_command({source_root() + "/contrib/second-libvirtd.sh", "start"}, dir.path(), 120);
+    if (started.exit_code != 0) throw std::runtime_error("contrib/second-libvirtd.sh failed: " + started.err);
+    uri = started.out.substr(0, started.out.find('\n'));
+  });
+  return uri;
+}
+
 std::string tiny_guest_dir() {
   static std::once_flag once;
   static std::string dir = std::string(TOYVM_BUILD_ROOT) + "/tiny-guest";

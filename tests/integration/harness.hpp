@@ -195,6 +195,8 @@ struct StallingServer {
 // libvirtd and virtlogd for qemu:///system, started if not running (first connection waits
 // while libvirtd probes QEMU).
 void ensure_libvirtd();
+// A second libvirtd on this machine (contrib/second-libvirtd.sh), as a second host; its URI.
+std::string ensure_second_libvirtd();
 // The tiny direct-kernel-boot guest (contrib/tiny-guest.sh), built once per build tree.
 std::string tiny_guest_dir();
 

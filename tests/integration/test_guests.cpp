@@ -577,3 +577,37 @@ TEST_CASE("libvirtd keeps its QEMU capabilities between calls on the host the sc
   for (int i = 0; i < 3; ++i) REQUIRE(virsh({"domcapabilities"}).exit_code == 0);
   CHECK(written() == before);
 }
+
+TEST_CASE("a second libvirtd is a second host: its agent boots a guest there, on the first one's network",
+          "[guests]") {
+  GuestHost host;
+  const std::string second_uri = ensure_second_libvirtd();
+  std::string rp2;
+  const std::string instances2 = host.servers.dir() + "/c2/instances";
+  auto second = host.servers.start_compute("c2", "VCPU:4,MEMORY_MB:2048,DISK_GB:20", &rp2,
+                                           {"--libvirt-uri", second_uri},
+                                           "domain_type = 'qemu'\n"
+                                           "image_dir = '" + host.images + "'\n"
+                                           "network = 'default'\n"
+                                           "stop_timeout = 20\n"
+                                           "console_interval = 0.5\n");
+  REQUIRE(host.servers.toyvm({"host", "disable", "c1"}).exit_code == 0);
+  std::string uuid = host.schedule({"--image", "tiny"});
+  INFO(second->output());
+  InstanceRecord record = record_of(host.servers, uuid);
+  CHECK(record.host == rp2);
+  CHECK_FALSE(record.ip.empty());  // by DHCP from the first daemon's network, bridged
+  CHECK(host.console_shows(uuid, "toyvm-guest"));
+
+  LibvirtOptions options;
+  options.uri = second_uri;
+  auto libvirt2 = open_libvirt(options);
+  REQUIRE(libvirt2);
+  CHECK((*libvirt2)->state(uuid).value() == DomainState::running);
+  CHECK(host.domain_state(uuid) == DomainState::absent);  // not on the first daemon
+  CHECK(fs::exists(instances2 + "/" + uuid + ".qcow2"));
+
+  CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
+  CHECK((*libvirt2)->state(uuid).value() == DomainState::absent);
+  CHECK(host.servers.allocations(uuid).empty());
+}

@@ -80,3 +80,18 @@ TEST_CASE("a libvirt network's DNS is its IPv4 address, unless its DNS is off") 
   CHECK(network_dns_addresses("<network><dns enable='no'/><ip address='10.0.0.1'/></network>").empty());
   CHECK(network_dns_addresses("<network><forward mode='bridge'/><bridge name='br0'/></network>").empty());
 }
+
+#include "virt/host_network.hpp"
+
+TEST_CASE("a guest's addresses are read from the host's neighbour table, complete entries only") {
+  const std::string table =
+      "IP address       HW type     Flags       HW address            Mask     Device\n"
+      "192.168.122.250  0x1         0x2         52:54:00:ee:e4:8b     *        virbr0\n"
+      "192.168.122.64   0x1         0x0         52:54:00:ee:e4:8b     *        virbr0\n"
+      "10.0.0.7         0x1         0x2         52:54:00:00:00:01     *        br0\n"
+      "garbage\n"
+      "192.168.122.251  0x1         0x6         52:54:00:EE:E4:8B     *        virbr0";
+  CHECK(arp_addresses(table, "52:54:00:ee:e4:8b") == std::vector<std::string>{"192.168.122.250", "192.168.122.251"});
+  CHECK(arp_addresses(table, "52:54:00:00:00:02").empty());
+  CHECK(arp_addresses("", "52:54:00:ee:e4:8b").empty());
+}

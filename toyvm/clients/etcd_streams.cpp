@@ -75,7 +75,8 @@ class GrpcLeaseKeeper final : public EtcdLeaseKeeper {
     KeepAliveStream::Item item = co_await stream_->next();
     if (!item.response) {
       ended_ = true;
-      co_return item.status.ok() ? Error(errc::etcd_unavailable, "the keep-alive stream ended") : from_status(item.status);
+      co_return item.status.ok() ? Error(errc::etcd_unavailable, "the keep-alive stream ended")
+                                 : from_status(item.status);
     }
     co_return item.response->ttl();
   }

@@ -157,7 +157,8 @@ awaitable<void> HttpClient::preconnect() {
 
 awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
   auto impl = impl_;  // keeps the pool alive across suspension
-  if (impl->host.empty()) co_return Error(errc::invalid_config, fmt::format("'{}' is not an HTTP URL", impl->options.url));
+  if (impl->host.empty())
+    co_return Error(errc::invalid_config, fmt::format("'{}' is not an HTTP URL", impl->options.url));
   if (impl->tls_error) co_return Error(impl->tls_error, "loading the CA: " + impl->tls_error.message());
   if (Error failed = std::exchange(impl->preconnect_error, {}); failed.code) co_return failed;
 

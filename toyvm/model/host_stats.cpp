@@ -77,7 +77,8 @@ result<HostStats> measure_host_stats(const std::string& instance_dir) {
   stats.cpus_online = count_online_cpus(read_text("/proc/stat"));
   struct statvfs fs {};
   if (!memory || !load || stats.cpus_online == 0 || statvfs(instance_dir.c_str(), &fs) != 0)
-    return Error(errc::invalid_config, fmt::format("cannot read /proc/meminfo, /proc/loadavg, /proc/stat or {}", instance_dir));
+    return Error(errc::invalid_config,
+                 fmt::format("cannot read /proc/meminfo, /proc/loadavg, /proc/stat or {}", instance_dir));
   stats.mem_total_mb = memory->total_mb;
   stats.mem_available_mb = memory->available_mb;
   stats.load = *load;

@@ -93,7 +93,8 @@ class Auditor {
       s.work_host[key->instance] = key->host;
       auto spec = decode_work(kv.value);
       if (!spec) s.unreadable.push_back({key->instance, kv.key, spec.error().message()});
-      else if (spec->uuid != key->instance) s.unreadable.push_back({key->instance, kv.key, "its uuid is not its key's"});
+      else if (spec->uuid != key->instance)
+        s.unreadable.push_back({key->instance, kv.key, "its uuid is not its key's"});
     }
     const std::string records_root = keys_.instances_prefix();
     for (const KeyValue& kv : txn->ranges[2].kvs) {

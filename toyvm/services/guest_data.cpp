@@ -39,10 +39,11 @@ result<void> read_guest_data(const ScheduleOptions& options, WorkSpec& spec) {
   }
   if (!options.user_data_file.empty()) {
     auto data = read_small_file(options.user_data_file, max_user_data);
-    if (!data) return Error(errc::invalid_argument, fmt::format("cannot read user data file {}", options.user_data_file));
-    if (data->size() > max_user_data) {
-      return Error(errc::invalid_argument, fmt::format("user data file {} is larger than {} bytes", options.user_data_file, max_user_data));
-    }
+    if (!data)
+      return Error(errc::invalid_argument, fmt::format("cannot read user data file {}", options.user_data_file));
+    if (data->size() > max_user_data)
+      return Error(errc::invalid_argument,
+                   fmt::format("user data file {} is larger than {} bytes", options.user_data_file, max_user_data));
     spec.user_data = std::move(*data);
   }
   for (const std::string& key : options.keys) {

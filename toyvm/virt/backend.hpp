@@ -34,9 +34,20 @@ struct DomainSpec {
   int64_t disk_gb = 0;
   BootImage image;
   std::string mac;           // the NIC's address; empty: no NIC
+  std::string ip;            // the guest's address, when known: its filter lets it send from it at
+                             // once (a guest that moved here asks DHCP nothing)
   bool start = true;         // false: defined and left off
   // The files of a read-only config drive (ISO 9660, label config-2); empty: none.
   std::vector<DriveFile> config_drive;
+};
+
+// Where a running guest moves: the destination's libvirt (as this host reaches it), the address
+// QEMU's migration stream goes to, and the domain as the destination defines it (its paths,
+// its owner: VirtBackend::prepare_incoming there).
+struct MigrationTarget {
+  std::string libvirt_uri;    // e.g. qemu+tcp://host-b/system
+  std::string migration_uri;  // e.g. tcp://host-b
+  std::string domain_xml;
 };
 
 struct GuestAddress {
@@ -60,6 +71,13 @@ class VirtBackend {
   // Stops and undefines, deletes the overlay and the instance's dir; what does not exist is
   // already destroyed.
   virtual result<void> destroy(const std::string& uuid) = 0;
+  // The destination's part of a move: the instance's dir, disk overlay (as big, over the same
+  // base image; the migration copies the contents) and config drive made here, nothing
+  // defined. The domain XML the guest is to have here.
+  virtual result<std::string> prepare_incoming(const DomainSpec& spec) = 0;
+  // Moves the running guest to another libvirt while it runs, its disk copied along (NBD); once
+  // it runs there, its domain is undefined here and its files removed.
+  virtual result<void> migrate(const std::string& uuid, const MigrationTarget& to) = 0;
   // The configured libvirt network exists and is active (started if it is not).
   virtual result<void> ensure_network() = 0;
   // The DNS servers the guests' network offers (its dnsmasq on a libvirt network); none on a

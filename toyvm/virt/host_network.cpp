@@ -8,8 +8,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 namespace toyvm {
 namespace {
@@ -23,6 +27,24 @@ void add_attribute(nlmsghdr* message, int type, const void* data, size_t length)
 }
 
 }  // namespace
+
+std::vector<std::string> arp_addresses(std::string_view table, std::string_view mac) {
+  std::vector<std::string> found;
+  size_t at = table.find('\n');  // past the heading
+  while (at != std::string_view::npos && at + 1 < table.size()) {
+    const size_t end = table.find('\n', at + 1);
+    std::istringstream line{std::string(table.substr(at + 1, end - at - 1))};
+    at = end;
+    std::string ip, hw_type, flags, hw_address;
+    if (!(line >> ip >> hw_type >> flags >> hw_address)) continue;
+    const bool complete = (std::strtoul(flags.c_str(), nullptr, 16) & 0x2) != 0;  // ATF_COM
+    if (complete && hw_address.size() == mac.size() &&
+        std::equal(mac.begin(), mac.end(), hw_address.begin(),
+                   [](char a, char b) { return std::tolower(a) == std::tolower(b); }))
+      found.push_back(ip);
+  }
+  return found;
+}
 
 result<void> add_interface_address(const std::string& interface, const std::string& ipv4) {
   unsigned index = if_nametoindex(interface.c_str());

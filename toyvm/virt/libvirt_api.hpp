@@ -40,6 +40,7 @@ namespace toyvm {
   X(virDomainGetUUIDString)        \
   X(virDomainGetMetadata)          \
   X(virDomainShutdown)             \
+  X(virDomainMigrateToURI3)        \
   X(virDomainInterfaceAddresses)   \
   X(virDomainInterfaceFree)        \
   X(virNetworkLookupByName)        \

@@ -71,22 +71,11 @@ result<void> LibvirtBackend::create(const DomainSpec& spec) {
   if (!dom) {
     if (!last_error_is(VIR_ERR_NO_DOMAIN)) return fail(errc::launch_failure);
     if (auto network = ensure_network(); !network) return network;
-    std::error_code ec;
-    fs::path dir = instance_path(options_.instance_dir, spec.uuid);
-    fs::create_directories(dir, ec);
-    // QEMU runs as its own user on qemu:///system: it must reach the console log.
-    fs::permissions(dir, fs::perms(0755), ec);
-    if (ec) return Error(errc::launch_failure, fmt::format("cannot create {}: {}", dir.string(), ec.message()));
     since();
-    auto disk = make_overlay(spec);
-    if (!disk) return disk.error();
-    std::string drive;
-    if (!spec.config_drive.empty()) {
-      drive = config_drive_path(options_.instance_dir, spec.uuid);
-      if (auto written = write_config_drive(drive, spec.config_drive); !written) return written;
-    }
+    auto xml = make_files(spec);
+    if (!xml) return xml.error();
     disk_ms = since();
-    dom.ptr = api->virDomainDefineXML(conn_, domain_xml(spec, options_, *disk, drive).c_str());
+    dom.ptr = api->virDomainDefineXML(conn_, xml->c_str());
     if (!dom)
       return fail(last_error_is(VIR_ERR_NO_NETWORK) ? errc::network_failure : errc::launch_failure,
                         "libvirt refused the domain");
@@ -100,6 +89,23 @@ result<void> LibvirtBackend::create(const DomainSpec& spec) {
   spdlog::debug("instance {}: disk {:.1f} ms, define {:.1f} ms, start {:.1f} ms", spec.uuid, disk_ms, define_ms,
                 since());
   return {};
+}
+
+result<std::string> LibvirtBackend::make_files(const DomainSpec& spec) {
+  std::error_code ec;
+  fs::path dir = instance_path(options_.instance_dir, spec.uuid);
+  fs::create_directories(dir, ec);
+  // QEMU runs as its own user on qemu:///system: it must reach the console log.
+  fs::permissions(dir, fs::perms(0755), ec);
+  if (ec) return Error(errc::launch_failure, fmt::format("cannot create {}: {}", dir.string(), ec.message()));
+  auto disk = make_overlay(spec);
+  if (!disk) return disk.error();
+  std::string drive;
+  if (!spec.config_drive.empty()) {
+    drive = config_drive_path(options_.instance_dir, spec.uuid);
+    if (auto written = write_config_drive(drive, spec.config_drive); !written) return written.error();
+  }
+  return domain_xml(spec, options_, *disk, drive);
 }
 
 result<void> LibvirtBackend::start(const std::string& uuid) {
@@ -131,6 +137,10 @@ result<void> LibvirtBackend::destroy(const std::string& uuid) {
       return fail(errc::launch_failure);
   }
   forget_owned(uuid);
+  return remove_files(uuid);
+}
+
+result<void> LibvirtBackend::remove_files(const std::string& uuid) {
   if (auto deleted = delete_overlay(uuid); !deleted) return deleted;
   std::error_code ec;
   fs::remove_all(instance_path(options_.instance_dir, uuid), ec);

@@ -63,6 +63,8 @@ class LibvirtBackend final : public VirtBackend {
   result<std::vector<std::string>> list() override;
   result<std::vector<std::string>> network_dns() override;
   result<void> ensure_network() override;
+  result<std::string> prepare_incoming(const DomainSpec& spec) override;
+  result<void> migrate(const std::string& uuid, const MigrationTarget& to) override;
 
   // The instance storage pool: transient (libvirt forgets it on restart; open_libvirt makes
   // it again), a dir pool over the instance dir.
@@ -101,6 +103,12 @@ class LibvirtBackend final : public VirtBackend {
   result<void> power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing);
   // A copy-on-write qcow2 over the base disk (or a blank one), as big as the instance's disk.
   result<std::string> make_overlay(const DomainSpec& spec);
+  // The instance's dir, overlay and config drive; the domain's XML over them.
+  result<std::string> make_files(const DomainSpec& spec);
+  // Its overlay and its dir removed: the domain is gone (destroyed, or moved away).
+  result<void> remove_files(const std::string& uuid);
+  // The domain's IPv4 addresses in its libvirt network's DHCP leases.
+  result<std::vector<GuestAddress>> leased_addresses(virDomainPtr dom);
   result<void> delete_overlay(const std::string& uuid);
 
   std::atomic<virConnectPtr> conn_;

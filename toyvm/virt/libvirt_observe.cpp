@@ -1,11 +1,14 @@
 // What the libvirt backend reads of domains: their state, why they stopped, what they use,
 // their guests' addresses, which of them this agent owns, and libvirt's lifecycle events.
 
+#include "virt/host_network.hpp"
 #include "virt/libvirt_backend.hpp"
 
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 namespace toyvm::libvirt_impl {
 
@@ -68,11 +71,24 @@ result<std::vector<GuestAddress>> LibvirtBackend::addresses(const std::string& u
   if (!revive()) return unavailable();
   DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
   if (!dom) return fail(errc::launch_failure);
-  // dnsmasq's leases on a libvirt network; the host's ARP table on a plain bridge.
-  unsigned source = options_.bridge.empty() ? VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE
-                                            : VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP;
+  // dnsmasq's leases on a libvirt network; else the host's neighbour table: on a plain
+  // bridge, and on a libvirt network that only bridges (its DHCP server is another's: a second
+  // daemon's guests on the first one's network). Read here, not through libvirt's ARP
+  // source, which libvirt 9.0 cannot parse on current kernels ("wrong nlmsg len").
+  if (options_.bridge.empty()) {
+    if (auto leased = leased_addresses(dom.ptr); !leased || !leased->empty()) return leased;
+  }
+  std::ifstream table("/proc/net/arp");
+  const std::string text((std::istreambuf_iterator<char>(table)), std::istreambuf_iterator<char>());
+  const std::string mac = instance_mac(uuid);
+  std::vector<GuestAddress> found;
+  for (std::string& ip : arp_addresses(text, mac)) found.push_back(GuestAddress{mac, std::move(ip)});
+  return found;
+}
+
+result<std::vector<GuestAddress>> LibvirtBackend::leased_addresses(virDomainPtr dom) {
   virDomainInterfacePtr* interfaces = nullptr;
-  int count = api->virDomainInterfaceAddresses(dom.ptr, &interfaces, source, 0);
+  int count = api->virDomainInterfaceAddresses(dom, &interfaces, VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE, 0);
   if (count < 0) return fail(errc::network_failure);
   std::vector<GuestAddress> found;
   for (int i = 0; i < count; ++i) {

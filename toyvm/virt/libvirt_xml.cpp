@@ -112,8 +112,9 @@ std::string domain_xml(const DomainSpec& spec, const LibvirtOptions& options, co
     // (learned by libvirt from the lease): it cannot pose as another guest.
     std::string filter;
     if (!options.guest_filter.empty())
-      filter = fmt::format("<filterref filter='{}'><parameter name='CTRL_IP_LEARNING' value='dhcp'/></filterref>",
-                           xml_escape(options.guest_filter));
+      filter = fmt::format("<filterref filter='{}'><parameter name='CTRL_IP_LEARNING' value='dhcp'/>{}</filterref>",
+                           xml_escape(options.guest_filter),
+                           spec.ip.empty() ? "" : fmt::format("<parameter name='IP' value='{}'/>", xml_escape(spec.ip)));
     devices += fmt::format("    {}<mac address='{}'/><model type='{}'/>{}</interface>\n", source,
                            xml_escape(spec.mac), xml_escape(options.nic_model), filter);
   }

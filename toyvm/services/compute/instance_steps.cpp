@@ -30,7 +30,8 @@ awaitable<bool> Instance::build(WorkSpec spec) {
   }
   int limit = ctx_.config.compute.max_instances;
   if (limit > 0 && steps_.presence.instance_count() > size_t(limit))
-    co_return co_await fail(spec, Error(errc::host_full, fmt::format("host {} is full ({} instances)", ctx_.host.name, limit)));
+    co_return co_await fail(spec, Error(errc::host_full,
+                                        fmt::format("host {} is full ({} instances)", ctx_.host.name, limit)));
   if (!spec.group.empty()) {
     auto allowed = co_await steps_.builder.group_allows_here(spec);
     if (!allowed) co_return false;
