@@ -548,3 +548,23 @@ TEST_CASE("the harness never hands out one port twice") {
   std::set<uint16_t> ports;
   for (int i = 0; i < 2000; ++i) CHECK(ports.insert(free_port()).second);
 }
+
+TEST_CASE("destroy --force of a grouped instance whose work cannot be read leaves nothing, its membership too",
+          "[operations]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:4,DISK_GB:10,MEMORY_MB:1024", &rp);
+  const std::string uuid =
+      parse_notified(servers.toyvm({"schedule", small, "--group", "web", "--wait"}).out).second;
+  REQUIRE(!uuid.empty());
+  REQUIRE(servers.etcd_prefix(KeyLayout().group_member("web", uuid)).size() == 1);
+  // Its work is the only other place that names its group, and it cannot be read.
+  const std::string key = KeyLayout().work(rp, uuid);
+  servers.etcd_put(key, R"({"uuid":")" + uuid + R"(","group":"web","power":"paused"})");
+  auto destroyed = servers.toyvm({"destroy", uuid, "--force"});
+  INFO(destroyed.out << destroyed.err);
+  CHECK(destroyed.exit_code == 0);
+  CHECK(servers.etcd_prefix(KeyLayout().group_member("web", uuid)).empty());
+  CHECK(servers.allocations(uuid).empty());
+  CHECK(wait_for([&] { return servers.toyvm({"audit"}).exit_code == 0; }, 20));
+}

@@ -89,3 +89,15 @@ TEST_CASE("an instance's keys are listed in one place: work, record, membership,
   grouped.push_back({"/p/groups/web/i-1", ""});
   CHECK(keys.instance_keys("rp", "i-1", "web") == grouped);
 }
+
+TEST_CASE("a group membership key names its group and its instance") {
+  KeyLayout keys("/p");
+  const std::string uuid = "7387cdc8-291c-4b02-87ce-895f460b7a80";
+  auto member = keys.parse_group_member(keys.group_member("web", uuid));
+  REQUIRE(member);
+  CHECK(member->group == "web");
+  CHECK(member->instance == uuid);
+  CHECK_FALSE(keys.parse_group_member(keys.group_member("web", "i-1")));
+  CHECK_FALSE(keys.parse_group_member("/p/groups/web"));
+  CHECK_FALSE(keys.parse_group_member("/p/work/rp/i-1"));
+}

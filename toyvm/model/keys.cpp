@@ -23,7 +23,7 @@ std::string KeyLayout::instance(std::string_view uuid) const {
 }
 
 std::string KeyLayout::group_prefix(std::string_view group) const {
-  return prefix_ + "/groups/" + std::string(group) + "/";
+  return groups_root() + std::string(group) + "/";
 }
 
 std::string KeyLayout::group_member(std::string_view group, std::string_view instance) const {
@@ -62,6 +62,15 @@ std::optional<KeyLayout::HostInstance> KeyLayout::parse_work(std::string_view ke
 
 std::optional<KeyLayout::HostInstance> KeyLayout::parse_domain(std::string_view key) const {
   return parse_host_instance(domains_root(), key);
+}
+
+std::optional<KeyLayout::GroupInstance> KeyLayout::parse_group_member(std::string_view key) const {
+  const std::string root = groups_root();
+  if (!key.starts_with(root)) return std::nullopt;
+  key.remove_prefix(root.size());
+  const size_t slash = key.find('/');
+  if (slash == 0 || slash == std::string_view::npos || !is_uuid(key.substr(slash + 1))) return std::nullopt;
+  return GroupInstance{std::string(key.substr(0, slash)), std::string(key.substr(slash + 1))};
 }
 
 std::vector<KeyLayout::Range> KeyLayout::instance_keys(std::string_view host, std::string_view uuid,

@@ -68,6 +68,7 @@ class KeyLayout {
   std::string claim(std::string_view instance) const { return claims_prefix() + std::string(instance); }
   std::string moves_prefix() const { return prefix_ + "/moves/"; }
   std::string move(std::string_view instance) const { return moves_prefix() + std::string(instance); }
+  std::string groups_root() const { return prefix_ + "/groups/"; }
   std::string group_prefix(std::string_view group) const;
   std::string group_member(std::string_view group, std::string_view instance) const;
 
@@ -90,6 +91,11 @@ class KeyLayout {
   // The parts of a work or domain key, or nothing for a key outside the layout.
   std::optional<HostInstance> parse_work(std::string_view key) const;
   std::optional<HostInstance> parse_domain(std::string_view key) const;
+  struct GroupInstance {
+    std::string group;
+    std::string instance;
+  };
+  std::optional<GroupInstance> parse_group_member(std::string_view key) const;
   // The last segment of a key under `prefix`, or nothing.
   std::optional<std::string> leaf(std::string_view key, std::string_view prefix) const;
 

@@ -75,9 +75,8 @@ class Auditor {
       if (!held) co_return placement_failed(held.error());
       for (auto& [consumer, amounts] : *held) s.allocations[consumer][provider] = amounts;
     }
-    const std::string groups_root = keys_.prefix() + "/groups/";
     std::vector<EtcdOp> reads;
-    for (const std::string& prefix : {keys_.hosts_prefix(), keys_.work_root(), keys_.instances_prefix(), groups_root,
+    for (const std::string& prefix : {keys_.hosts_prefix(), keys_.work_root(), keys_.instances_prefix(), keys_.groups_root(),
                                       keys_.domains_root(), keys_.claims_prefix(), keys_.moves_prefix()})
       reads.push_back(EtcdOp::get(prefix, prefix_range_end(prefix)));
     auto txn = co_await etcd_->txn({}, std::move(reads));
@@ -103,13 +102,8 @@ class Auditor {
       else
         s.unreadable.push_back({kv.key.substr(records_root.size()), kv.key, record.error().message()});
     }
-    for (const KeyValue& kv : txn->ranges[3].kvs) {
-      // <groups_root><name>/<instance>
-      std::string_view rest = std::string_view(kv.key).substr(groups_root.size());
-      size_t slash = rest.find('/');
-      if (slash != std::string_view::npos)
-        s.group_members[std::string(rest.substr(slash + 1))] = std::string(rest.substr(0, slash));
-    }
+    for (const KeyValue& kv : txn->ranges[3].kvs)
+      if (auto member = keys_.parse_group_member(kv.key)) s.group_members[member->instance] = member->group;
     for (const KeyValue& kv : txn->ranges[4].kvs)
       if (auto key = keys_.parse_domain(kv.key)) s.domains[key->host].insert(key->instance);
     for (const KeyValue& kv : txn->ranges[5].kvs)

@@ -36,13 +36,17 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
   auto work = co_await etcd.range(work_key);
   if (!work) co_return etcd_failure(etcd, work.error());
   std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(keys.instance(record.uuid), record_revision)};
-  std::string group;
   if (work->kvs.empty()) {
     as_read.push_back(EtcdCompare::absent(work_key));
   } else {
     as_read.push_back(EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision));
-    if (auto spec = decode_work(work->kvs.front().value)) group = spec->group;
   }
+  // Its group, as its membership says: its work, which names it too, may not be readable.
+  auto members = co_await etcd.range_prefix(keys.groups_root());
+  if (!members) co_return etcd_failure(etcd, members.error());
+  std::string group;
+  for (const KeyValue& kv : members->kvs)
+    if (auto member = keys.parse_group_member(kv.key); member && member->instance == record.uuid) group = member->group;
   std::vector<EtcdOp> erase;
   for (auto& [key, range_end] : keys.instance_keys(record.host, record.uuid, group))
     erase.push_back(EtcdOp::erase(key, range_end));
