@@ -13,6 +13,7 @@
 
 #include <boost/json/parse.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -610,4 +611,77 @@ TEST_CASE("a second libvirtd is a second host: its agent boots a guest there, on
   CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
   CHECK((*libvirt2)->state(uuid).value() == DomainState::absent);
   CHECK(host.servers.allocations(uuid).empty());
+}
+
+namespace {
+// The number of the last heartbeat ("toyvm-guest: tick N uptime U") in a console log; 0: none.
+int last_tick(const std::string& log) {
+  const std::string mark = "toyvm-guest: tick ";
+  const size_t at = log.rfind(mark);
+  return at == std::string::npos ? 0 : std::atoi(log.c_str() + at + mark.size());
+}
+}  // namespace
+
+TEST_CASE("a running guest moves live to the second libvirtd: its disk comes along, its count goes on",
+          "[guests]") {
+  GuestHost host;
+  const std::string second_uri = ensure_second_libvirtd();
+  const std::string uuid = host.schedule({"--image", "tiny"});
+  const InstanceRecord record = record_of(host.servers, uuid);
+  const std::string log1 = host.instances + "/" + uuid + "/console.log";
+  REQUIRE(wait_for([&] { return last_tick(read_file(log1)) >= 2; }, boot_timeout_s));
+  // The agent takes a guest that leaves for one it lost and would build it again: it is
+  // stopped (its guests keep running) while its backend's move is checked on its own.
+  host.compute->signal(SIGTERM);
+  host.compute->wait();
+
+  const std::string instances2 = host.servers.dir() + "/c2/instances";
+  fs::create_directories(instances2);
+  LibvirtOptions to;
+  to.uri = second_uri;
+  to.domain_type = "qemu";
+  to.instance_dir = instances2;
+  to.network = "default";
+  to.owner = "22222222-0000-4000-8000-000000000002";
+  auto destination = open_libvirt(to);
+  REQUIRE(destination);
+  // The guest as its new host would describe it: the same image, size, MAC; its address known.
+  const fs::path tiny = fs::canonical(host.images + "/tiny");
+  DomainSpec spec;
+  spec.uuid = uuid;
+  spec.name = uuid;
+  spec.vcpus = 1;
+  spec.memory_mb = 128;
+  spec.disk_gb = 1;
+  spec.image.kernel = (tiny / "kernel").string();
+  spec.image.initrd = (tiny / "initrd").string();
+  std::getline(std::ifstream(tiny / "cmdline"), spec.image.cmdline);
+  spec.image.disk = (tiny / "disk.raw").string();
+  spec.image.disk_size = fs::file_size(tiny / "disk.raw");
+  spec.mac = instance_mac(uuid);
+  spec.ip = record.ip;
+  auto xml = (*destination)->prepare_incoming(spec);
+  REQUIRE(xml);
+
+  // The source's backend as its agent has it: its instance dir, its provider as the owner.
+  LibvirtOptions from;
+  from.uri = "qemu:///system";
+  from.domain_type = "qemu";
+  from.instance_dir = host.instances;
+  from.network = "default";
+  from.owner = host.rp;
+  auto source = open_libvirt(from);
+  REQUIRE(source);
+  const int before = last_tick(read_file(log1));
+  auto moved = (*source)->migrate(uuid, MigrationTarget{second_uri, "tcp://127.0.0.1", *xml});
+  INFO(said(moved));
+  REQUIRE(moved);
+  CHECK((*destination)->state(uuid).value() == DomainState::running);
+  CHECK(host.domain_state(uuid) == DomainState::absent);
+  CHECK_FALSE(fs::exists(host.overlay(uuid)));  // the source's files are gone
+  // Its console goes on in the destination's log, counting on: it was not booted again.
+  const std::string log2 = instances2 + "/" + uuid + "/console.log";
+  CHECK(wait_for([&] { return last_tick(read_file(log2)) > before; }, 60));
+  CHECK(read_file(log2).find("toyvm-guest: booted") == std::string::npos);
+  CHECK((*destination)->destroy(uuid));
 }
