@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A second libvirtd on this machine, as a second host for moving guests between two daemons:
-#   contrib/second-libvirtd.sh start [DIR]   (prints its URI: qemu+tcp://127.0.0.1:16510/system)
+#   contrib/second-libvirtd.sh start [DIR]   prints its URI (qemu+tcp://127.0.0.1:16510/system),
+#                                            then the first daemon's as the second reaches it
+#                                            (a unix socket; the first does not listen on TCP)
 #   contrib/second-libvirtd.sh stop [DIR]
 # The QEMU driver keeps fixed paths (its pid lock, <name>.xml status files), and during a
 # migration one domain exists on both daemons: this one runs in its own mount namespace, with
@@ -35,7 +37,8 @@ case "$action" in
   *) echo "usage: $0 start|stop [DIR]" >&2; exit 2 ;;
 esac
 
-answers && { echo "$uri"; exit 0; }
+back="qemu+unix:///system?socket=/run/toyvm-first-libvirt/libvirt-sock"
+answers && { echo "$uri"; echo "$back"; exit 0; }
 "$root/contrib/start-libvirtd.sh"
 stop  # a daemon of an earlier run that no longer answers
 
@@ -85,6 +88,8 @@ virsh -q -c qemu:///system net-start default >/dev/null 2>&1 || true
 unshare --mount --propagation private bash -c '
   set -e
   dir=$1
+  # The first daemon stays reachable from here under another path (peer-to-peer moves back).
+  mkdir -p /run/toyvm-first-libvirt && mount --bind /run/libvirt /run/toyvm-first-libvirt
   mount --bind "$dir/run" /run/libvirt 2>/dev/null || { mkdir -p /run/libvirt; mount --bind "$dir/run" /run/libvirt; }
   mount --bind "$dir/lib" /var/lib/libvirt
   mount --bind "$dir/cache" /var/cache/libvirt
@@ -95,7 +100,8 @@ unshare --mount --propagation private bash -c '
 ' _ "$dir"
 
 for _ in $(seq 1 300); do
-  answers && { echo "$uri"; exit 0; }
+  back="qemu+unix:///system?socket=/run/toyvm-first-libvirt/libvirt-sock"
+answers && { echo "$uri"; echo "$back"; exit 0; }
   sleep 0.2
 done
 echo "second-libvirtd: no answer on $uri (see $dir/log)" >&2

@@ -11,6 +11,9 @@
 //   candidates times GET /allocation_candidates and toyvm's own decision on the answer
 //   domain-xml prints the domain an agent on the test driver defines for one of `active`'s
 //              instances, its uuid 00000000-0000-4000-8000-000000000000 (for libvirt-floor)
+//   live-migration  a tiny guest moved live between two libvirt daemons (live_migration.hpp)
+
+#include "live_migration.hpp"
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
@@ -367,6 +370,14 @@ int main(int argc, char** argv) {
   auto* domain = app.add_subcommand("domain-xml", "print an agent's domain for libvirt-floor");
   domain->add_option("--owner", o.host, "the agent's provider uuid")->required();
   domain->add_option("--instance-dir", o.instance_dir, "the agent's instance directory")->required();
+  LiveMigrationOptions migration;
+  auto* live = app.add_subcommand("live-migration", "move a tiny guest live between two libvirt daemons");
+  live->add_option("--from", migration.from, "the first daemon's URI");
+  live->add_option("--to", migration.to, "the second daemon's URI")->required();
+  live->add_option("--back", migration.back, "the first daemon's URI as the second reaches it");
+  live->add_option("--image-dir", migration.image_dir, "kernel, initrd, cmdline, disk.raw")->required();
+  live->add_option("--dir", migration.dir, "where the two instance dirs go")->required();
+  live->add_option("--rounds", migration.rounds, "moves, alternating direction");
   for (auto* sub : {floor, exec, active, providers, candidates, seed}) common(sub);
   active->add_option("--host", o.host)->required();
   exec->add_option("command", o.command)->required();
@@ -379,6 +390,7 @@ int main(int argc, char** argv) {
   if (*candidates) code = run_candidates(o);
   if (*seed) code = run_seed(o);
   if (*domain) code = run_domain_xml(o);
+  if (*live) code = run_live_migration(migration);
   std::fflush(stdout);
   std::_Exit(code);
 }

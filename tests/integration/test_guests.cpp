@@ -676,6 +676,8 @@ TEST_CASE("a running guest moves live to the second libvirtd: its disk comes alo
   auto moved = (*source)->migrate(uuid, MigrationTarget{second_uri, "tcp://127.0.0.1", *xml});
   INFO(said(moved));
   REQUIRE(moved);
+  CHECK(moved->bytes > 0);          // its memory and its disk went over
+  CHECK(moved->downtime_ms >= 0);  // QEMU's own figure reached the destination
   CHECK((*destination)->state(uuid).value() == DomainState::running);
   CHECK(host.domain_state(uuid) == DomainState::absent);
   CHECK_FALSE(fs::exists(host.overlay(uuid)));  // the source's files are gone

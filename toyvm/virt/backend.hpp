@@ -50,6 +50,13 @@ struct MigrationTarget {
   std::string domain_xml;
 };
 
+// What a live move took, as libvirt tells it.
+struct MigrationStats {
+  int64_t total_ms = 0;     // the whole move, disk copy included
+  int64_t downtime_ms = -1;  // the guest paused at the switch-over (QEMU's figure); -1: unknown
+  uint64_t bytes = 0;        // memory and disk sent
+};
+
 struct GuestAddress {
   std::string mac;
   std::string ip;
@@ -77,7 +84,7 @@ class VirtBackend {
   virtual result<std::string> prepare_incoming(const DomainSpec& spec) = 0;
   // Moves the running guest to another libvirt while it runs, its disk copied along (NBD); once
   // it runs there, its domain is undefined here and its files removed.
-  virtual result<void> migrate(const std::string& uuid, const MigrationTarget& to) = 0;
+  virtual result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget& to) = 0;
   // The configured libvirt network exists and is active (started if it is not).
   virtual result<void> ensure_network() = 0;
   // The DNS servers the guests' network offers (its dnsmasq on a libvirt network); none on a

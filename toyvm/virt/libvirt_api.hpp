@@ -41,6 +41,9 @@ namespace toyvm {
   X(virDomainGetMetadata)          \
   X(virDomainShutdown)             \
   X(virDomainMigrateToURI3)        \
+  X(virDomainGetJobStats)          \
+  X(virTypedParamsGetULLong)       \
+  X(virTypedParamsFree)            \
   X(virDomainInterfaceAddresses)   \
   X(virDomainInterfaceFree)        \
   X(virNetworkLookupByName)        \

@@ -64,7 +64,7 @@ class LibvirtBackend final : public VirtBackend {
   result<std::vector<std::string>> network_dns() override;
   result<void> ensure_network() override;
   result<std::string> prepare_incoming(const DomainSpec& spec) override;
-  result<void> migrate(const std::string& uuid, const MigrationTarget& to) override;
+  result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget& to) override;
 
   // The instance storage pool: transient (libvirt forgets it on restart; open_libvirt makes
   // it again), a dir pool over the instance dir.
@@ -107,6 +107,7 @@ class LibvirtBackend final : public VirtBackend {
   result<std::string> make_files(const DomainSpec& spec);
   // Its overlay and its dir removed: the domain is gone (destroyed, or moved away).
   result<void> remove_files(const std::string& uuid);
+  MigrationStats completed_migration(const std::string& uuid, const MigrationTarget& to);
   // The domain's IPv4 addresses in its libvirt network's DHCP leases.
   result<std::vector<GuestAddress>> leased_addresses(virDomainPtr dom);
   result<void> delete_overlay(const std::string& uuid);

@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstring>
 
 namespace toyvm::libvirt_impl {
@@ -27,7 +28,28 @@ result<std::string> LibvirtBackend::prepare_incoming(const DomainSpec& spec) {
   return make_files(spec);
 }
 
-result<void> LibvirtBackend::migrate(const std::string& uuid, const MigrationTarget& to) {
+// The finished move as the destination's libvirt has it (the source sends its figures along).
+MigrationStats LibvirtBackend::completed_migration(const std::string& uuid, const MigrationTarget& to) {
+  MigrationStats stats;
+  virConnectPtr there = api->virConnectOpen(to.libvirt_uri.c_str());
+  if (!there) return stats;
+  if (virDomainPtr dom = api->virDomainLookupByUUIDString(there, uuid.c_str())) {
+    int type = 0, count = 0;
+    virTypedParameterPtr params = nullptr;
+    if (api->virDomainGetJobStats(dom, &type, &params, &count, VIR_DOMAIN_JOB_STATS_COMPLETED) == 0) {
+      unsigned long long value = 0;
+      if (api->virTypedParamsGetULLong(params, count, VIR_DOMAIN_JOB_DOWNTIME, &value) == 1)
+        stats.downtime_ms = int64_t(value);
+      if (api->virTypedParamsGetULLong(params, count, VIR_DOMAIN_JOB_DATA_PROCESSED, &value) == 1) stats.bytes = value;
+      api->virTypedParamsFree(params, count);
+    }
+    api->virDomainFree(dom);
+  }
+  api->virConnectClose(there);
+  return stats;
+}
+
+result<MigrationStats> LibvirtBackend::migrate(const std::string& uuid, const MigrationTarget& to) {
   if (!revive()) return unavailable();
   DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
   if (!dom) return fail(errc::not_found, "no domain to migrate");
@@ -37,12 +59,16 @@ result<void> LibvirtBackend::migrate(const std::string& uuid, const MigrationTar
   // Live, the disk copied (local overlays), defined there and undefined here once it runs there.
   const unsigned flags = VIR_MIGRATE_LIVE | VIR_MIGRATE_PEER2PEER | VIR_MIGRATE_PERSIST_DEST |
                          VIR_MIGRATE_UNDEFINE_SOURCE | VIR_MIGRATE_NON_SHARED_DISK;
+  const auto started = std::chrono::steady_clock::now();
   if (api->virDomainMigrateToURI3(dom.ptr, to.libvirt_uri.c_str(), parameters, 3, flags) < 0)
     return fail(errc::launch_failure, "migrating to " + to.libvirt_uri);
+  const auto took = std::chrono::steady_clock::now() - started;
   forget_owned(uuid);
   if (auto removed = remove_files(uuid); !removed)
     spdlog::warn("instance {}: moved, but its files here remain: {}", uuid, removed.error().message());
-  return {};
+  MigrationStats stats = completed_migration(uuid, to);
+  stats.total_ms = std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
+  return stats;
 }
 
 }  // namespace toyvm::libvirt_impl

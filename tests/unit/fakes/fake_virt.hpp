@@ -59,9 +59,10 @@ class FakeVirt : public VirtBackend {
   }
   result<void> ensure_network() override { return {}; }
   result<std::string> prepare_incoming(const DomainSpec& spec) override { return "<domain>" + spec.uuid + "</domain>"; }
-  result<void> migrate(const std::string& uuid, const MigrationTarget&) override {
+  result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget&) override {
     std::lock_guard lock(mutex_);
-    return domains_.erase(uuid) ? result<void>() : result<void>(Error(errc::not_found, "no such domain"));
+    if (!domains_.erase(uuid)) return Error(errc::not_found, "no such domain");
+    return MigrationStats{};
   }
   result<std::vector<std::string>> network_dns() override { return std::vector<std::string>{}; }
   result<std::vector<GuestAddress>> addresses(const std::string& uuid) override {

@@ -1,0 +1,102 @@
+#include "live_migration.hpp"
+
+#include "model/uuid.hpp"
+#include "virt/backend.hpp"
+
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+using namespace toyvm;
+namespace fs = std::filesystem;
+namespace json = boost::json;
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+template <class Done>
+bool wait_until(Done done, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return true;
+}
+
+}  // namespace
+
+int run_live_migration(const LiveMigrationOptions& o) {
+  auto open = [&](const std::string& uri, const std::string& name, const std::string& owner) {
+    LibvirtOptions options;
+    options.uri = uri;
+    options.domain_type = "qemu";
+    options.instance_dir = o.dir + "/" + name;
+    options.network = "default";
+    options.owner = owner;
+    fs::create_directories(options.instance_dir);
+    return open_libvirt(options);
+  };
+  auto a = open(o.from, "a", "aaaaaaaa-0000-4000-8000-00000000000a");
+  auto b = open(o.to, "b", "bbbbbbbb-0000-4000-8000-00000000000b");
+  if (!a || !b) {
+    std::fprintf(stderr, "toyvm-bench: %s\n", (!a ? a.error() : b.error()).message().c_str());
+    return 1;
+  }
+  const fs::path image = fs::canonical(o.image_dir);
+  DomainSpec spec;
+  spec.uuid = new_uuid();
+  spec.name = spec.uuid;
+  spec.memory_mb = 128;
+  spec.disk_gb = 1;
+  spec.image.kernel = (image / "kernel").string();
+  spec.image.initrd = (image / "initrd").string();
+  std::getline(std::ifstream(image / "cmdline"), spec.image.cmdline);
+  spec.image.disk = (image / "disk.raw").string();
+  spec.image.disk_size = fs::file_size(image / "disk.raw");
+  spec.mac = instance_mac(spec.uuid);
+  if (auto made = (*a)->create(spec); !made) {
+    std::fprintf(stderr, "toyvm-bench: %s\n", made.error().message().c_str());
+    return 1;
+  }
+  const std::string log = console_log_path(o.dir + "/a", spec.uuid);
+  const bool running = wait_until([&] { return read_text(log).find("toyvm-guest: tick") != std::string::npos; },
+                                  std::chrono::seconds(300));
+  if (auto found = (*a)->addresses(spec.uuid); found && !found->empty()) spec.ip = found->front().ip;
+
+  VirtBackend* here = a->get();
+  VirtBackend* there = b->get();
+  std::string there_uri = o.to, here_uri = o.back.empty() ? o.from : o.back;
+  json::array total, downtime, bytes;
+  int moved_count = 0;
+  for (int round = 0; running && round < o.rounds; ++round) {
+    auto xml = there->prepare_incoming(spec);
+    auto moved = xml ? here->migrate(spec.uuid, MigrationTarget{there_uri, "tcp://127.0.0.1", *xml})
+                     : result<MigrationStats>(xml.error());
+    if (!moved) {
+      std::fprintf(stderr, "toyvm-bench: round %d: %s\n", round + 1, moved.error().message().c_str());
+      break;
+    }
+    total.emplace_back(moved->total_ms);
+    downtime.emplace_back(moved->downtime_ms);
+    bytes.emplace_back(moved->bytes);
+    ++moved_count;
+    std::swap(here, there);
+    std::swap(here_uri, there_uri);
+  }
+  here->destroy(spec.uuid);
+  json::object out{{"rounds", moved_count}, {"total_ms", total}, {"downtime_ms", downtime}, {"bytes", bytes}};
+  std::printf("%s\n", json::serialize(out).c_str());
+  return moved_count == o.rounds ? 0 : 1;
+}
