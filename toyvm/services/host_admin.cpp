@@ -44,7 +44,7 @@ class HostAdmin {
       else if (traits.error() != errc::not_found) co_return report_failure(traits.error());
     }
     if (provider.empty())
-      co_return report_failure(Error(errc::not_found, fmt::format("no host {} in Placement", options_.host)));
+      co_return report_failure(errc::not_found, fmt::format("no host {} in Placement", options_.host));
     switch (options_.action) {
       case HostOptions::Action::disable: co_return co_await disable(provider);
       case HostOptions::Action::enable: co_return co_await enable(provider);

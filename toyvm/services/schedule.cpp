@@ -41,8 +41,8 @@ awaitable<int> Scheduler::run() {
   auto query = parse_placement_query(options_.query);
   if (!query) co_return report_failure(query.error().doing("invalid query"));
   if (!options_.group.empty() && !is_group_name(options_.group))
-    co_return report_failure(Error(errc::invalid_argument,
-                                   fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group)));
+    co_return report_failure(errc::invalid_argument,
+                             fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group));
   if (!options_.availability_zone.empty())
     query->params.emplace_back("member_of", availability_zone_aggregate(options_.availability_zone));
   WorkSpec spec;
@@ -52,10 +52,9 @@ awaitable<int> Scheduler::run() {
   const int count = std::max(1, options_.count);
   const Placed biggest = instance(spec, new_uuid(), count - 1, new_uuid(), {});  // its host not known yet
   if (const TxnCost one = hand_over_cost(keys_, biggest.work, biggest.record); !split_by_limits({one}))
-    co_return report_failure(Error(errc::invalid_argument,
-                                   fmt::format("the instance's data ({} bytes with its user data and keys) is more "
-                                               "than etcd takes in one request ({} bytes)",
-                                               one.bytes, etcd_request_budget)));
+    co_return report_failure(errc::invalid_argument,
+                             fmt::format("the instance's data ({} bytes with its user data and keys) is more than "
+                                         "etcd takes in one request ({} bytes)", one.bytes, etcd_request_budget));
 
   std::vector<std::string> uuids(static_cast<size_t>(count));
   for (std::string& uuid : uuids) uuid = new_uuid();
