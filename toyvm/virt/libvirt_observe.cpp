@@ -100,7 +100,7 @@ result<std::vector<GuestAddress>> LibvirtBackend::leased_addresses(virDomainPtr 
     api->virDomainInterfaceFree(interface);
   }
   free(interfaces);
-  return std::move(found);
+  return found;
 }
 
 result<std::vector<std::string>> LibvirtBackend::list() {
@@ -118,7 +118,7 @@ result<std::vector<std::string>> LibvirtBackend::list() {
     api->virDomainFree(domains[i]);
   }
   free(domains);
-  return std::move(uuids);
+  return uuids;
 }
 
 bool LibvirtBackend::owned(virDomainPtr domain, const std::string& uuid) {
