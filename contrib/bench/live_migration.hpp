@@ -12,6 +12,7 @@ struct LiveMigrationOptions {
   std::string image_dir;  // a kernel-boot guest: kernel, initrd, cmdline, disk.raw (contrib/tiny-guest.sh)
   std::string dir;        // the two instance dirs go under it
   int rounds = 6;
+  bool virsh = false;     // each move through `virsh migrate` with the same flags and XML: the floor
 };
 
 int run_live_migration(const LiveMigrationOptions& o);

@@ -378,6 +378,7 @@ int main(int argc, char** argv) {
   live->add_option("--image-dir", migration.image_dir, "kernel, initrd, cmdline, disk.raw")->required();
   live->add_option("--dir", migration.dir, "where the two instance dirs go")->required();
   live->add_option("--rounds", migration.rounds, "moves, alternating direction");
+  live->add_flag("--virsh", migration.virsh, "move with `virsh migrate` instead: the floor");
   for (auto* sub : {floor, exec, active, providers, candidates, seed}) common(sub);
   active->add_option("--host", o.host)->required();
   exec->add_option("command", o.command)->required();
