@@ -2,6 +2,10 @@
 
 #include "model/uuid.hpp"
 #include "virt/backend.hpp"
+#include "virt/images.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
 
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
@@ -72,17 +76,26 @@ int run_live_migration(const LiveMigrationOptions& o) {
     std::fprintf(stderr, "toyvm-bench: %s\n", (!a ? a.error() : b.error()).message().c_str());
     return 1;
   }
-  const fs::path image = fs::canonical(o.image_dir);
+  // The guest's files as an agent resolves a directory image in its image dir.
+  const fs::path image_dir = fs::canonical(o.image_dir);
+  asio::io_context io;
+  asio::thread_pool pool(1);
+  ImageStoreOptions image_options;
+  image_options.image_dir = image_dir.parent_path().string();
+  ImageRef image_ref;
+  image_ref.name = image_dir.filename().string();
+  auto image = ImageStore(io.get_executor(), pool, image_options)
+                   .resolve_local(image_ref, "", std::nullopt);
+  if (!image) {
+    std::fprintf(stderr, "toyvm-bench: %s\n", image.error().message().c_str());
+    return 1;
+  }
   DomainSpec spec;
   spec.uuid = new_uuid();
   spec.name = spec.uuid;
   spec.memory_mb = 128;
   spec.disk_gb = 1;
-  spec.image.kernel = (image / "kernel").string();
-  spec.image.initrd = (image / "initrd").string();
-  std::getline(std::ifstream(image / "cmdline"), spec.image.cmdline);
-  spec.image.disk = (image / "disk.raw").string();
-  spec.image.disk_size = fs::file_size(image / "disk.raw");
+  spec.image = *image;
   spec.mac = instance_mac(spec.uuid);
   if (auto made = (*a)->create(spec); !made) {
     std::fprintf(stderr, "toyvm-bench: %s\n", made.error().message().c_str());

@@ -8,9 +8,12 @@
 #include "model/keys.hpp"
 #include "model/records.hpp"
 #include "virt/backend.hpp"
+#include "virt/images.hpp"
 
 #include "catch_result.hpp"
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/json/parse.hpp>
 
 #include <cstdlib>
@@ -646,18 +649,22 @@ TEST_CASE("a running guest moves live to the second libvirtd: its disk comes alo
   auto destination = open_libvirt(to);
   REQUIRE(destination);
   // The guest as its new host would describe it: the same image, size, MAC; its address known.
-  const fs::path tiny = fs::canonical(host.images + "/tiny");
+  asio::io_context io;
+  asio::thread_pool pool(1);
+  ImageStoreOptions image_options;
+  image_options.image_dir = host.images;
+  ImageRef tiny_ref;
+  tiny_ref.name = "tiny";
+  auto image = ImageStore(io.get_executor(), pool, image_options)
+                   .resolve_local(tiny_ref, "", std::nullopt);
+  REQUIRE(image);
   DomainSpec spec;
   spec.uuid = uuid;
   spec.name = uuid;
   spec.vcpus = 1;
   spec.memory_mb = 128;
   spec.disk_gb = 1;
-  spec.image.kernel = (tiny / "kernel").string();
-  spec.image.initrd = (tiny / "initrd").string();
-  std::getline(std::ifstream(tiny / "cmdline"), spec.image.cmdline);
-  spec.image.disk = (tiny / "disk.raw").string();
-  spec.image.disk_size = fs::file_size(tiny / "disk.raw");
+  spec.image = *image;
   spec.mac = instance_mac(uuid);
   spec.ip = record.ip;
   auto xml = (*destination)->prepare_incoming(spec);

@@ -47,6 +47,12 @@ class ImageStore {
   // in `in_use` stay. Blocking (file system).
   void trim(const std::set<std::string>& in_use) const;
 
+  // A name or file reference resolved into the image directory's files (a single disk, or a
+  // directory with a kernel, initrd, cmdline and disk), checked against `sha256` when given.
+  // Blocking (file system).
+  result<BootImage> resolve_local(const ImageRef& ref, const std::string& sha256,
+                                  std::optional<DiskFormat> declared) const;
+
  private:
   struct Fetch {
     bool done = false;
@@ -56,8 +62,6 @@ class ImageStore {
   };
 
   awaitable<void> fetch(ImageRef ref, std::string path, std::shared_ptr<Fetch> fetch);
-  result<BootImage> resolve_local(const ImageRef& ref, const std::string& sha256,
-                                      std::optional<DiskFormat> declared) const;
 
   asio::any_io_executor executor_;
   asio::thread_pool& pool_;
