@@ -299,7 +299,8 @@ TEST_CASE("a move's books in the real Placement: its migration consumer holds th
   // A move that happened: the migration consumer's share goes, once, however often asked.
   REQUIRE(begin(size) == int(Move::moved));
   // While the record says so, audit sees a move in flight, not a leak, and --fix leaves it.
-  MoveRecord moving{uuid, migration, a, b, MoveKind::live, MoveState::claimed, unix_millis()};
+  MoveRecord moving{.instance = uuid, .migration = migration, .source = a, .destination = b, .state = MoveState::claimed,
+                    .started_at = unix_millis()};
   servers.etcd_put(KeyLayout().move(uuid), encode(moving));
   auto audited = servers.toyvm({"audit", "--json"});
   INFO(audited.out << audited.err);

@@ -139,7 +139,7 @@ TEST_CASE("a move in flight: its migration consumer holds the source, the instan
   s.consumers[migration].project = "toyvm";
   s.allocations["i-1"] = Allocations{{host_b, {{"VCPU", 1}}}};
   SECTION("with its move record, the books are as they should be") {
-    s.moves["i-1"] = MoveRecord{"i-1", migration, host_a, host_b, MoveKind::live, MoveState::claimed, 1};
+    s.moves["i-1"] = MoveRecord{.instance = "i-1", .migration = migration, .source = host_a, .destination = host_b, .state = MoveState::claimed};
     CHECK(find_discrepancies(s).empty());
   }
   SECTION("without one, the migration consumer is nobody's and the instance holds another host") {

@@ -49,13 +49,14 @@ struct Agent {
   HostPresence presence{ctx, instances};
   ImageStore images{io.get_executor(), pool, ImageStoreOptions{}};
   Builder builder{ctx, Builder::Parts{recorder, images, placer, [this] { return instances.images_wanted(); }}};
+  Mover mover{ctx, builder, placer};
   int64_t delivered = 0;  // the revision up to which etcd's changes reached the instances
 
   Agent() {
     auto backend = std::make_unique<FakeVirt>();
     virt_backend = backend.get();
     virt.attach(std::move(backend));
-    instances.attach(recorder, builder, presence);
+    instances.attach(recorder, builder, presence, mover);
   }
   ~Agent() {
     ctx.stop.request();

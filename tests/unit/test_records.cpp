@@ -98,9 +98,13 @@ TEST_CASE("work specs with bad field values are refused") {
 #include "model/moves.hpp"
 
 TEST_CASE("a move record round-trips, and one this reader cannot follow is corrupt, never another move") {
-  MoveRecord move{"7387cdc8-291c-4b02-87ce-895f460b7a80", "11111111-2222-4333-8444-555555555555",
-                  "aaaaaaaa-0000-4000-8000-000000000001", "aaaaaaaa-0000-4000-8000-000000000002",
-                  MoveKind::resize, MoveState::claimed, 1'700'000'000'000};
+  MoveRecord move{.instance = "7387cdc8-291c-4b02-87ce-895f460b7a80",
+                  .migration = "11111111-2222-4333-8444-555555555555",
+                  .source = "aaaaaaaa-0000-4000-8000-000000000001",
+                  .destination = "aaaaaaaa-0000-4000-8000-000000000002",
+                  .kind = MoveKind::resize,
+                  .state = MoveState::claimed,
+                  .started_at = 1'700'000'000'000};
   auto back = decode_move(encode(move));
   REQUIRE(back);
   CHECK(*back == move);
@@ -113,4 +117,56 @@ TEST_CASE("a move record round-trips, and one this reader cannot follow is corru
   no_migration.replace(no_migration.find("11111111"), 8, "zzzzzzzz");
   CHECK_THAT(said(decode_move(no_migration)), Catch::Contains("migration"));
   for (const char* garbage : {"", "[]", "{", R"({"instance":7})"}) CHECK_FALSE(said(decode_move(garbage)).empty());
+
+  // Ready says where the guest goes; a ready record without it cannot be followed.
+  move.state = MoveState::ready;
+  move.libvirt_uri = "qemu+tcp://b/system";
+  move.migration_uri = "tcp://b";
+  move.domain_xml = "<domain/>";
+  back = decode_move(encode(move));
+  REQUIRE(back);
+  CHECK(*back == move);
+  move.domain_xml.clear();
+  CHECK_THAT(said(decode_move(encode(move))), Catch::Contains("without where the guest goes"));
+}
+
+TEST_CASE("a move: the source claims, the destination prepares, the source migrates, either switches over") {
+  using enum MoveAction;
+  using S = MoveState;
+  using D = DomainState;
+  auto source = [](S state, D here = D::running, bool job = false, bool wanted = true, bool overdue = false) {
+    return decide_move(MoveView{true, state, here, job, wanted, overdue});
+  };
+  auto destination = [](S state, D here = D::absent, bool job = false) {
+    return decide_move(MoveView{false, state, here, job});
+  };
+  CHECK(source(S::preparing) == claim);
+  CHECK(source(S::claimed) == none);
+  CHECK(destination(S::preparing) == none);
+  CHECK(destination(S::claimed) == prepare);
+  CHECK(source(S::ready) == migrate);
+  CHECK(destination(S::ready) == none);
+  // The guest arrives paused while the job runs; it runs there once the job is done.
+  CHECK(destination(S::ready, D::running, true) == none);
+  CHECK(destination(S::ready, D::running) == switch_over);
+  CHECK(source(S::switched, D::absent) == settle);
+  CHECK(destination(S::switched, D::running) == none);
+
+  // A job still running (an agent restarted during it) may yet take the guest: nobody acts.
+  CHECK(source(S::ready, D::running, true) == none);
+  // The guest left the source: only the destination, seeing it run there, ends the move.
+  CHECK(source(S::ready, D::absent) == none);
+
+  // A stop or destroy asked before the guest left, a destination that never prepared, a guest
+  // no longer running: the move reverts.
+  CHECK(source(S::preparing, D::running, false, false) == revert);
+  CHECK(source(S::claimed, D::running, false, false) == revert);
+  CHECK(source(S::claimed, D::running, false, true, true) == revert);
+  CHECK(source(S::ready, D::running, false, false) == revert);
+  CHECK(source(S::ready, D::stopped) == revert);
+  CHECK(source(S::reverting) == unwind);
+  CHECK(destination(S::reverting) == clean_up);
+  CHECK(destination(S::reverting, D::stopped) == clean_up);
+  // Never removed on a guess: a guest running at the destination while the move reverts stays.
+  CHECK(destination(S::reverting, D::running) == none);
 }

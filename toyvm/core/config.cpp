@@ -196,6 +196,9 @@ result<Config> parse_config(std::string_view text) {
   compute.get("address_timeout", c.address_timeout);
   compute.get("stop_timeout", c.stop_timeout);
   compute.get("console_interval", c.console_interval);
+  compute.get("move_libvirt_uri", c.move_libvirt_uri);
+  compute.get("move_address", c.move_address);
+  compute.get("move_prepare_timeout", c.move_prepare_timeout);
   compute.get("reserved_vcpu", c.policy.reserved_vcpu);
   compute.get("reserved_memory_mb", c.policy.reserved_memory_mb);
   compute.get("reserved_disk_gb", c.policy.reserved_disk_gb);

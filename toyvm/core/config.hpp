@@ -102,6 +102,12 @@ struct ComputeConfig {
   std::string metrics_listen;     // ADDRESS:PORT for Prometheus' /metrics; empty: off
   std::string on_guest_crash = "restart";  // or "error": ERROR launch_failure, resources given back
   Duration console_interval{2000};  // how often a grown console log is published to etcd
+  // Guests moving here: this host's libvirt as the other hosts' libvirt daemons reach it, and
+  // the address their QEMU sends a guest's memory and disk to. Empty: qemu+tcp://<name>/system
+  // and the host's name.
+  std::string move_libvirt_uri;
+  std::string move_address;
+  Duration move_prepare_timeout{120000};  // a destination that has not prepared by then: the move reverts
 };
 
 struct ScheduleConfig {

@@ -14,7 +14,9 @@ namespace {
 namespace json = boost::json;
 
 constexpr std::array<std::string_view, 3> kind_names{"live", "cold", "resize"};
-constexpr std::array<std::string_view, 4> state_names{"preparing", "claimed", "switched", "reverting"};
+constexpr std::array<std::string_view, 5> state_names{"preparing", "claimed", "ready", "switched", "reverting"};
+constexpr std::array<std::string_view, 9> action_names{"none",   "claim",  "prepare", "migrate", "switch_over",
+                                                      "settle", "revert", "unwind",  "clean_up"};
 
 template <class Enum, size_t N>
 bool read_enum(std::string_view text, const std::array<std::string_view, N>& names, Enum& out) {
@@ -34,14 +36,47 @@ Error corrupt(std::string why) { return Error(errc::corrupt_record, "move record
 std::string_view to_string(MoveKind kind) noexcept { return kind_names[size_t(kind)]; }
 std::string_view to_string(MoveState state) noexcept { return state_names[size_t(state)]; }
 
+std::string_view to_string(MoveAction action) noexcept { return action_names[size_t(action)]; }
+
+MoveAction decide_move(const MoveView& view) {
+  using enum MoveAction;
+  if (view.source) {
+    switch (view.state) {
+      case MoveState::preparing: return view.still_wanted ? claim : revert;
+      case MoveState::claimed: return view.still_wanted && !view.overdue ? none : revert;
+      case MoveState::ready:
+        // Once the guest has left, only its running on the destination ends the move: the
+        // destination switches it over. A job still running may yet take it there.
+        if (view.here == DomainState::absent || view.job) return none;
+        return view.here == DomainState::running && view.still_wanted ? migrate : revert;
+      case MoveState::switched: return settle;
+      case MoveState::reverting: return unwind;
+    }
+    return none;
+  }
+  switch (view.state) {
+    case MoveState::claimed: return prepare;
+    case MoveState::ready: return view.here == DomainState::running && !view.job ? switch_over : none;
+    // A guest running here is never removed on a guess: it cannot be while the move reverts.
+    case MoveState::reverting: return view.here == DomainState::running ? none : clean_up;
+    case MoveState::preparing:
+    case MoveState::switched: return none;
+  }
+  return none;
+}
+
 std::string encode(const MoveRecord& move) {
-  return json::serialize(json::object{{"instance", move.instance},
-                                      {"migration", move.migration},
-                                      {"source", move.source},
-                                      {"destination", move.destination},
-                                      {"kind", to_string(move.kind)},
-                                      {"state", to_string(move.state)},
-                                      {"started_at", move.started_at}});
+  json::object out{{"instance", move.instance},
+                   {"migration", move.migration},
+                   {"source", move.source},
+                   {"destination", move.destination},
+                   {"kind", to_string(move.kind)},
+                   {"state", to_string(move.state)},
+                   {"started_at", move.started_at}};
+  for (auto [name, value] : {std::pair{"libvirt_uri", &move.libvirt_uri}, std::pair{"migration_uri", &move.migration_uri},
+                             std::pair{"domain_xml", &move.domain_xml}, std::pair{"error", &move.error}})
+    if (!value->empty()) out[name] = *value;
+  return json::serialize(out);
 }
 
 result<MoveRecord> decode_move(std::string_view text) {
@@ -61,6 +96,16 @@ result<MoveRecord> decode_move(std::string_view text) {
   if (doc["state"].get_string().get(state) || !read_enum(state, state_names, move.state))
     return corrupt(fmt::format("unknown state '{}'", state));
   if (doc["started_at"].get_int64().get(move.started_at)) return corrupt("missing or invalid started_at");
+  for (auto [name, field] : {std::pair{"libvirt_uri", &move.libvirt_uri}, std::pair{"migration_uri", &move.migration_uri},
+                             std::pair{"domain_xml", &move.domain_xml}, std::pair{"error", &move.error}}) {
+    std::string_view value;
+    auto found = doc[name];
+    if (found.error() == simdjson::NO_SUCH_FIELD) continue;
+    if (found.get_string().get(value)) return corrupt(fmt::format("invalid {}", name));
+    field->assign(value);
+  }
+  if (move.state == MoveState::ready && (move.libvirt_uri.empty() || move.migration_uri.empty() || move.domain_xml.empty()))
+    return corrupt("ready, but without where the guest goes");
   return move;
 }
 

@@ -6,6 +6,7 @@
 // uuid holds the source's share while the instance claims the destination).
 
 #include "core/error.hpp"
+#include "model/domain.hpp"
 
 #include <cstdint>
 #include <string>
@@ -18,6 +19,7 @@ enum class MoveKind { live, cold, resize };
 enum class MoveState {
   preparing,  // written; the books are as before the move (the instance holds the source)
   claimed,    // the migration consumer holds the source, the instance the destination
+  ready,      // the destination made the guest's files and says how to reach it: the source moves it
   switched,   // the guest runs on the destination: the migration consumer's share is to go
   reverting,  // the guest stays on the source: the books are to be swapped back
 };
@@ -30,12 +32,42 @@ struct MoveRecord {
   MoveKind kind = MoveKind::live;
   MoveState state = MoveState::preparing;
   int64_t started_at = 0;   // unix milliseconds
+  // ready: where the source's libvirt sends the guest, and the domain as the destination has it.
+  std::string libvirt_uri{};
+  std::string migration_uri{};
+  std::string domain_xml{};
+  std::string error{};      // reverting: why the move did not happen
 
   bool operator==(const MoveRecord&) const = default;
 };
 
 std::string_view to_string(MoveKind kind) noexcept;
 std::string_view to_string(MoveState state) noexcept;
+
+// What one agent does next about a move of an instance it is the source or the destination of.
+// Pure: every case is unit-tested.
+enum class MoveAction {
+  none,         // someone else's turn
+  claim,        // source: the books moved (Placer::begin_move), then claimed
+  prepare,      // destination: the guest's files made here, then ready with how to reach it
+  migrate,      // source: the guest sent to the destination while it runs
+  switch_over,  // either: the guest runs on the destination: its work and record go there
+  settle,       // source: the migration consumer's share given back, the record deleted
+  revert,       // source: the move does not happen: reverting (saying why)
+  unwind,       // source: the books swapped back (Placer::revert_move), the record deleted
+  clean_up,     // destination: what prepare made here removed
+};
+
+struct MoveView {
+  bool source = false;            // this host is the move's source (else its destination)
+  MoveState state = MoveState::preparing;
+  DomainState here = DomainState::absent;  // the guest's domain on this host
+  bool job = false;               // a migration job runs on that domain (source)
+  bool still_wanted = true;       // the work still asks for the guest running (source)
+  bool overdue = false;           // the destination has not prepared in time (source)
+};
+MoveAction decide_move(const MoveView& view);
+std::string_view to_string(MoveAction action) noexcept;
 
 std::string encode(const MoveRecord& move);
 // corrupt_record, saying why, for anything malformed, including a kind or state this

@@ -4,6 +4,9 @@
 // across restarts. Disabling also sets the trait here, for a host whose agent is not
 // running; enabling leaves the trait to the agent, the only one that takes it off.
 //
+// toyvm host drain: the host disabled, then each of its running instances moved to another host
+// while it runs (services/move_request.hpp), a few at a time; it says what stayed and why.
+//
 // toyvm evacuate: Nova's evacuate for a dead host (no agent holds its lease). Each instance
 // is rebuilt on another live host from its image with a fresh disk: its allocation moves in
 // one Placement step, then its work moves in one etcd transaction guarded by the work's
@@ -16,8 +19,12 @@
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
+#include "services/move_request.hpp"
 #include "services/placer.hpp"
 #include "services/services.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <algorithm>
 
@@ -35,20 +42,14 @@ class HostAdmin {
 
   awaitable<int> run() {
     // A name (the agent's --name, Placement's provider name) or the provider's uuid.
-    auto named = co_await placement_.provider_named(options_.host);
-    if (!named) co_return report_failure(named.error());
-    std::string provider = named->value_or("");
-    if (provider.empty() && is_uuid(options_.host)) {
-      auto traits = co_await placement_.traits(options_.host);
-      if (traits) provider = options_.host;
-      else if (traits.error() != errc::not_found) co_return report_failure(traits.error());
-    }
-    if (provider.empty())
-      co_return report_failure(errc::not_found, fmt::format("no host {} in Placement", options_.host));
+    auto resolved = co_await resolve_host(placement_, options_.host);
+    if (!resolved) co_return report_failure(resolved.error());
+    const std::string provider = *resolved;
     switch (options_.action) {
       case HostOptions::Action::disable: co_return co_await disable(provider);
       case HostOptions::Action::enable: co_return co_await enable(provider);
       case HostOptions::Action::evacuate: co_return co_await evacuate(provider);
+      case HostOptions::Action::drain: co_return co_await drain(provider);
     }
     co_return 0;
   }
@@ -78,6 +79,68 @@ class HostAdmin {
     co_return 0;
   }
 
+  awaitable<int> drain(const std::string& provider) {
+    if (int code = co_await disable(provider)) co_return code;
+    auto works = co_await etcd_->range_prefix(keys_.work_prefix(provider));
+    if (!works) co_return etcd_failure(*etcd_, works.error());
+    std::vector<std::string> running;
+    int stayed = 0;
+    for (const KeyValue& kv : works->kvs) {
+      auto uuid = keys_.parse_work(kv.key);
+      auto work = decode_work(kv.value);
+      if (!uuid) continue;
+      if (work && work->power == PowerState::deleted) continue;  // on its way out
+      if (work && work->power == PowerState::running) {
+        running.push_back(uuid->instance);
+        continue;
+      }
+      std::printf("STAYED INSTANCE %s: %s\n", uuid->instance.c_str(),
+                  work ? "it is stopped, and only running instances move" : "its work cannot be read");
+      ++stayed;
+    }
+    std::fflush(stdout);
+    MoveRequests moves(*etcd_, placer_, keys_);
+    size_t next = 0;
+    int moved = 0;
+    // Each worker takes the next instance until none is left; --parallel of them at once.
+    auto worker = [&]() -> awaitable<void> {
+      while (next < running.size()) {
+        const std::string uuid = running[next++];
+        auto ended = co_await move_one(moves, uuid);
+        if (ended) {
+          std::printf("MOVED INSTANCE %s TO %s\n", uuid.c_str(), ended->c_str());
+          ++moved;
+        } else {
+          std::printf("STAYED INSTANCE %s: %s\n", uuid.c_str(), ended.error().message().c_str());
+          ++stayed;
+        }
+        std::fflush(stdout);
+      }
+    };
+    auto executor = co_await asio::this_coro::executor;
+    asio::steady_timer all_done(executor, std::chrono::steady_clock::time_point::max());
+    int workers = std::min<int>(options_.parallel, int(running.size()));
+    for (int i = 0, n = workers; i < n; ++i)
+      asio::co_spawn(executor, worker(), [&](std::exception_ptr) {
+        if (--workers == 0) all_done.cancel();
+      });
+    if (workers > 0) co_await all_done.async_wait(asio::as_tuple(use_awaitable));
+    std::printf("DRAINED HOST %s (%s): %d moved, %d stayed\n", options_.host.c_str(), provider.c_str(), moved, stayed);
+    co_return stayed == 0 ? 0 : int(ExitCode::failed);
+  }
+
+  // One instance asked to move and followed to its end: where it went, or why it stayed.
+  awaitable<result<std::string>> move_one(MoveRequests& moves, std::string uuid) {
+    auto asked = co_await moves.ask(uuid, "");
+    if (!asked) co_return asked.error();
+    std::printf("MOVING INSTANCE %s TO %s\n", uuid.c_str(), asked->move.destination.c_str());
+    std::fflush(stdout);
+    auto ended = co_await moves.follow(*asked, options_.move_timeout);
+    if (!ended) co_return ended.error();
+    if (!ended->moved) co_return Error(errc::changed, ended->error);
+    co_return ended->host;
+  }
+
   awaitable<int> evacuate(const std::string& provider) {
     auto alive = co_await etcd_->range(keys_.host(provider));
     if (!alive) co_return etcd_failure(*etcd_, alive.error());
@@ -101,6 +164,15 @@ class HostAdmin {
       if (!held->kvs.empty()) {
         auto record = decode_instance(held->kvs.front().value);
         failed = record && record->state == InstanceState::error;
+      }
+      // One that was moving when its host died is left to that move: its destination may run it.
+      auto moving = co_await etcd_->range(keys_.move(work->uuid));
+      if (!moving) co_return etcd_failure(*etcd_, moving.error());
+      if (!moving->kvs.empty()) {
+        std::fprintf(stderr, "toyvm: instance %s was moving when its host died; left to that move\n",
+                     work->uuid.c_str());
+        ++changed;
+        continue;
       }
       // ERROR holds nothing to move, and a destroyed one should not come back.
       if (work->power == PowerState::deleted || failed) {

@@ -67,11 +67,21 @@ struct AuditOptions {
 };
 int run_audit(const Config& config, const AuditOptions& options);
 
+struct MigrateOptions {
+  std::string uuid;
+  std::string host;  // the destination's name or provider uuid; empty: chosen as a schedule would
+  bool wait = true;
+  Duration wait_timeout = std::chrono::seconds(600);
+};
+int run_migrate(const Config& config, const MigrateOptions& options);
+
 struct HostOptions {
-  enum class Action { disable, enable, evacuate };
+  enum class Action { disable, enable, evacuate, drain };
   std::string host;     // its name or provider uuid
   Action action = Action::disable;
   std::string reason;   // why it is disabled, shown by `show --hosts`
+  int parallel = 1;     // drain: moves at once
+  Duration move_timeout = std::chrono::seconds(600);  // drain: for each move
 };
 int run_host(const Config& config, const HostOptions& options);
 

@@ -85,6 +85,9 @@ class VirtBackend {
   // Moves the running guest to another libvirt while it runs, its disk copied along (NBD); once
   // it runs there, its domain is undefined here and its files removed.
   virtual result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget& to) = 0;
+  // A move of the guest is under way here: a migration job runs on its domain (the source's),
+  // or it is the destination's paused copy still being filled. false when there is no domain.
+  virtual result<bool> migrating(const std::string& uuid) = 0;
   // The configured libvirt network exists and is active (started if it is not).
   virtual result<void> ensure_network() = 0;
   // The DNS servers the guests' network offers (its dnsmasq on a libvirt network); none on a

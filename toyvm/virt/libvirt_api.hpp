@@ -42,6 +42,7 @@ namespace toyvm {
   X(virDomainShutdown)             \
   X(virDomainMigrateToURI3)        \
   X(virDomainGetJobStats)          \
+  X(virDomainGetJobInfo)           \
   X(virTypedParamsGetULLong)       \
   X(virTypedParamsFree)            \
   X(virDomainInterfaceAddresses)   \

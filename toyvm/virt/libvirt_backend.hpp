@@ -64,6 +64,7 @@ class LibvirtBackend final : public VirtBackend {
   result<std::vector<std::string>> network_dns() override;
   result<void> ensure_network() override;
   result<std::string> prepare_incoming(const DomainSpec& spec) override;
+  result<bool> migrating(const std::string& uuid) override;
   result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget& to) override;
 
   // The instance storage pool: transient (libvirt forgets it on restart; open_libvirt makes

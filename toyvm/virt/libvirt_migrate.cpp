@@ -71,4 +71,19 @@ result<MigrationStats> LibvirtBackend::migrate(const std::string& uuid, const Mi
   return stats;
 }
 
+result<bool> LibvirtBackend::migrating(const std::string& uuid) {
+  if (!revive()) return unavailable();
+  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
+  if (!dom) {
+    if (last_error_is(VIR_ERR_NO_DOMAIN)) return false;
+    return fail(errc::launch_failure);
+  }
+  virDomainJobInfo job{};
+  if (api->virDomainGetJobInfo(dom.ptr, &job) == 0 && job.type != VIR_DOMAIN_JOB_NONE) return true;
+  int state = 0, reason = 0;
+  if (api->virDomainGetState(dom.ptr, &state, &reason, 0) < 0) return fail(errc::launch_failure);
+  return state == VIR_DOMAIN_PAUSED && (reason == VIR_DOMAIN_PAUSED_MIGRATION || reason == VIR_DOMAIN_PAUSED_STARTING_UP ||
+                                        reason == VIR_DOMAIN_PAUSED_POSTCOPY);
+}
+
 }  // namespace toyvm::libvirt_impl

@@ -64,6 +64,7 @@ class FakeVirt : public VirtBackend {
     if (!domains_.erase(uuid)) return Error(errc::not_found, "no such domain");
     return MigrationStats{};
   }
+  result<bool> migrating(const std::string&) override { return false; }
   result<std::vector<std::string>> network_dns() override { return std::vector<std::string>{}; }
   result<std::vector<GuestAddress>> addresses(const std::string& uuid) override {
     std::lock_guard lock(mutex_);

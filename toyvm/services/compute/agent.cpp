@@ -14,6 +14,7 @@
 #include "services/compute/guest_metadata.hpp"
 #include "services/compute/guest_observer.hpp"
 #include "services/compute/maintenance.hpp"
+#include "services/compute/mover.hpp"
 #include "services/compute/presence.hpp"
 #include "services/compute/instances.hpp"
 #include "services/compute/recorder.hpp"
@@ -69,6 +70,7 @@ class ComputeAgent {
       spdlog::info("shutting down");
       ctx_.stop.request();
       if (feed_) feed_->stop();
+      if (moves_) moves_->stop();
     });
     const std::string name = config_.compute.name.empty() ? host_name() : config_.compute.name;
     co_await adopt_provider_by_name(ctx_, config_.compute.state_dir, name);
@@ -84,6 +86,10 @@ class ComputeAgent {
     if (!ctx_.stop.requested()) spawn_detached(ctx_.io, presence_.keep_alive(), "keeping the lease alive");
     if (!ctx_.stop.requested()) spawn_detached(ctx_.io, presence_.report_stats(), "reporting the host's figures");
     if (!ctx_.stop.requested()) spawn_detached(ctx_.io, maintenance_->follow(), "following the operator's disable");
+    // Moves first: a guest arriving here is no stranger to the first listing of the work.
+    if (!ctx_.stop.requested()) co_await moves_->load();
+    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, moves_->follow(), "following moves");
+    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, moves_->resync_periodically(), "resyncing moves");
     if (!ctx_.stop.requested()) spawn_detached(ctx_.io, feed_->resync_periodically(), "resyncing");
     if (!ctx_.stop.requested()) spawn_detached(ctx_.io, observer_.run(), "observing guests");
     if (!ctx_.stop.requested()) spawn_detached(ctx_.io, observer_.watch_leases(), "watching leases");
@@ -169,8 +175,16 @@ class ComputeAgent {
     virt_.attach(std::move(*backend));
     builder_ = std::make_unique<Builder>(
         ctx_, Builder::Parts{recorder_, *images_, placer_, [this] { return instances_.images_wanted(); }});
-    instances_.attach(recorder_, *builder_, presence_);
-    feed_ = std::make_unique<WorkFeed>(ctx_, instances_);
+    mover_ = std::make_unique<Mover>(ctx_, *builder_, placer_);
+    instances_.attach(recorder_, *builder_, presence_, *mover_);
+    feed_ = std::make_unique<KeyFeed>(
+        ctx_, ctx_.keys.work_prefix(host.provider),
+        KeyFeed::Handlers{[this](RangeResult listed) { return instances_.apply_listing(std::move(listed)); },
+                          [this](const WatchEvent& event) { instances_.apply(event); }});
+    moves_ = std::make_unique<KeyFeed>(
+        ctx_, ctx_.keys.moves_prefix(),
+        KeyFeed::Handlers{[this](RangeResult listed) { return instances_.apply_move_listing(std::move(listed)); },
+                          [this](const WatchEvent& event) { instances_.apply_move(event); }});
     spdlog::info("provider {} ({}), libvirt {}", host.provider, host.name, c.libvirt_uri);
     return 0;
   }
@@ -218,7 +232,9 @@ class ComputeAgent {
   std::unique_ptr<HostMaintenanceFollower> maintenance_;
   std::unique_ptr<ImageStore> images_;
   std::unique_ptr<Builder> builder_;
-  std::unique_ptr<WorkFeed> feed_;
+  std::unique_ptr<Mover> mover_;
+  std::unique_ptr<KeyFeed> feed_;   // this host's work
+  std::unique_ptr<KeyFeed> moves_;  // guests moving, here or away
 };
 
 }  // namespace

@@ -26,6 +26,20 @@ awaitable<Made> Builder::make_domain(WorkSpec spec, BuildCancel cancel) {
   co_return Made(Outcome::failed, created.error());
 }
 
+awaitable<result<DomainSpec>> Builder::incoming_domain(WorkSpec spec, std::string ip) {
+  BootImage image;
+  if (!spec.image.empty()) {
+    asio::steady_timer never(ctx_.io, std::chrono::steady_clock::time_point::max());
+    auto acquired = co_await acquire_image(spec, never);
+    if (!acquired) co_return Error(errc::cancelled, "waiting for its image");
+    if (!*acquired) co_return acquired->error();
+    image = **acquired;
+  }
+  DomainSpec domain = domain_spec(spec, image);
+  domain.ip = std::move(ip);
+  co_return domain;
+}
+
 // Waits for the image (fetched once however many builds want it); nullopt when the build
 // was cancelled meanwhile.
 awaitable<std::optional<result<BootImage>>> Builder::acquire_image(WorkSpec spec, asio::steady_timer& wake) {

@@ -46,6 +46,9 @@ class Builder {
   // The domain of `spec`, defined and (if its work says so) started; half-made domains of a
   // failed attempt are destroyed.
   awaitable<Made> make_domain(WorkSpec spec, BuildCancel cancel);
+  // The domain of `spec` as a guest arriving from another host has it here (its image
+  // fetched if need be; `ip` the address it keeps), for VirtBackend::prepare_incoming.
+  awaitable<result<DomainSpec>> incoming_domain(WorkSpec spec, std::string ip);
   // Nova's late check: concurrent schedules may have put members of a hard group against
   // its policy; the member created later gives way.
   awaitable<result<bool>> group_allows_here(WorkSpec spec);

@@ -51,6 +51,28 @@ void Instance::work_vanished(int64_t revision) {
   kick();
 }
 
+void Instance::take_move(const KeyValue& kv, std::optional<MoveRecord> move) {
+  if (kv.mod_revision <= move_revision_) return;  // a listing older than what is known
+  move_revision_ = kv.mod_revision;
+  move_unreadable_ = !move;
+  if (!move) {
+    spdlog::error("move {} cannot be read; instance {} is left as it is until it can", kv.key, uuid_);
+    move_.reset();
+    return;
+  }
+  move_ = std::move(move);
+  kick();
+}
+
+void Instance::move_vanished(int64_t revision) {
+  if (!moving() || revision < move_revision_) return;
+  move_.reset();
+  move_unreadable_ = false;
+  move_revision_ = revision;
+  recheck_work_ = true;
+  kick();
+}
+
 void Instance::domain_changed(bool started) {
   // A domain that starts while a step runs is that step's own doing (builds and starts are
   // toyvm's); a second round to look at it would cost every build a libvirt call.
@@ -84,7 +106,7 @@ awaitable<void> Instance::run([[maybe_unused]] std::shared_ptr<Instance> self) {
     }
     if (run_ != Run::again || ctx_.stop.requested()) {
       run_ = Run::idle;
-      if (!desired_ && !unreadable_) steps_.forget(uuid_);
+      if (!desired_ && !unreadable_ && !moving()) steps_.forget(uuid_);
       co_return;
     }
   }
@@ -92,7 +114,10 @@ awaitable<void> Instance::run([[maybe_unused]] std::shared_ptr<Instance> self) {
 
 awaitable<bool> Instance::step() {
   co_await failpoint::pass("reconcile.step");
-  if (unreadable_) co_return true;  // nothing is decided on what cannot be read
+  if (unreadable_ || move_unreadable_) co_return true;  // nothing is decided on what cannot be read
+  if (recheck_work_ && !co_await recheck_work()) co_return false;
+  if (move_)
+    if (auto moved = co_await step_move()) co_return *moved;
   if (desired_ && !phase_ && !co_await load_recorded()) co_return false;
   auto actual = co_await ctx_.virt(&VirtBackend::state, uuid_);
   if (!actual) {

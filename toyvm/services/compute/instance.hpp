@@ -5,9 +5,11 @@
 // agent's one event loop; it runs its steps one at a time, each towards what model/reconcile's
 // decide() says, and publishes what others read (the host's figures, the metadata service).
 
+#include "model/moves.hpp"
 #include "model/reconcile.hpp"
 #include "services/compute/builder.hpp"
 #include "services/compute/context.hpp"
+#include "services/compute/mover.hpp"
 #include "services/compute/presence.hpp"
 #include "services/compute/recorder.hpp"
 
@@ -27,6 +29,7 @@ struct InstanceSteps {
   InstanceRecorder& recorder;
   Builder& builder;
   HostPresence& presence;
+  Mover& mover;
   std::function<void(const std::string&)> forget;  // an instance with nothing left to do
 };
 
@@ -42,6 +45,11 @@ class Instance : public std::enable_shared_from_this<Instance> {
   void take_work(const WatchEvent& event, bool listed);
   // A listing at `revision` no longer holds its work.
   void work_vanished(int64_t revision);
+  // A move of it that names this host (as the source or the destination) was put; `move` is
+  // empty when the value cannot be read.
+  void take_move(const KeyValue& kv, std::optional<MoveRecord> move);
+  // Its move record was deleted, or a listing at `revision` no longer holds it.
+  void move_vanished(int64_t revision);
   // libvirt says its domain started, stopped or crashed, or that a domain without work exists.
   void domain_changed(bool started);
   void wake() { kick(); }
@@ -59,6 +67,7 @@ class Instance : public std::enable_shared_from_this<Instance> {
   bool cancelled() const { return !desired_ || desired_->power == PowerState::deleted; }
   // Counts against the host's room.
   bool holds_work() const { return !cancelled(); }
+  bool moving() const { return move_ || move_unreadable_; }
   // No step runs for it, and none is due.
   bool idle() const { return run_ == Run::idle; }
   // Known work and no step running: what its guest looks like may be recorded.
@@ -94,6 +103,18 @@ class Instance : public std::enable_shared_from_this<Instance> {
   awaitable<bool> adopt_stop(WorkSpec spec, int64_t revision);
   awaitable<bool> record_crash(WorkSpec spec);
 
+  // instance_moves.cpp
+  // The next step of its move, or nothing when the usual decision stands.
+  awaitable<std::optional<bool>> step_move();
+  awaitable<bool> advance_move(MoveRecord next, int64_t revision);
+  awaitable<bool> revert_move(MoveRecord move, int64_t revision, std::string why);
+  awaitable<bool> migrate(MoveRecord move, int64_t revision);
+  awaitable<bool> switch_over(MoveRecord move, int64_t revision);
+  awaitable<bool> move_ended(MoveRecord move, int64_t revision);
+  // Its work as etcd has it now: a move that ended may have taken it here or away, and the
+  // work's own news may come later than the move's.
+  awaitable<bool> recheck_work();
+
   InstanceSteps& steps_;
   AgentContext& ctx_;
   const std::string uuid_;
@@ -110,6 +131,11 @@ class Instance : public std::enable_shared_from_this<Instance> {
     std::chrono::steady_clock::time_point deadline;  // stop looking for it then
     bool given_up = false;                           // the deadline passed, and that is recorded
   } address_;
+  // A move of it in flight, as last read; its revision guards every write of the move.
+  std::optional<MoveRecord> move_;
+  int64_t move_revision_ = 0;
+  bool move_unreadable_ = false;  // its move record cannot be read: nothing is decided for it
+  bool recheck_work_ = false;     // a move ended: the work is read again before anything is decided
   Run run_ = Run::idle;
   asio::steady_timer* image_wait_ = nullptr;  // a build waiting for its image; ended by a destroy
 };

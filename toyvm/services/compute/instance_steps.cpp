@@ -209,6 +209,8 @@ awaitable<bool> Instance::remove(WorkSpec spec) {
     co_return false;
   }
   auto released = co_await ctx_.placement.release(spec.uuid);
+  // A guest destroyed as it moved: its migration consumer's share goes too.
+  if (released && move_) released = co_await ctx_.placement.release(move_->migration);
   if (!released) {
     spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid, released.error().message());
     co_return false;

@@ -6,8 +6,8 @@
 
 namespace toyvm::compute {
 
-void Instances::attach(InstanceRecorder& recorder, Builder& builder, HostPresence& presence) {
-  steps_.emplace(InstanceSteps{ctx_, recorder, builder, presence, [this](const std::string& uuid) { table_.erase(uuid); }});
+void Instances::attach(InstanceRecorder& recorder, Builder& builder, HostPresence& presence, Mover& mover) {
+  steps_.emplace(InstanceSteps{ctx_, recorder, builder, presence, mover, [this](const std::string& uuid) { table_.erase(uuid); }});
 }
 
 Instance& Instances::instance(const std::string& uuid, bool fresh) {
@@ -57,6 +57,37 @@ awaitable<void> Instances::apply_listing(RangeResult listed) {
     if (!seen.count(uuid) && !table_.count(uuid)) instance(uuid, false).wake();
   steps_->presence.publish(*domains);
   metrics::count("toyvm_work_listings_total");
+}
+
+void Instances::apply_move(const WatchEvent& event) {
+  auto uuid = ctx_.keys.leaf(event.kv.key, ctx_.keys.moves_prefix());
+  if (!uuid) return;
+  if (event.type == WatchEvent::Type::erase) {
+    if (auto found = find(*uuid)) found->move_vanished(event.kv.mod_revision);
+    return;
+  }
+  auto move = decode_move(event.kv.value);
+  if (!move) {
+    // Whose it is cannot be told; an instance of ours does nothing until it can be read.
+    if (auto found = find(*uuid)) found->take_move(event.kv, std::nullopt);
+    return;
+  }
+  const std::string& me = ctx_.host.provider;
+  if (move->instance != *uuid || (move->source != me && move->destination != me)) return;
+  instance(*uuid, false).take_move(event.kv, std::move(*move));
+}
+
+awaitable<void> Instances::apply_move_listing(RangeResult listed) {
+  std::set<std::string> seen;
+  for (const KeyValue& kv : listed.kvs) {
+    apply_move(WatchEvent{WatchEvent::Type::put, kv, std::nullopt});
+    if (auto uuid = ctx_.keys.leaf(kv.key, ctx_.keys.moves_prefix())) seen.insert(*uuid);
+  }
+  std::vector<std::shared_ptr<Instance>> ended;
+  for (const auto& [uuid, instance] : table_)
+    if (instance->moving() && !seen.count(uuid)) ended.push_back(instance);
+  for (const auto& instance : ended) instance->move_vanished(listed.revision);
+  co_return;
 }
 
 void Instances::observe(const std::string& uuid, bool started) {

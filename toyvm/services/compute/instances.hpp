@@ -21,7 +21,7 @@ class Instances {
 
   explicit Instances(AgentContext& ctx) : ctx_(ctx) {}
   // What the instances' steps use; before any news is applied.
-  void attach(InstanceRecorder& recorder, Builder& builder, HostPresence& presence);
+  void attach(InstanceRecorder& recorder, Builder& builder, HostPresence& presence, Mover& mover);
 
   // A put or delete under this host's work prefix; returns the instance it was about, if
   // it was one of ours.
@@ -29,6 +29,11 @@ class Instances {
   // Everything under the work prefix: what is listed is applied, work that vanished since is
   // removed, and domains nobody asked for are destroyed.
   awaitable<void> apply_listing(RangeResult listed);
+  // A put or delete under the moves prefix: a move that names this host reaches its instance
+  // (made for it on the destination, which has no work for it yet).
+  void apply_move(const WatchEvent& event);
+  // Every move in flight: each applied, and an instance whose move is no longer listed told so.
+  awaitable<void> apply_move_listing(RangeResult listed);
   // libvirt says an instance's domain started, stopped or crashed: look at it now rather than
   // at the next resync.
   void observe(const std::string& uuid, bool started);

@@ -1,0 +1,191 @@
+// An instance's part in moving its guest to another host while it runs, on either host: the
+// source claims the books and sends the guest, the destination prepares for it, and whichever
+// first sees the guest run on the destination switches its work over; the source then settles
+// the books, or unwinds them when the move does not happen (model/moves.hpp decides which).
+
+#include "services/compute/instance.hpp"
+
+#include "core/metrics.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace toyvm::compute {
+
+awaitable<std::optional<bool>> Instance::step_move() {
+  const MoveRecord move = *move_;
+  const int64_t revision = move_revision_;
+  const bool source = move.source == ctx_.host.provider;
+  if (!source && desired_) co_return std::nullopt;  // switched over: its work is here now
+  auto here = co_await ctx_.virt(&VirtBackend::state, uuid_);
+  if (!here) {
+    spdlog::error("instance {}: libvirt: {}", uuid_, here.error().message());
+    co_return false;
+  }
+  bool job = false;
+  if (move.state == MoveState::ready && *here != DomainState::absent) {
+    auto migrating = co_await ctx_.virt(&VirtBackend::migrating, uuid_);
+    if (!migrating) {
+      spdlog::error("instance {}: libvirt: {}", uuid_, migrating.error().message());
+      co_return false;
+    }
+    job = *migrating;
+  }
+  const bool wanted = desired_ && desired_->power == PowerState::running;
+  const auto patience = std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.config.compute.move_prepare_timeout);
+  const bool overdue = unix_millis() - move.started_at > patience.count();
+  switch (decide_move(MoveView{source, move.state, *here, job, wanted, overdue})) {
+    case MoveAction::none:
+      // Waiting for the destination to prepare (which may take too long), or for a job of
+      // libvirt's to end: looked at again in a moment. Anything else comes as news.
+      co_return !(source && move.state == MoveState::claimed) && !job;
+    case MoveAction::claim: {
+      auto claimed = co_await steps_.mover.claim(move, desired_->resources);
+      if (!claimed) {
+        spdlog::warn("instance {}: claiming host {} for its move: {}; will retry", uuid_, move.destination,
+                     claimed.error().message());
+        co_return false;
+      }
+      if (*claimed == Placer::Move::moved) {
+        MoveRecord next = move;
+        next.state = MoveState::claimed;
+        co_return co_await advance_move(std::move(next), revision);
+      }
+      co_return co_await revert_move(move, revision,
+                                     *claimed == Placer::Move::no_room
+                                         ? fmt::format("no room for it on host {}", move.destination)
+                                         : std::string("its allocation changed before it moved"));
+    }
+    case MoveAction::prepare: {
+      spdlog::info("instance {}: preparing for it to arrive from host {}", uuid_, move.source);
+      auto ready = co_await steps_.mover.prepare(move);
+      if (!ready) {
+        // Tried again; the source gives up after move_prepare_timeout.
+        spdlog::error("instance {}: preparing for it: {}", uuid_, ready.error().message());
+        co_return false;
+      }
+      co_return co_await advance_move(std::move(*ready), revision);
+    }
+    case MoveAction::migrate: co_return co_await migrate(move, revision);
+    case MoveAction::switch_over: co_return co_await switch_over(move, revision);
+    case MoveAction::settle:
+    case MoveAction::unwind: co_return co_await move_ended(move, revision);
+    case MoveAction::revert:
+      co_return co_await revert_move(move, revision,
+                                     !wanted    ? std::string("it was stopped or destroyed before it left")
+                                     : overdue && move.state == MoveState::claimed
+                                         ? fmt::format("host {} did not prepare for it within {} s", move.destination,
+                                                       in_seconds(ctx_.config.compute.move_prepare_timeout))
+                                         : std::string("its guest is not running"));
+    case MoveAction::clean_up: {
+      auto gone = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
+      if (!gone) spdlog::error("instance {}: removing what was prepared for it: {}", uuid_, gone.error().message());
+      co_return bool(gone);
+    }
+  }
+  co_return true;
+}
+
+awaitable<bool> Instance::advance_move(MoveRecord next, int64_t revision) {
+  auto made = co_await steps_.mover.write(next, revision);
+  if (!made) {
+    spdlog::warn("instance {}: recording its move as {}: {}; will retry", uuid_, to_string(next.state),
+                 made.error().message());
+    co_return false;
+  }
+  if (*made) {  // otherwise it changed meanwhile, and the news is on its way
+    move_ = std::move(next);
+    move_revision_ = **made;
+    kick();
+  }
+  co_return true;
+}
+
+awaitable<bool> Instance::revert_move(MoveRecord move, int64_t revision, std::string why) {
+  spdlog::warn("instance {}: its move to host {} does not happen: {}", uuid_, move.destination, why);
+  move.state = MoveState::reverting;
+  move.error = std::move(why);
+  move.domain_xml.clear();
+  co_return co_await advance_move(std::move(move), revision);
+}
+
+awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
+  spdlog::info("instance {}: moving to host {} while it runs", uuid_, move.destination);
+  auto sent = co_await steps_.mover.send(move);
+  steps_.presence.publish(uuid_);
+  if (!sent) {
+    spdlog::error("instance {}: moving to host {}: {}", uuid_, move.destination, sent.error().message());
+    // libvirt leaves the guest running here when a move fails; only then does it revert. A
+    // guest gone from here, or a job still running, is looked at again.
+    auto here = co_await ctx_.virt(&VirtBackend::state, uuid_);
+    auto job = co_await ctx_.virt(&VirtBackend::migrating, uuid_);
+    if (here && *here == DomainState::running && job && !*job)
+      co_return co_await revert_move(std::move(move), revision, sent.error().message());
+    co_return false;
+  }
+  spdlog::info("instance {}: runs on host {} after {} ms (paused {} ms, {} MiB sent)", uuid_, move.destination,
+               sent->total_ms, sent->downtime_ms, sent->bytes >> 20);
+  metrics::observe("toyvm_move_seconds", double(sent->total_ms) / 1000.0);
+  co_return co_await switch_over(std::move(move), revision);
+}
+
+awaitable<bool> Instance::switch_over(MoveRecord move, int64_t revision) {
+  auto switched = co_await steps_.mover.switch_over(move, revision);
+  if (!switched) {
+    spdlog::warn("instance {}: switching its work to host {}: {}; will retry", uuid_, move.destination,
+                 switched.error().message());
+    co_return false;
+  }
+  if (!*switched) co_return true;  // the other host switched it, or the move changed: news comes
+  spdlog::info("instance {}: its work is on host {} now", uuid_, move.destination);
+  move.state = MoveState::switched;
+  move.domain_xml.clear();
+  move_ = std::move(move);
+  move_revision_ = **switched;
+  if (move_->source == ctx_.host.provider) {
+    // The work left this host in that write; the feed's news of it is older or the same.
+    desired_.reset();
+    unreadable_ = false;
+    revision_ = **switched;
+  } else {
+    recheck_work_ = true;  // and arrived here
+  }
+  steps_.presence.publish(uuid_);
+  kick();
+  co_return true;
+}
+
+awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
+  const bool moved = move.state == MoveState::switched;
+  auto books = moved ? co_await steps_.mover.settle(move) : co_await steps_.mover.unwind(move);
+  if (!books) {
+    spdlog::warn("instance {}: {} the books of its move: {}; will retry", uuid_, moved ? "settling" : "swapping back",
+                 books.error().message());
+    co_return false;
+  }
+  auto erased = co_await steps_.mover.erase(move, revision);
+  if (!erased) co_return false;
+  if (!*erased) co_return true;
+  if (moved) spdlog::info("instance {}: moved to host {}", uuid_, move.destination);
+  else spdlog::info("instance {}: stays on this host", uuid_);
+  metrics::count("toyvm_moves_total", {{"result", moved ? "moved" : "reverted"}});
+  move_.reset();
+  recheck_work_ = true;
+  kick();
+  co_return true;
+}
+
+awaitable<bool> Instance::recheck_work() {
+  auto listed = co_await ctx_.etcd->range(ctx_.keys.work(ctx_.host.provider, uuid_));
+  if (!listed) co_return false;
+  recheck_work_ = false;
+  if (!listed->kvs.empty()) {
+    take_work(WatchEvent{WatchEvent::Type::put, listed->kvs.front(), std::nullopt}, true);
+  } else if (revision_ <= listed->revision) {
+    desired_.reset();
+    unreadable_ = false;
+  }
+  co_return true;
+}
+
+}  // namespace toyvm::compute

@@ -1,0 +1,117 @@
+#include "services/compute/mover.hpp"
+
+#include <spdlog/spdlog.h>
+
+namespace toyvm::compute {
+
+using namespace std::chrono_literals;
+
+awaitable<result<std::optional<int64_t>>> Mover::write(MoveRecord next, int64_t revision) {
+  const std::string key = ctx_.keys.move(next.instance);
+  std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, revision)};
+  std::vector<EtcdOp> put{EtcdOp::put(key, encode(next))};
+  auto txn = co_await ctx_.etcd->txn(std::move(as_read), std::move(put));
+  if (!txn) co_return txn.error();
+  if (!txn->succeeded) co_return std::nullopt;
+  co_return txn->revision;
+}
+
+awaitable<result<bool>> Mover::erase(const MoveRecord& move, int64_t revision) {
+  const std::string key = ctx_.keys.move(move.instance);
+  std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, revision)};
+  std::vector<EtcdOp> gone{EtcdOp::erase(key)};
+  auto txn = co_await ctx_.etcd->txn(std::move(as_read), std::move(gone));
+  if (!txn) co_return txn.error();
+  co_return txn->succeeded;
+}
+
+awaitable<result<Placer::Move>> Mover::claim(const MoveRecord& move, ResourceAmounts resources) {
+  // An earlier try that was made but not recorded (the agent stopped in between).
+  auto theirs = co_await ctx_.placement.consumer_allocations(move.migration);
+  if (!theirs) co_return theirs.error();
+  if (!theirs->allocations.empty()) co_return Placer::Move::moved;
+  auto held = co_await ctx_.placement.consumer_allocations(move.instance);
+  if (!held) co_return held.error();
+  if (!held->allocations.count(move.source)) co_return Placer::Move::changed;
+  Allocations to{{move.destination, std::move(resources)}};
+  co_return co_await placer_.begin_move(move.instance, move.migration, std::move(*held), std::move(to));
+}
+
+awaitable<result<MoveRecord>> Mover::prepare(MoveRecord move) {
+  auto listed = co_await ctx_.etcd->range(ctx_.keys.work(move.source, move.instance));
+  if (!listed) co_return listed.error();
+  if (listed->kvs.empty()) co_return Error(errc::changed, "its work left its source");
+  auto work = decode_work(listed->kvs.front().value);
+  if (!work) co_return work.error();
+  // Its address goes with it: the guest asks DHCP nothing on arrival, and its filter must let
+  // it send from that address at once.
+  std::string ip;
+  auto recorded = co_await ctx_.etcd->range(ctx_.keys.instance(move.instance));
+  if (!recorded) co_return recorded.error();
+  if (!recorded->kvs.empty())
+    if (auto record = decode_instance(recorded->kvs.front().value)) ip = record->ip;
+  auto spec = co_await builder_.incoming_domain(std::move(*work), ip);
+  if (!spec) co_return spec.error();
+  auto xml = co_await ctx_.virt(&VirtBackend::prepare_incoming, *spec);
+  if (!xml) co_return xml.error();
+  const ComputeConfig& c = ctx_.config.compute;
+  const std::string& address = c.move_address.empty() ? ctx_.host.name : c.move_address;
+  move.state = MoveState::ready;
+  move.libvirt_uri = c.move_libvirt_uri.empty() ? "qemu+tcp://" + ctx_.host.name + "/system" : c.move_libvirt_uri;
+  move.migration_uri = "tcp://" + address;
+  move.domain_xml = std::move(*xml);
+  co_return move;
+}
+
+awaitable<result<MigrationStats>> Mover::send(const MoveRecord& move) {
+  MigrationTarget to{move.libvirt_uri, move.migration_uri, move.domain_xml};
+  co_return co_await ctx_.virt(&VirtBackend::migrate, move.instance, to);
+}
+
+awaitable<result<std::optional<int64_t>>> Mover::switch_over(MoveRecord move, int64_t revision) {
+  const std::string source_work = ctx_.keys.work(move.source, move.instance);
+  auto listed = co_await ctx_.etcd->range(source_work);
+  if (!listed) co_return listed.error();
+  if (listed->kvs.empty()) co_return std::nullopt;  // the move record changed too, or will
+  const KeyValue& read = listed->kvs.front();
+  auto work = decode_work(read.value);
+  if (!work) co_return work.error();  // not switched on what cannot be read
+  InstanceRecord record;
+  auto recorded = co_await ctx_.etcd->range(ctx_.keys.instance(move.instance));
+  if (!recorded) co_return recorded.error();
+  if (!recorded->kvs.empty())
+    if (auto decoded = decode_instance(recorded->kvs.front().value)) record = std::move(*decoded);
+  record.uuid = work->uuid;
+  record.name = work->name;
+  record.host = move.destination;
+  if (work->power != PowerState::deleted)
+    record.state = work->power == PowerState::running ? InstanceState::active : InstanceState::stopped;
+  record.updated_at = unix_millis();
+  move.state = MoveState::switched;
+  move.domain_xml.clear();  // the destination has it; the record stays small
+  const std::string move_key = ctx_.keys.move(move.instance);
+  std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(source_work, read.mod_revision),
+                                   EtcdCompare::mod_revision_is(move_key, revision)};
+  std::vector<EtcdOp> also{EtcdOp::erase(source_work), EtcdOp::put(move_key, encode(move))};
+  std::vector<Placed> placed{Placed{std::move(*work), std::move(record)}};
+  auto handed = co_await placer_.hand_over(std::move(placed), std::move(as_read), std::move(also),
+                                           std::chrono::steady_clock::now() + 10s);
+  switch (handed.outcome) {
+    case HandOverResult::Outcome::committed: co_return handed.revision;
+    case HandOverResult::Outcome::refused: co_return std::nullopt;
+    case HandOverResult::Outcome::unknown: break;
+  }
+  co_return handed.error;
+}
+
+awaitable<result<void>> Mover::settle(const MoveRecord& move) {
+  co_return co_await placer_.finish_move(move.migration);
+}
+
+awaitable<result<void>> Mover::unwind(const MoveRecord& move) {
+  auto reverted = co_await placer_.revert_move(move.instance, move.migration);
+  if (!reverted) co_return reverted.error();
+  co_return result<void>{};
+}
+
+}  // namespace toyvm::compute

@@ -1,0 +1,53 @@
+#pragma once
+// The steps of moving a running guest between two hosts, each inputs in and outcome out: the
+// books moved for it, the destination's files made, the guest sent, its work and record
+// switched over to the destination, and the move settled or unwound. Both agents run them (the
+// source and the destination of one move); the instance strings them together
+// (instance_moves.cpp). Every write of the move record is guarded by the revision read, so of
+// two agents (or an agent and a restart of itself) one wins and the other reads what it did.
+
+#include "model/moves.hpp"
+#include "services/compute/builder.hpp"
+#include "services/compute/context.hpp"
+#include "services/compute/presence.hpp"
+#include "services/placer.hpp"
+
+#include <optional>
+#include <string>
+
+namespace toyvm::compute {
+
+class Mover {
+ public:
+  Mover(AgentContext& ctx, Builder& builder, Placer& placer) : ctx_(ctx), builder_(builder), placer_(placer) {}
+
+  // `next` over the record as read at `revision`: its revision once made; nothing when the
+  // record changed meanwhile (the watch brings what it is now).
+  awaitable<result<std::optional<int64_t>>> write(MoveRecord next, int64_t revision);
+  // Gone, while it is as read.
+  awaitable<result<bool>> erase(const MoveRecord& move, int64_t revision);
+
+  // Source: the migration consumer takes over the source's share and the instance claims
+  // the destination (for `resources`), or found done by an earlier try. moved, no_room, changed.
+  awaitable<result<Placer::Move>> claim(const MoveRecord& move, ResourceAmounts resources);
+  // Destination: the instance's files made here (its image fetched if need be) from its work
+  // and record as etcd has them; `move` filled in with how to reach this host and the guest.
+  awaitable<result<MoveRecord>> prepare(MoveRecord move);
+  // Source: the guest sent to the destination while it runs.
+  awaitable<result<MigrationStats>> send(const MoveRecord& move);
+  // Either: the instance's work and record (its address kept, its host the destination) move
+  // to the destination with the record saying switched, in one transaction guarded by the
+  // source's work and the move as read. The revision of that write; nothing when refused.
+  awaitable<result<std::optional<int64_t>>> switch_over(MoveRecord move, int64_t revision);
+  // Source, after the switch: the migration consumer's share given back.
+  awaitable<result<void>> settle(const MoveRecord& move);
+  // Source, when the move does not happen: the books swapped back.
+  awaitable<result<void>> unwind(const MoveRecord& move);
+
+ private:
+  AgentContext& ctx_;
+  Builder& builder_;
+  Placer& placer_;
+};
+
+}  // namespace toyvm::compute

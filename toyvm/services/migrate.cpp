@@ -1,0 +1,54 @@
+// toyvm migrate: a running instance moves to another host while it runs (its memory and disk
+// copied live by libvirt, peer to peer). The command chooses the destination and asks for the
+// move; the two hosts' agents carry it out and either finish it or undo it, whatever becomes of
+// the command.
+
+#include "model/uuid.hpp"
+#include "services/common.hpp"
+#include "services/move_request.hpp"
+#include "services/services.hpp"
+
+namespace toyvm {
+
+int run_migrate(const Config& config, const MigrateOptions& options) {
+  if (!is_uuid(options.uuid))
+    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
+    auto etcd = EtcdClient::create(config.etcd);
+    PlacementClient placement(io.get_executor(), config.placement);
+    Placer placer(placement, *etcd, config);
+    KeyLayout keys(config.etcd.prefix);
+    std::string destination;
+    if (!options.host.empty()) {
+      auto provider = co_await resolve_host(placement, options.host);
+      if (!provider) co_return report_failure(provider.error());
+      destination = *provider;
+    }
+    MoveRequests moves(*etcd, placer, keys);
+    auto asked = co_await moves.ask(options.uuid, destination);
+    if (!asked) {
+      if (asked.error() == errc::no_allocations_left) {
+        std::printf("NO ALLOCATIONS LEFT\n");
+        co_return int(ExitCode::no_allocations);
+      }
+      if (is_etcd_error(asked.error())) co_return etcd_failure(*etcd, asked.error());
+      co_return report_failure(asked.error());
+    }
+    if (!options.wait) {
+      std::printf("MIGRATING INSTANCE %s TO %s\n", options.uuid.c_str(), asked->move.destination.c_str());
+      co_return 0;
+    }
+    auto ended = co_await moves.follow(*asked, options.wait_timeout);
+    if (!ended) {
+      if (is_etcd_error(ended.error())) co_return etcd_failure(*etcd, ended.error());
+      co_return report_failure(ended.error());
+    }
+    if (!ended->moved)
+      co_return report_failure(ExitCode::failed, fmt::format("instance {} stays on host {}: {}", options.uuid,
+                                                             asked->move.source, ended->error));
+    std::printf("MIGRATED INSTANCE %s TO %s\n", options.uuid.c_str(), ended->host.c_str());
+    co_return 0;
+  });
+}
+
+}  // namespace toyvm

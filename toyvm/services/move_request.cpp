@@ -1,0 +1,111 @@
+#include "services/move_request.hpp"
+
+#include "model/query.hpp"
+#include "model/uuid.hpp"
+
+#include <fmt/format.h>
+
+namespace toyvm {
+
+awaitable<result<std::string>> resolve_host(PlacementClient& placement, std::string host) {
+  auto named = co_await placement.provider_named(host);
+  if (!named) co_return named.error();
+  if (*named) co_return **named;
+  if (is_uuid(host)) {
+    auto traits = co_await placement.traits(host);
+    if (traits) co_return host;
+    if (traits.error() != errc::not_found) co_return traits.error();
+  }
+  co_return Error(errc::not_found, fmt::format("no host {} in Placement", host));
+}
+
+awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string destination) {
+  auto recorded = co_await etcd_.range(keys_.instance(uuid));
+  if (!recorded) co_return recorded.error();
+  if (recorded->kvs.empty()) co_return Error(errc::not_found, fmt::format("no instance {}", uuid));
+  auto record = decode_instance(recorded->kvs.front().value);
+  if (!record) co_return record.error().doing(fmt::format("instance {}", uuid));
+  if (record->state != InstanceState::active)
+    co_return Error(errc::invalid_argument, fmt::format("instance {} is {}: only a running instance moves live", uuid,
+                                                        to_string(record->state)));
+  const std::string source = record->host;
+  const std::string work_key = keys_.work(source, uuid);
+  auto listed = co_await etcd_.range(work_key);
+  if (!listed) co_return listed.error();
+  if (listed->kvs.empty()) co_return Error(errc::changed, fmt::format("instance {} has no work on its host", uuid));
+  const KeyValue work_kv = listed->kvs.front();
+  auto work = decode_work(work_kv.value);
+  if (!work) co_return work.error().doing(fmt::format("instance {}'s work", uuid));
+  if (work->power != PowerState::running)
+    co_return Error(errc::invalid_argument, fmt::format("instance {} is being stopped or destroyed", uuid));
+  // Its agent moves it: a host whose agent is down is evacuated instead.
+  auto alive = co_await etcd_.range(keys_.host(source));
+  if (!alive) co_return alive.error();
+  if (alive->kvs.empty())
+    co_return Error(errc::invalid_argument, fmt::format("the agent of instance {}'s host {} is not running "
+                                                        "(`toyvm evacuate` moves guests off a dead host)",
+                                                        uuid, source));
+  if (destination == source)
+    co_return Error(errc::invalid_argument, fmt::format("instance {} is on host {} already", uuid, destination));
+  if (destination.empty()) {
+    auto query = parse_placement_query(work->query);
+    if (!query) co_return query.error().doing(fmt::format("instance {}'s query", uuid));
+    auto view = co_await placer_.look(std::move(*query), work->group, uuid);
+    if (!view) co_return view.error();
+    view->live.erase(source);
+    std::optional<GroupPolicy> policy;
+    if (!work->group.empty()) policy = work->group_policy;
+    auto ranked = Placer::rank(*view, placer_.weigh_policy(), 0.0, policy);
+    if (ranked.empty())
+      co_return Error(errc::no_allocations_left, fmt::format("no other host has room for instance {}", uuid));
+    destination = ranked.front().host;
+  } else {
+    auto host = co_await etcd_.range(keys_.host(destination));
+    if (!host) co_return host.error();
+    auto live = host->kvs.empty() ? result<HostRecord>(Error(errc::not_found)) : decode_host(host->kvs.front().value);
+    if (!live || live->status != "READY")
+      co_return Error(errc::invalid_argument, fmt::format("host {} is not taking guests (no running agent, "
+                                                          "disabled or full)", destination));
+  }
+  MoveRecord move;
+  move.instance = uuid;
+  move.migration = new_uuid();
+  move.source = source;
+  move.destination = destination;
+  move.started_at = unix_millis();
+  const std::string move_key = keys_.move(uuid);
+  std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(work_key, work_kv.mod_revision),
+                                   EtcdCompare::absent(move_key)};
+  std::vector<EtcdOp> put{EtcdOp::put(move_key, encode(move))};
+  auto txn = co_await etcd_.txn(std::move(as_read), std::move(put));
+  if (!txn) co_return txn.error();
+  if (!txn->succeeded)
+    co_return Error(errc::changed, fmt::format("instance {} changed, or is moving already", uuid));
+  co_return MoveAsked{std::move(move), txn->revision};
+}
+
+awaitable<result<MoveEnded>> MoveRequests::follow(MoveAsked asked, Duration timeout) {
+  std::string error;
+  auto gone = [&](const WatchEvent& event) {
+    if (event.type == WatchEvent::Type::erase) return true;
+    if (auto move = decode_move(event.kv.value); move && move->state == MoveState::reverting) error = move->error;
+    return false;
+  };
+  const std::string uuid = asked.move.instance;
+  auto followed = co_await follow_key(etcd_, keys_.move(uuid), asked.revision + 1,
+                                      std::chrono::duration_cast<std::chrono::milliseconds>(timeout), gone);
+  if (!followed) co_return followed.error();
+  if (!*followed)
+    co_return Error(errc::timeout, fmt::format("instance {} is still moving after {} s; its hosts' agents go on with it",
+                                               uuid, in_seconds(timeout)));
+  auto recorded = co_await etcd_.range(keys_.instance(uuid));
+  if (!recorded) co_return recorded.error();
+  MoveEnded ended;
+  if (!recorded->kvs.empty())
+    if (auto record = decode_instance(recorded->kvs.front().value)) ended.host = record->host;
+  ended.moved = ended.host == asked.move.destination;
+  ended.error = ended.moved ? "" : error.empty() ? "the move was undone" : error;
+  co_return ended;
+}
+
+}  // namespace toyvm

@@ -1,0 +1,49 @@
+#pragma once
+// Asking for a running guest's move (`toyvm migrate`, `toyvm host drain`): the destination
+// chosen as a schedule would choose it (or named), then a move record written, guarded by the
+// instance's work as read and by no other move of it being in flight. The agents of both hosts
+// do the rest (services/compute/instance_moves.cpp); the asker follows the record until it is
+// gone and reads where the instance is then.
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "model/moves.hpp"
+#include "services/placer.hpp"
+
+#include <string>
+
+namespace toyvm {
+
+// A host named by its agent's name or its provider uuid: its provider uuid.
+awaitable<result<std::string>> resolve_host(PlacementClient& placement, std::string host);
+
+struct MoveAsked {
+  MoveRecord move;
+  int64_t revision = 0;  // of the record's write
+};
+
+struct MoveEnded {
+  bool moved = false;
+  std::string host;   // where the instance is now
+  std::string error;  // not moved: why, as the source's agent said
+};
+
+class MoveRequests {
+ public:
+  MoveRequests(EtcdClient& etcd, Placer& placer, const KeyLayout& keys) : etcd_(etcd), placer_(placer), keys_(keys) {}
+
+  // The move of the ACTIVE instance `uuid` to `destination` (a provider uuid; empty: the best
+  // other live host for its query and server group). Errors: not_found, invalid_argument (not
+  // running, the destination is its host or not live), no_allocations_left, changed (it
+  // changed, or moves already), and etcd's and Placement's.
+  awaitable<result<MoveAsked>> ask(std::string uuid, std::string destination);
+  // Follows the record until the agents delete it; timeout when it is still there then.
+  awaitable<result<MoveEnded>> follow(MoveAsked asked, Duration timeout);
+
+ private:
+  EtcdClient& etcd_;
+  Placer& placer_;
+  const KeyLayout& keys_;
+};
+
+}  // namespace toyvm
