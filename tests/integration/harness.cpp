@@ -649,17 +649,26 @@ void ensure_libvirtd() {
   });
 }
 
-std::string ensure_second_libvirtd() {
+namespace {
+// The script's two lines: the second daemon as the first reaches it, and the first as the
+// second does.
+std::pair<std::string, std::string> second_libvirtd_uris() {
   static std::once_flag once;
-  static std::string uri;
+  static std::pair<std::string, std::string> uris;
   std::call_once(once, [] {
     TempDir dir;
     auto started = run_command({source_root() + "/contrib/second-libvirtd.sh", "start"}, dir.path(), 120);
     if (started.exit_code != 0) throw std::runtime_error("contrib/second-libvirtd.sh failed: " + started.err);
-    uri = started.out.substr(0, started.out.find('\n'));
+    std::istringstream lines(started.out);
+    std::getline(lines, uris.first);
+    std::getline(lines, uris.second);
   });
-  return uri;
+  return uris;
 }
+}  // namespace
+
+std::string ensure_second_libvirtd() { return second_libvirtd_uris().first; }
+std::string first_libvirtd_from_second() { return second_libvirtd_uris().second; }
 
 std::string tiny_guest_dir() {
   static std::once_flag once;

@@ -197,6 +197,8 @@ struct StallingServer {
 void ensure_libvirtd();
 // A second libvirtd on this machine (contrib/second-libvirtd.sh), as a second host; its URI.
 std::string ensure_second_libvirtd();
+// The first daemon's URI as the second one reaches it (a guest moving back goes there).
+std::string first_libvirtd_from_second();
 // The tiny direct-kernel-boot guest (contrib/tiny-guest.sh), built once per build tree.
 std::string tiny_guest_dir();
 

@@ -694,3 +694,112 @@ TEST_CASE("a running guest moves live to the second libvirtd: its disk comes alo
   CHECK(read_file(log2).find("toyvm-guest: booted") == std::string::npos);
   CHECK((*destination)->destroy(uuid));
 }
+
+namespace {
+// Two agents, each on its own libvirtd, that take guests moving in: c1 on the first daemon
+// (GuestHost's), c2 on the second.
+struct TwoHosts {
+  GuestHost host{"move_libvirt_uri = '" + first_libvirtd_from_second() + "'\nmove_address = '127.0.0.1'\n"};
+  std::string rp2;
+  std::string instances2 = host.servers.dir() + "/c2/instances";
+  std::unique_ptr<Process> second;
+  std::unique_ptr<VirtBackend> libvirt2;
+
+  explicit TwoHosts(const std::string& compute_toml = "") {
+    const std::string second_uri = ensure_second_libvirtd();
+    second = host.servers.start_compute("c2", "VCPU:4,MEMORY_MB:2048,DISK_GB:20", &rp2, {"--libvirt-uri", second_uri},
+                                        "domain_type = 'qemu'\n"
+                                        "image_dir = '" + host.images + "'\n"
+                                        "network = 'default'\n"
+                                        "stop_timeout = 20\n"
+                                        "console_interval = 0.5\n"
+                                        "move_libvirt_uri = '" + second_uri + "'\n"
+                                        "move_address = '127.0.0.1'\n" + compute_toml);
+    LibvirtOptions options;
+    options.uri = second_uri;
+    auto opened = open_libvirt(options);
+    if (!opened) throw std::runtime_error(opened.error().message());
+    libvirt2 = std::move(*opened);
+  }
+
+  DomainState state2(const std::string& uuid) {
+    auto state = libvirt2->state(uuid);
+    return state ? *state : DomainState::absent;
+  }
+  std::string log1(const std::string& uuid) const { return host.instances + "/" + uuid + "/console.log"; }
+  std::string log2(const std::string& uuid) const { return instances2 + "/" + uuid + "/console.log"; }
+  std::string output() const { return host.compute->output() + "\n--- c2 ---\n" + second->output(); }
+
+  // A tiny guest on c1, counting.
+  std::string guest_on_first() {
+    REQUIRE(host.servers.toyvm({"host", "disable", "c2"}).exit_code == 0);
+    std::string uuid = host.schedule({"--image", "tiny"});
+    REQUIRE(host.servers.toyvm({"host", "enable", "c2"}).exit_code == 0);
+    REQUIRE(wait_for([&] { return host_record(host.servers, rp2) && host_record(host.servers, rp2)->status == "READY"; }, 30));
+    REQUIRE(record_of(host.servers, uuid).host == host.rp);
+    REQUIRE(wait_for([&] { return last_tick(read_file(log1(uuid))) >= 2; }, boot_timeout_s));
+    return uuid;
+  }
+
+  // The books as they should be: the instance holds only its host, no move in flight, and
+  // audit finds nothing wrong (no migration consumer left holding anything).
+  void expect_books_on(const std::string& uuid, const std::string& rp) {
+    auto held = host.servers.allocations(uuid);
+    CHECK(held.size() == 1);
+    CHECK(held.count(rp) == 1);
+    CHECK(host.servers.etcd_prefix(KeyLayout().move(uuid)).empty());
+    auto audited = host.servers.toyvm({"audit"});
+    INFO(audited.out << audited.err);
+    CHECK(audited.exit_code == 0);
+  }
+};
+}  // namespace
+
+TEST_CASE("toyvm migrate moves a running guest to another host and back: its count goes on, its address stays",
+          "[guests]") {
+  TwoHosts hosts;
+  Servers& servers = hosts.host.servers;
+  const std::string uuid = hosts.guest_on_first();
+  const InstanceRecord before = record_of(servers, uuid);
+  REQUIRE_FALSE(before.ip.empty());
+  const int ticks = last_tick(read_file(hosts.log1(uuid)));
+
+  auto there = servers.toyvm({"migrate", uuid}, 300);
+  INFO(there.out << there.err << hosts.output());
+  REQUIRE(there.exit_code == 0);
+  CHECK(there.out == "MIGRATED INSTANCE " + uuid + " TO " + hosts.rp2 + "\n");
+  InstanceRecord after = record_of(servers, uuid);
+  CHECK(after.host == hosts.rp2);
+  CHECK(after.state == InstanceState::active);
+  CHECK(after.ip == before.ip);
+  CHECK(after.mac == before.mac);
+  CHECK(servers.etcd_prefix(KeyLayout().work(hosts.host.rp, uuid)).empty());
+  CHECK(servers.etcd_prefix(KeyLayout().work(hosts.rp2, uuid)).size() == 1);
+  CHECK(hosts.state2(uuid) == DomainState::running);
+  CHECK(hosts.host.domain_state(uuid) == DomainState::absent);
+  CHECK_FALSE(fs::exists(hosts.host.overlay(uuid)));
+  hosts.expect_books_on(uuid, hosts.rp2);
+  // It counts on over there: not booted again.
+  CHECK(wait_for([&] { return last_tick(read_file(hosts.log2(uuid))) > ticks; }, 60));
+  CHECK(read_file(hosts.log2(uuid)).find("toyvm-guest: booted") == std::string::npos);
+  // Its old host does not build it again (the step that would runs within a second).
+  CHECK_FALSE(wait_for([&] { return hosts.host.domain_state(uuid) != DomainState::absent; }, 5));
+
+  // And back, named, to the first daemon: the second reaches it by its own path.
+  const int ticks2 = last_tick(read_file(hosts.log2(uuid)));
+  auto back = servers.toyvm({"migrate", uuid, "--host", "c1"}, 300);
+  INFO(back.out << back.err);
+  REQUIRE(back.exit_code == 0);
+  CHECK(record_of(servers, uuid).host == hosts.host.rp);
+  CHECK(record_of(servers, uuid).ip == before.ip);
+  CHECK(hosts.host.domain_state(uuid) == DomainState::running);
+  CHECK(hosts.state2(uuid) == DomainState::absent);
+  hosts.expect_books_on(uuid, hosts.host.rp);
+  CHECK(wait_for([&] { return last_tick(read_file(hosts.log1(uuid))) > ticks2; }, 60));
+
+  // A move that cannot be: to its own host, of an unknown instance, of a stopped one.
+  CHECK(servers.toyvm({"migrate", uuid, "--host", "c1"}).exit_code == 2);
+  CHECK(servers.toyvm({"migrate", "00000000-0000-4000-8000-000000000000"}).exit_code == 3);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  hosts.host.expect_nothing_held(uuid);
+}

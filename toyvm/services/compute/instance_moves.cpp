@@ -163,9 +163,14 @@ awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
                  books.error().message());
     co_return false;
   }
-  auto erased = co_await steps_.mover.erase(move, revision);
+  // The guest's domain key here goes with the move: once the move is over, what this host
+  // publishes says where the guest is.
+  std::vector<EtcdOp> domain_key;
+  if (moved) domain_key.push_back(steps_.presence.domain_erase(uuid_));
+  auto erased = co_await steps_.mover.erase(move, revision, domain_key);
   if (!erased) co_return false;
   if (!*erased) co_return true;
+  if (moved) steps_.presence.recorded(uuid_, domain_key.front());
   if (moved) spdlog::info("instance {}: moved to host {}", uuid_, move.destination);
   else spdlog::info("instance {}: stays on this host", uuid_);
   metrics::count("toyvm_moves_total", {{"result", moved ? "moved" : "reverted"}});

@@ -16,11 +16,11 @@ awaitable<result<std::optional<int64_t>>> Mover::write(MoveRecord next, int64_t 
   co_return txn->revision;
 }
 
-awaitable<result<bool>> Mover::erase(const MoveRecord& move, int64_t revision) {
+awaitable<result<bool>> Mover::erase(const MoveRecord& move, int64_t revision, std::vector<EtcdOp> also) {
   const std::string key = ctx_.keys.move(move.instance);
   std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, revision)};
-  std::vector<EtcdOp> gone{EtcdOp::erase(key)};
-  auto txn = co_await ctx_.etcd->txn(std::move(as_read), std::move(gone));
+  also.push_back(EtcdOp::erase(key));
+  auto txn = co_await ctx_.etcd->txn(std::move(as_read), std::move(also));
   if (!txn) co_return txn.error();
   co_return txn->succeeded;
 }

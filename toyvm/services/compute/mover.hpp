@@ -24,8 +24,8 @@ class Mover {
   // `next` over the record as read at `revision`: its revision once made; nothing when the
   // record changed meanwhile (the watch brings what it is now).
   awaitable<result<std::optional<int64_t>>> write(MoveRecord next, int64_t revision);
-  // Gone, while it is as read.
-  awaitable<result<bool>> erase(const MoveRecord& move, int64_t revision);
+  // Gone, while it is as read, with `also` in the same transaction.
+  awaitable<result<bool>> erase(const MoveRecord& move, int64_t revision, std::vector<EtcdOp> also = {});
 
   // Source: the migration consumer takes over the source's share and the instance claims
   // the destination (for `resources`), or found done by an earlier try. moved, no_room, changed.
