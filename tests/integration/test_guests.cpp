@@ -6,6 +6,7 @@
 #include "harness.hpp"
 #include "model/image.hpp"
 #include "model/keys.hpp"
+#include "model/moves.hpp"
 #include "model/records.hpp"
 #include "virt/backend.hpp"
 #include "virt/images.hpp"
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 using namespace toyvm;
 using namespace toyvm::test;
@@ -699,13 +701,27 @@ namespace {
 // Two agents, each on its own libvirtd, that take guests moving in: c1 on the first daemon
 // (GuestHost's), c2 on the second.
 struct TwoHosts {
-  GuestHost host{"move_libvirt_uri = '" + first_libvirtd_from_second() + "'\nmove_address = '127.0.0.1'\n"};
+  GuestHost host;
   std::string rp2;
   std::string instances2 = host.servers.dir() + "/c2/instances";
+  std::string second_toml;
   std::unique_ptr<Process> second;
   std::unique_ptr<VirtBackend> libvirt2;
 
-  explicit TwoHosts(const std::string& compute_toml = "") {
+  // More [compute] settings for c1 and c2.
+  explicit TwoHosts(const std::string& first_toml = "", const std::string& second_toml = "")
+      : host("move_libvirt_uri = '" + first_libvirtd_from_second() + "'\nmove_address = '127.0.0.1'\n" + first_toml),
+        second_toml(second_toml) {
+    start_second();
+    LibvirtOptions options;
+    options.uri = ensure_second_libvirtd();
+    auto opened = open_libvirt(options);
+    if (!opened) throw std::runtime_error(opened.error().message());
+    libvirt2 = std::move(*opened);
+  }
+
+  // c2's agent (again, after it was stopped).
+  void start_second() {
     const std::string second_uri = ensure_second_libvirtd();
     second = host.servers.start_compute("c2", "VCPU:4,MEMORY_MB:2048,DISK_GB:20", &rp2, {"--libvirt-uri", second_uri},
                                         "domain_type = 'qemu'\n"
@@ -714,12 +730,7 @@ struct TwoHosts {
                                         "stop_timeout = 20\n"
                                         "console_interval = 0.5\n"
                                         "move_libvirt_uri = '" + second_uri + "'\n"
-                                        "move_address = '127.0.0.1'\n" + compute_toml);
-    LibvirtOptions options;
-    options.uri = second_uri;
-    auto opened = open_libvirt(options);
-    if (!opened) throw std::runtime_error(opened.error().message());
-    libvirt2 = std::move(*opened);
+                                        "move_address = '127.0.0.1'\n" + second_toml);
   }
 
   DomainState state2(const std::string& uuid) {
@@ -730,15 +741,34 @@ struct TwoHosts {
   std::string log2(const std::string& uuid) const { return instances2 + "/" + uuid + "/console.log"; }
   std::string output() const { return host.compute->output() + "\n--- c2 ---\n" + second->output(); }
 
-  // A tiny guest on c1, counting.
-  std::string guest_on_first() {
+  // `count` tiny guests on c1, counting.
+  std::vector<std::string> guests_on_first(int count) {
     REQUIRE(host.servers.toyvm({"host", "disable", "c2"}).exit_code == 0);
-    std::string uuid = host.schedule({"--image", "tiny"});
+    std::vector<std::string> argv{"schedule", flavor, "--image", "tiny", "--count", std::to_string(count), "--wait",
+                                  "--timeout", std::to_string(int(boot_timeout_s))};
+    auto scheduled = host.servers.toyvm(argv, boot_timeout_s + 30);
+    INFO(scheduled.out << scheduled.err);
+    REQUIRE(scheduled.exit_code == 0);
+    std::vector<std::string> uuids;
+    std::istringstream lines(scheduled.out);
+    for (std::string line; std::getline(lines, line);)
+      if (auto [target, uuid] = parse_notified(line + "\n"); !uuid.empty()) uuids.push_back(uuid);
+    REQUIRE(int(uuids.size()) == count);
     REQUIRE(host.servers.toyvm({"host", "enable", "c2"}).exit_code == 0);
     REQUIRE(wait_for([&] { return host_record(host.servers, rp2) && host_record(host.servers, rp2)->status == "READY"; }, 30));
-    REQUIRE(record_of(host.servers, uuid).host == host.rp);
-    REQUIRE(wait_for([&] { return last_tick(read_file(log1(uuid))) >= 2; }, boot_timeout_s));
-    return uuid;
+    for (const std::string& uuid : uuids) {
+      REQUIRE(record_of(host.servers, uuid).host == host.rp);
+      REQUIRE(wait_for([&] { return last_tick(read_file(log1(uuid))) >= 2; }, boot_timeout_s));
+    }
+    return uuids;
+  }
+  std::string guest_on_first() { return guests_on_first(1).front(); }
+
+  std::optional<MoveRecord> move_of(const std::string& uuid) {
+    auto kvs = host.servers.etcd_prefix(KeyLayout().move(uuid));
+    if (kvs.empty()) return std::nullopt;
+    auto move = decode_move(kvs.front().value);
+    return move ? std::optional<MoveRecord>(*move) : std::nullopt;
   }
 
   // The books as they should be: the instance holds only its host, no move in flight, and
@@ -802,4 +832,79 @@ TEST_CASE("toyvm migrate moves a running guest to another host and back: its cou
   CHECK(servers.toyvm({"migrate", "00000000-0000-4000-8000-000000000000"}).exit_code == 3);
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
   hosts.host.expect_nothing_held(uuid);
+}
+
+TEST_CASE("toyvm host drain moves a host's three running guests away and says so", "[guests]") {
+  TwoHosts hosts;
+  Servers& servers = hosts.host.servers;
+  const std::vector<std::string> uuids = hosts.guests_on_first(3);
+  std::map<std::string, int> ticks;
+  for (const std::string& uuid : uuids) ticks[uuid] = last_tick(read_file(hosts.log1(uuid)));
+
+  auto drained = servers.toyvm({"host", "drain", "c1", "--parallel", "2"}, 600);
+  INFO(drained.out << drained.err << hosts.output());
+  REQUIRE(drained.exit_code == 0);
+  CHECK(drained.out.find("DRAINED HOST c1 (" + hosts.host.rp + "): 3 moved, 0 stayed") != std::string::npos);
+  for (const std::string& uuid : uuids) {
+    CHECK(drained.out.find("MOVED INSTANCE " + uuid + " TO " + hosts.rp2) != std::string::npos);
+    CHECK(record_of(servers, uuid).host == hosts.rp2);
+    CHECK(hosts.state2(uuid) == DomainState::running);
+    CHECK(hosts.host.domain_state(uuid) == DomainState::absent);
+    hosts.expect_books_on(uuid, hosts.rp2);
+    CHECK(wait_for([&] { return last_tick(read_file(hosts.log2(uuid))) > ticks[uuid]; }, 60));
+  }
+  // The drained host takes nothing new until it is enabled again.
+  CHECK(host_record(servers, hosts.host.rp)->status == "DISABLED");
+  for (const std::string& uuid : uuids) CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+}
+
+TEST_CASE("a move whose destination's agent died before it prepared is undone: the guest runs on, the books "
+          "are as before", "[guests]") {
+  TwoHosts hosts("move_prepare_timeout = 5\n");
+  Servers& servers = hosts.host.servers;
+  const std::string uuid = hosts.guest_on_first();
+  // Killed: its host record stays until its lease expires, so the move is asked of it.
+  hosts.second->signal(SIGKILL);
+  hosts.second->wait();
+  auto moved = servers.toyvm({"migrate", uuid, "--host", "c2"}, 120);
+  INFO(moved.out << moved.err << hosts.output());
+  CHECK(moved.exit_code == 5);
+  CHECK_THAT(moved.err, Catch::Contains("did not prepare for it within 5 s"));
+  CHECK(record_of(servers, uuid).host == hosts.host.rp);
+  CHECK(hosts.host.domain_state(uuid) == DomainState::running);
+  CHECK(hosts.state2(uuid) == DomainState::absent);
+  hosts.expect_books_on(uuid, hosts.host.rp);
+  const int ticks = last_tick(read_file(hosts.log1(uuid)));
+  CHECK(wait_for([&] { return last_tick(read_file(hosts.log1(uuid))) > ticks; }, 30));
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+}
+
+TEST_CASE("a move whose source's agent is killed as the guest leaves ends with one running copy, on the "
+          "destination", "[guests]") {
+  TwoHosts hosts;
+  Servers& servers = hosts.host.servers;
+  const std::string uuid = hosts.guest_on_first();
+  const int ticks = last_tick(read_file(hosts.log1(uuid)));
+  auto asked = servers.toyvm({"migrate", uuid, "--no-wait"});
+  REQUIRE(asked.exit_code == 0);
+  // Killed once the destination is ready, when the source has begun to send the guest.
+  REQUIRE(wait_for([&] {
+    auto move = hosts.move_of(uuid);
+    return move && move->state == MoveState::ready;
+  }, 60));
+  hosts.host.compute->signal(SIGKILL);
+  hosts.host.compute->wait();
+  // However libvirt ends the job the agent started, the guest ends up running in one place: the
+  // destination's agent switches it over once it runs there, or the source's, started again,
+  // sends it once more.
+  hosts.host.start_agent();
+  INFO(hosts.output());
+  REQUIRE(wait_for([&] { return !hosts.move_of(uuid) && record_of(servers, uuid).host == hosts.rp2; }, 180));
+  CHECK(hosts.state2(uuid) == DomainState::running);
+  CHECK(hosts.host.domain_state(uuid) == DomainState::absent);
+  hosts.expect_books_on(uuid, hosts.rp2);
+  CHECK(wait_for([&] { return last_tick(read_file(hosts.log2(uuid))) > ticks; }, 60));
+  // Its old host does not build it again.
+  CHECK_FALSE(wait_for([&] { return hosts.host.domain_state(uuid) != DomainState::absent; }, 5));
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }

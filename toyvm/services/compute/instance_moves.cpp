@@ -51,10 +51,10 @@ awaitable<std::optional<bool>> Instance::step_move() {
         next.state = MoveState::claimed;
         co_return co_await advance_move(std::move(next), revision);
       }
-      co_return co_await revert_move(move, revision,
-                                     *claimed == Placer::Move::no_room
-                                         ? fmt::format("no room for it on host {}", move.destination)
-                                         : std::string("its allocation changed before it moved"));
+      // (A named local: GCC 12 destroys a conditional's temporary inside co_await twice.)
+      std::string why = *claimed == Placer::Move::no_room ? fmt::format("no room for it on host {}", move.destination)
+                                                          : "its allocation changed before it moved";
+      co_return co_await revert_move(move, revision, std::move(why));
     }
     case MoveAction::prepare: {
       spdlog::info("instance {}: preparing for it to arrive from host {}", uuid_, move.source);
@@ -70,13 +70,14 @@ awaitable<std::optional<bool>> Instance::step_move() {
     case MoveAction::switch_over: co_return co_await switch_over(move, revision);
     case MoveAction::settle:
     case MoveAction::unwind: co_return co_await move_ended(move, revision);
-    case MoveAction::revert:
-      co_return co_await revert_move(move, revision,
-                                     !wanted    ? std::string("it was stopped or destroyed before it left")
-                                     : overdue && move.state == MoveState::claimed
-                                         ? fmt::format("host {} did not prepare for it within {} s", move.destination,
-                                                       in_seconds(ctx_.config.compute.move_prepare_timeout))
-                                         : std::string("its guest is not running"));
+    case MoveAction::revert: {
+      std::string why = "its guest is not running";
+      if (!wanted) why = "it was stopped or destroyed before it left";
+      else if (overdue && move.state == MoveState::claimed)
+        why = fmt::format("host {} did not prepare for it within {} s", move.destination,
+                          in_seconds(ctx_.config.compute.move_prepare_timeout));
+      co_return co_await revert_move(move, revision, std::move(why));
+    }
     case MoveAction::clean_up: {
       auto gone = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
       if (!gone) spdlog::error("instance {}: removing what was prepared for it: {}", uuid_, gone.error().message());
@@ -157,7 +158,9 @@ awaitable<bool> Instance::switch_over(MoveRecord move, int64_t revision) {
 
 awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
   const bool moved = move.state == MoveState::switched;
-  auto books = moved ? co_await steps_.mover.settle(move) : co_await steps_.mover.unwind(move);
+  result<void> books;
+  if (moved) books = co_await steps_.mover.settle(move);
+  else books = co_await steps_.mover.unwind(move);
   if (!books) {
     spdlog::warn("instance {}: {} the books of its move: {}; will retry", uuid_, moved ? "settling" : "swapping back",
                  books.error().message());
