@@ -154,8 +154,14 @@ TEST_CASE("a move: the source claims, the destination prepares, the source migra
 
   // A job still running (an agent restarted during it) may yet take the guest: nobody acts.
   CHECK(source(S::ready, D::running, true) == none);
-  // The guest left the source: only the destination, seeing it run there, ends the move.
-  CHECK(source(S::ready, D::absent) == none);
+  // The guest is not on the source: the destination is asked whether it runs there, and says.
+  CHECK(source(S::ready, D::absent) == left);
+  CHECK(source(S::left_source, D::absent) == none);
+  CHECK(destination(S::left_source, D::running) == switch_over);
+  CHECK(destination(S::left_source, D::stopped) == switch_over);
+  CHECK(destination(S::left_source, D::running, true) == none);
+  // On neither host (a source whose domains were lost): undone, and its source builds it again.
+  CHECK(destination(S::left_source, D::absent) == revert);
 
   // A stop or destroy asked before the guest left, a destination that never prepared, a guest
   // no longer running: the move reverts.

@@ -14,9 +14,10 @@ namespace {
 namespace json = boost::json;
 
 constexpr std::array<std::string_view, 3> kind_names{"live", "cold", "resize"};
-constexpr std::array<std::string_view, 5> state_names{"preparing", "claimed", "ready", "switched", "reverting"};
-constexpr std::array<std::string_view, 9> action_names{"none",   "claim",  "prepare", "migrate", "switch_over",
-                                                      "settle", "revert", "unwind",  "clean_up"};
+constexpr std::array<std::string_view, 6> state_names{"preparing",   "claimed",  "ready",
+                                                     "left_source", "switched", "reverting"};
+constexpr std::array<std::string_view, 10> action_names{"none",   "claim",  "prepare", "migrate", "left",
+                                                       "switch_over", "settle", "revert", "unwind",  "clean_up"};
 
 template <class Enum, size_t N>
 bool read_enum(std::string_view text, const std::array<std::string_view, N>& names, Enum& out) {
@@ -45,10 +46,12 @@ MoveAction decide_move(const MoveView& view) {
       case MoveState::preparing: return view.still_wanted ? claim : revert;
       case MoveState::claimed: return view.still_wanted && !view.overdue ? none : revert;
       case MoveState::ready:
-        // Once the guest has left, only its running on the destination ends the move: the
-        // destination switches it over. A job still running may yet take it there.
-        if (view.here == DomainState::absent || view.job) return none;
+        // A job still running may yet take the guest there. Once it is not here, only the
+        // destination can tell whether it runs there: asked, after this look.
+        if (view.job) return none;
+        if (view.here == DomainState::absent) return left;
         return view.here == DomainState::running && view.still_wanted ? migrate : revert;
+      case MoveState::left_source: return none;
       case MoveState::switched: return settle;
       case MoveState::reverting: return unwind;
     }
@@ -57,6 +60,10 @@ MoveAction decide_move(const MoveView& view) {
   switch (view.state) {
     case MoveState::claimed: return prepare;
     case MoveState::ready: return view.here == DomainState::running && !view.job ? switch_over : none;
+    // The source has not had it since before this look: here, or nowhere.
+    case MoveState::left_source:
+      if (view.job) return none;
+      return view.here == DomainState::absent ? revert : switch_over;
     // A guest running here is never removed on a guess: it cannot be while the move reverts.
     case MoveState::reverting: return view.here == DomainState::running ? none : clean_up;
     case MoveState::preparing:

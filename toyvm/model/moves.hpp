@@ -20,6 +20,7 @@ enum class MoveState {
   preparing,  // written; the books are as before the move (the instance holds the source)
   claimed,    // the migration consumer holds the source, the instance the destination
   ready,      // the destination made the guest's files and says how to reach it: the source moves it
+  left_source,  // the source no longer has the guest: the destination says whether it runs there
   switched,   // the guest runs on the destination: the migration consumer's share is to go
   reverting,  // the guest stays on the source: the books are to be swapped back
 };
@@ -51,9 +52,10 @@ enum class MoveAction {
   claim,        // source: the books moved (Placer::begin_move), then claimed
   prepare,      // destination: the guest's files made here, then ready with how to reach it
   migrate,      // source: the guest sent to the destination while it runs
+  left,         // source: the guest is not here (any more): left_source, for the destination to answer
   switch_over,  // either: the guest runs on the destination: its work and record go there
   settle,       // source: the migration consumer's share given back, the record deleted
-  revert,       // source: the move does not happen: reverting (saying why)
+  revert,       // the move does not happen: reverting (saying why)
   unwind,       // source: the books swapped back (Placer::revert_move), the record deleted
   clean_up,     // destination: what prepare made here removed
 };

@@ -129,16 +129,22 @@ class HostAdmin {
     co_return stayed == 0 ? 0 : int(ExitCode::failed);
   }
 
-  // One instance asked to move and followed to its end: where it went, or why it stayed.
+  // One instance asked to move and followed to its end: where it went, or why it stayed. A
+  // move that was undone is asked once more (the guest runs on where it was meanwhile): what
+  // undid it may have passed, and the host is to be emptied.
   awaitable<result<std::string>> move_one(MoveRequests& moves, std::string uuid) {
-    auto asked = co_await moves.ask(uuid, "");
-    if (!asked) co_return asked.error();
-    std::printf("MOVING INSTANCE %s TO %s\n", uuid.c_str(), asked->move.destination.c_str());
-    std::fflush(stdout);
-    auto ended = co_await moves.follow(*asked, options_.move_timeout);
-    if (!ended) co_return ended.error();
-    if (!ended->moved) co_return Error(errc::changed, ended->error);
-    co_return ended->host;
+    constexpr int attempts = 2;
+    for (int attempt = 1;; ++attempt) {
+      auto asked = co_await moves.ask(uuid, "");
+      if (!asked) co_return asked.error();
+      std::printf("MOVING INSTANCE %s TO %s\n", uuid.c_str(), asked->move.destination.c_str());
+      std::fflush(stdout);
+      auto ended = co_await moves.follow(*asked, options_.move_timeout);
+      if (!ended) co_return ended.error();
+      if (ended->moved) co_return ended->host;
+      if (attempt == attempts) co_return Error(errc::changed, ended->error);
+      std::printf("UNDONE INSTANCE %s: %s; asking again\n", uuid.c_str(), ended->error.c_str());
+    }
   }
 
   awaitable<int> evacuate(const std::string& provider) {

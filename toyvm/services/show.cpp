@@ -5,6 +5,7 @@
 #include "clients/etcd.hpp"
 #include "model/console.hpp"
 #include "model/keys.hpp"
+#include "model/moves.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
@@ -105,9 +106,20 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
   const InstanceRecord* record = &std::get<FoundInstance>(found).record;
   auto usage = co_await ask_usage(etcd, keys, *record, options.timeout);
   if (!usage) co_return etcd_failure(etcd, usage.error());
+  // A move in flight, as its agents last wrote it.
+  auto moving = co_await etcd.range(keys.move(record->uuid));
+  if (!moving) co_return etcd_failure(etcd, moving.error());
+  std::optional<result<MoveRecord>> move;
+  if (!moving->kvs.empty()) move = decode_move(moving->kvs.front().value);
   if (options.json) {
     json::object shown = instance_json(*record);
     shown["usage"] = *usage ? json::parse(encode(**usage)) : json::value(nullptr);  // as the agent put it
+    if (move && *move)
+      shown["move"] = json::object{{"kind", to_string((*move)->kind)},   {"state", to_string((*move)->state)},
+                                   {"source", (*move)->source},          {"destination", (*move)->destination},
+                                   {"started_at", (*move)->started_at}, {"error", (*move)->error}};
+    else if (move)
+      shown["move"] = json::object{{"unreadable", move->error().message()}};
     std::printf("%s\n", json::serialize(shown).c_str());
     co_return 0;
   }
@@ -123,6 +135,12 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
     std::printf("error:  %s: %s%s\n", printable_line(record->error_code).c_str(),
                 printable_line(record->error_message).c_str(),
                 record->releasing ? " (its allocation is being released)" : "");
+  if (move && *move)
+    std::printf("moving: %s to host %s (%s%s%s)\n", std::string(to_string((*move)->kind)).c_str(),
+                (*move)->destination.c_str(), std::string(to_string((*move)->state)).c_str(),
+                (*move)->error.empty() ? "" : ": ", printable_line((*move)->error).c_str());
+  else if (move)
+    std::printf("moving: its move record cannot be read (%s)\n", printable_line(move->error().message()).c_str());
   if (*usage) print_usage(**usage);
   co_return 0;
 }

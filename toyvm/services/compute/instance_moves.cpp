@@ -23,7 +23,7 @@ awaitable<std::optional<bool>> Instance::step_move() {
     co_return false;
   }
   bool job = false;
-  if (move.state == MoveState::ready && *here != DomainState::absent) {
+  if ((move.state == MoveState::ready || move.state == MoveState::left_source) && *here != DomainState::absent) {
     auto migrating = co_await ctx_.virt(&VirtBackend::migrating, uuid_);
     if (!migrating) {
       spdlog::error("instance {}: libvirt: {}", uuid_, migrating.error().message());
@@ -67,12 +67,18 @@ awaitable<std::optional<bool>> Instance::step_move() {
       co_return co_await advance_move(std::move(*ready), revision);
     }
     case MoveAction::migrate: co_return co_await migrate(move, revision);
+    case MoveAction::left: {
+      MoveRecord next = move;
+      next.state = MoveState::left_source;
+      co_return co_await advance_move(std::move(next), revision);
+    }
     case MoveAction::switch_over: co_return co_await switch_over(move, revision);
     case MoveAction::settle:
     case MoveAction::unwind: co_return co_await move_ended(move, revision);
     case MoveAction::revert: {
       std::string why = "its guest is not running";
-      if (!wanted) why = "it was stopped or destroyed before it left";
+      if (!source) why = "its guest is on neither host";
+      else if (!wanted) why = "it was stopped or destroyed before it left";
       else if (overdue && move.state == MoveState::claimed)
         why = fmt::format("host {} did not prepare for it within {} s", move.destination,
                           in_seconds(ctx_.config.compute.move_prepare_timeout));
