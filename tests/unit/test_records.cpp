@@ -151,6 +151,9 @@ TEST_CASE("a move: the source claims, the destination prepares, the source migra
   CHECK(destination(S::ready, D::running) == switch_over);
   CHECK(source(S::switched, D::absent) == settle);
   CHECK(destination(S::switched, D::running) == none);
+  // A move whose source died after the switch: the destination ends it.
+  CHECK(decide_move(MoveView{.source = false, .state = S::switched, .here = D::running, .source_alive = false}) ==
+        settle);
 
   // A job still running (an agent restarted during it) may yet take the guest: nobody acts.
   CHECK(source(S::ready, D::running, true) == none);

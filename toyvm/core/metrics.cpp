@@ -26,7 +26,7 @@ const std::vector<Family>& families() {
       {"toyvm_instances", Type::gauge, "Instances on this host by the state it recorded", {}},
       {"toyvm_builds_total", Type::counter, "Builds ended, by result (active, failed)", {}},
       {"toyvm_build_seconds", Type::histogram, "From a build's start to its domain running", build_buckets},
-      {"toyvm_moves_total", Type::counter, "Moves of running guests ended here as the source, by result (moved, reverted)",
+      {"toyvm_moves_total", Type::counter, "Moves of running guests this host ended (as either side), by result (moved, reverted)",
        {}},
       {"toyvm_move_seconds", Type::histogram, "A running guest's move to another host, its disk copied along",
        build_buckets},

@@ -88,7 +88,8 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
     const bool made = record.state == InstanceState::active || record.state == InstanceState::stopped;
     const std::string& host = work->second;
     auto listed = s.domains.find(host);
-    if (made && record.host == host && s.live_hosts.count(host) &&
+    // A guest that moves has its domain on one host or the other until its work follows it.
+    if (made && record.host == host && s.live_hosts.count(host) && !s.moves.count(uuid) &&
         (listed == s.domains.end() || !listed->second.count(uuid)))
       add(AuditKind::instance_without_domain, uuid, host,
           fmt::format("{}, yet its host reports no domain for it", to_string(record.state)));
@@ -100,7 +101,9 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
   for (auto& [provider, uuids] : s.domains) {
     for (const std::string& uuid : uuids) {
       auto work = s.work_host.find(uuid);
-      if (work == s.work_host.end() || work->second != provider)
+      auto move = s.moves.find(uuid);
+      const bool arriving = move != s.moves.end() && move->second.destination == provider;
+      if ((work == s.work_host.end() || work->second != provider) && !arriving)
         add(AuditKind::domain_without_work, uuid, provider, "a domain its host has no work for");
     }
   }

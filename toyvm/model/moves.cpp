@@ -66,8 +66,10 @@ MoveAction decide_move(const MoveView& view) {
       return view.here == DomainState::absent ? revert : switch_over;
     // A guest running here is never removed on a guess: it cannot be while the move reverts.
     case MoveState::reverting: return view.here == DomainState::running ? none : clean_up;
-    case MoveState::preparing:
-    case MoveState::switched: return none;
+    // The source ends a move once its guest has left it (its files and its domain's key go
+    // with the record); the destination does when the source died before it could.
+    case MoveState::switched: return view.source_alive ? none : settle;
+    case MoveState::preparing: return none;
   }
   return none;
 }

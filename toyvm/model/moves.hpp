@@ -54,10 +54,11 @@ enum class MoveAction {
   migrate,      // source: the guest sent to the destination while it runs
   left,         // source: the guest is not here (any more): left_source, for the destination to answer
   switch_over,  // either: the guest runs on the destination: its work and record go there
-  settle,       // source: the migration consumer's share given back, the record deleted
+  settle,       // source (destination, once the source died): the migration consumer's share given
+                // back, the record deleted
   revert,       // the move does not happen: reverting (saying why)
   unwind,       // source: the books swapped back (Placer::revert_move), the record deleted
-  clean_up,     // destination: what prepare made here removed
+  clean_up,     // destination: what prepare made here removed, then unwind as the source would
 };
 
 struct MoveView {
@@ -67,6 +68,7 @@ struct MoveView {
   bool job = false;               // a migration job runs on that domain (source)
   bool still_wanted = true;       // the work still asks for the guest running (source)
   bool overdue = false;           // the destination has not prepared in time (source)
+  bool source_alive = true;       // the source's agent holds its lease (destination)
 };
 MoveAction decide_move(const MoveView& view);
 std::string_view to_string(MoveAction action) noexcept;

@@ -16,6 +16,7 @@
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
 #include "model/keys.hpp"
+#include "model/moves.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
@@ -171,12 +172,12 @@ class HostAdmin {
         auto record = decode_instance(held->kvs.front().value);
         failed = record && record->state == InstanceState::error;
       }
-      // One that was moving when its host died is left to that move: its destination may run it.
-      auto moving = co_await etcd_->range(keys_.move(work->uuid));
-      if (!moving) co_return etcd_failure(*etcd_, moving.error());
-      if (!moving->kvs.empty()) {
-        std::fprintf(stderr, "toyvm: instance %s was moving when its host died; left to that move\n",
-                     work->uuid.c_str());
+      auto settled = co_await end_move_of_dead(*work);
+      if (!settled) {
+        if (is_etcd_error(settled.error())) co_return etcd_failure(*etcd_, settled.error());
+        co_return report_failure(settled.error());
+      }
+      if (!*settled) {
         ++changed;
         continue;
       }
@@ -220,6 +221,50 @@ class HostAdmin {
     }
     if (changed > 0) co_return int(ExitCode::failed);
     co_return no_room > 0 ? int(ExitCode::no_allocations) : 0;
+  }
+
+  // A move of a guest whose host died: one that had not sent the guest yet is undone here (the
+  // guest is gone with its host); for one that may have, the destination is asked whether it
+  // runs there (left_source), and the move is left to it. true: no move (any more), evacuate it.
+  awaitable<result<bool>> end_move_of_dead(const WorkSpec& work) {
+    const std::string key = keys_.move(work.uuid);
+    auto moving = co_await etcd_->range(key);
+    if (!moving) co_return moving.error();
+    if (moving->kvs.empty()) co_return true;
+    const int64_t revision = moving->kvs.front().mod_revision;
+    auto move = decode_move(moving->kvs.front().value);
+    if (!move) {
+      std::fprintf(stderr, "toyvm: instance %s has a move record that cannot be read; left\n", work.uuid.c_str());
+      co_return false;
+    }
+    std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, revision)};
+    switch (move->state) {
+      case MoveState::preparing:
+      case MoveState::claimed:
+      case MoveState::reverting: {
+        auto reverted = co_await placer_.revert_move(work.uuid, move->migration);
+        if (!reverted) co_return reverted.error();
+        std::vector<EtcdOp> gone{EtcdOp::erase(key)};
+        auto txn = co_await etcd_->txn(std::move(as_read), std::move(gone));
+        if (!txn) co_return txn.error();
+        if (txn->succeeded) std::fprintf(stderr, "toyvm: instance %s: its move was undone\n", work.uuid.c_str());
+        co_return txn->succeeded;
+      }
+      case MoveState::ready: {
+        move->state = MoveState::left_source;
+        std::vector<EtcdOp> asked{EtcdOp::put(key, encode(*move))};
+        auto txn = co_await etcd_->txn(std::move(as_read), std::move(asked));
+        if (!txn) co_return txn.error();
+        break;
+      }
+      case MoveState::left_source:
+      case MoveState::switched: break;
+    }
+    std::fprintf(stderr,
+                 "toyvm: instance %s was moving to %s when its host died; that host finishes or undoes the move "
+                 "(evacuate again once it has)\n",
+                 work.uuid.c_str(), move->destination.c_str());
+    co_return false;
   }
 
   // Off the dead host through the placer's one move engine, guarded by the work's revision

@@ -6,6 +6,7 @@
 #include "clients/placement.hpp"
 #include "core/failpoint.hpp"
 #include "model/keys.hpp"
+#include "model/moves.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
@@ -41,6 +42,16 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
   } else {
     as_read.push_back(EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision));
   }
+  // A move in flight goes with it: its migration consumer's share is released too.
+  auto moving = co_await etcd.range(keys.move(record.uuid));
+  if (!moving) co_return etcd_failure(etcd, moving.error());
+  std::string migration;
+  if (moving->kvs.empty()) {
+    as_read.push_back(EtcdCompare::absent(keys.move(record.uuid)));
+  } else {
+    as_read.push_back(EtcdCompare::mod_revision_is(keys.move(record.uuid), moving->kvs.front().mod_revision));
+    if (auto move = decode_move(moving->kvs.front().value)) migration = move->migration;
+  }
   // Its group, as its membership says: its work, which names it too, may not be readable.
   auto members = co_await etcd.range_prefix(keys.groups_root());
   if (!members) co_return etcd_failure(etcd, members.error());
@@ -63,6 +74,13 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
       co_return report_failure(Error(released.error().code,
                                      fmt::format("instance {} is removed, but its allocation was not released ({}); "
                                                  "`toyvm audit --fix` releases it",
+                                                 record.uuid, released.error().message())));
+  }
+  if (!migration.empty()) {
+    if (auto released = co_await placement.release(migration); !released)
+      co_return report_failure(Error(released.error().code,
+                                     fmt::format("instance {} is removed, but its move's allocation was not released "
+                                                 "({}); `toyvm audit --fix` releases it",
                                                  record.uuid, released.error().message())));
   }
   std::printf("DESTROYED INSTANCE %s\n", record.uuid.c_str());

@@ -66,6 +66,7 @@ void Instance::take_move(const KeyValue& kv, std::optional<MoveRecord> move) {
 
 void Instance::move_vanished(int64_t revision) {
   if (!moving() || revision < move_revision_) return;
+  prepared_here_ = move_ && move_->destination == ctx_.host.provider && move_->state != MoveState::switched;
   move_.reset();
   move_unreadable_ = false;
   move_revision_ = revision;
@@ -116,6 +117,12 @@ awaitable<bool> Instance::step() {
   co_await failpoint::pass("reconcile.step");
   if (unreadable_ || move_unreadable_) co_return true;  // nothing is decided on what cannot be read
   if (recheck_work_ && !co_await recheck_work()) co_return false;
+  if (std::exchange(prepared_here_, false) && !desired_ && !move_) {
+    // Ended by someone else (an evacuation of its dead source, destroy --force): whatever
+    // arrived here has no work, and what was prepared for it is removed.
+    auto removed = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
+    if (!removed) prepared_here_ = true;
+  }
   if (move_)
     if (auto moved = co_await step_move()) co_return *moved;
   if (desired_ && !phase_ && !co_await load_recorded()) co_return false;

@@ -136,6 +136,7 @@ class Instance : public std::enable_shared_from_this<Instance> {
   int64_t move_revision_ = 0;
   bool move_unreadable_ = false;  // its move record cannot be read: nothing is decided for it
   bool recheck_work_ = false;     // a move ended: the work is read again before anything is decided
+  bool prepared_here_ = false;    // a move here ended unseen: what was prepared for it goes unless its work came
   Run run_ = Run::idle;
   asio::steady_timer* image_wait_ = nullptr;  // a build waiting for its image; ended by a destroy
 };

@@ -16,7 +16,8 @@ awaitable<std::optional<bool>> Instance::step_move() {
   const MoveRecord move = *move_;
   const int64_t revision = move_revision_;
   const bool source = move.source == ctx_.host.provider;
-  if (!source && desired_) co_return std::nullopt;  // switched over: its work is here now
+  // Switched over (its work is here now): only the settling is left, then the usual decisions.
+  if (!source && desired_ && move.state != MoveState::switched) co_return std::nullopt;
   auto here = co_await ctx_.virt(&VirtBackend::state, uuid_);
   if (!here) {
     spdlog::error("instance {}: libvirt: {}", uuid_, here.error().message());
@@ -31,13 +32,23 @@ awaitable<std::optional<bool>> Instance::step_move() {
     }
     job = *migrating;
   }
+  // Whether the source's agent is alive matters only to a destination whose move switched.
+  bool source_alive = true;
+  if (!source && move.state == MoveState::switched) {
+    auto alive = co_await ctx_.etcd->range(ctx_.keys.host(move.source));
+    if (!alive) co_return false;
+    source_alive = !alive->kvs.empty();
+  }
   const bool wanted = desired_ && desired_->power == PowerState::running;
   const auto patience = std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.config.compute.move_prepare_timeout);
   const bool overdue = unix_millis() - move.started_at > patience.count();
-  switch (decide_move(MoveView{source, move.state, *here, job, wanted, overdue})) {
+  switch (decide_move(MoveView{source, move.state, *here, job, wanted, overdue, source_alive})) {
     case MoveAction::none:
-      // Waiting for the destination to prepare (which may take too long), or for a job of
-      // libvirt's to end: looked at again in a moment. Anything else comes as news.
+      // Waiting for the destination to prepare (which may take too long), for a job of
+      // libvirt's to end, or for the source to settle (or die): looked at again in a moment.
+      // Anything else comes as news.
+      // (A destination whose work has not come yet decides nothing: it would remove the guest.)
+      if (!source && move.state == MoveState::switched && desired_) co_return std::nullopt;
       co_return !(source && move.state == MoveState::claimed) && !job;
     case MoveAction::claim: {
       auto claimed = co_await steps_.mover.claim(move, desired_->resources);
@@ -86,8 +97,11 @@ awaitable<std::optional<bool>> Instance::step_move() {
     }
     case MoveAction::clean_up: {
       auto gone = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
-      if (!gone) spdlog::error("instance {}: removing what was prepared for it: {}", uuid_, gone.error().message());
-      co_return bool(gone);
+      if (!gone) {
+        spdlog::error("instance {}: removing what was prepared for it: {}", uuid_, gone.error().message());
+        co_return false;
+      }
+      co_return co_await move_ended(move, revision);
     }
   }
   co_return true;
@@ -174,14 +188,14 @@ awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
   }
   // The guest's domain key here goes with the move: once the move is over, what this host
   // publishes says where the guest is.
+  const bool source = move.source == ctx_.host.provider;
   std::vector<EtcdOp> domain_key;
-  if (moved) domain_key.push_back(steps_.presence.domain_erase(uuid_));
+  if (moved && source) domain_key.push_back(steps_.presence.domain_erase(uuid_));
   auto erased = co_await steps_.mover.erase(move, revision, domain_key);
   if (!erased) co_return false;
   if (!*erased) co_return true;
-  if (moved) steps_.presence.recorded(uuid_, domain_key.front());
-  if (moved) spdlog::info("instance {}: moved to host {}", uuid_, move.destination);
-  else spdlog::info("instance {}: stays on this host", uuid_);
+  if (!domain_key.empty()) steps_.presence.recorded(uuid_, domain_key.front());
+  spdlog::info("instance {}: {} host {}", uuid_, moved ? "moved from" : "did not move from", move.source);
   metrics::count("toyvm_moves_total", {{"result", moved ? "moved" : "reverted"}});
   move_.reset();
   recheck_work_ = true;
