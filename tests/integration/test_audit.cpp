@@ -299,6 +299,12 @@ TEST_CASE("a move's books in the real Placement: its migration consumer holds th
   // A move that happened: the migration consumer's share goes, once, however often asked.
   REQUIRE(begin(size) == int(Move::moved));
   // While the record says so, audit sees a move in flight, not a leak, and --fix leaves it.
+  // (The agents are stopped first: they would take the record up, and undo a move of an
+  // instance that has no work. Their providers stay toyvm's.)
+  for (Process* agent : {on_a.get(), on_b.get()}) {
+    agent->signal(SIGTERM);
+    agent->wait();
+  }
   MoveRecord moving{.instance = uuid, .migration = migration, .source = a, .destination = b, .state = MoveState::claimed,
                     .started_at = unix_millis()};
   servers.etcd_put(KeyLayout().move(uuid), encode(moving));
