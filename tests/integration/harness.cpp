@@ -5,7 +5,9 @@
 
 #include <fmt/format.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -647,6 +649,42 @@ void ensure_libvirtd() {
     if (std::system((source_root() + "/contrib/start-libvirtd.sh").c_str()) != 0)
       throw std::runtime_error("contrib/start-libvirtd.sh failed");
   });
+}
+
+bool answers_ping(const std::string& ip, double timeout_s) {
+  int fd = socket(AF_INET, SOCK_RAW, IPPROTO_ICMP);
+  if (fd < 0) return false;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  if (inet_pton(AF_INET, ip.c_str(), &to.sin_addr) != 1) {
+    close(fd);
+    return false;
+  }
+  // An echo request: type 8, code 0, its checksum over the 8 bytes, a fixed id and sequence.
+  unsigned char request[8] = {8, 0, 0, 0, 0x70, 0x79, 0, 1};
+  uint32_t sum = 0;
+  for (int i = 0; i < 8; i += 2) sum += (request[i] << 8) | request[i + 1];
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  request[2] = uint8_t(~sum >> 8);
+  request[3] = uint8_t(~sum);
+  bool answered = false;
+  if (sendto(fd, request, sizeof request, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) == sizeof request) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (!answered && std::chrono::steady_clock::now() < deadline) {
+      pollfd ready{fd, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (poll(&ready, 1, int(std::max<int64_t>(left.count(), 1))) <= 0) break;
+      unsigned char reply[1500];
+      sockaddr_in from{};
+      socklen_t from_size = sizeof from;
+      ssize_t n = recvfrom(fd, reply, sizeof reply, 0, reinterpret_cast<sockaddr*>(&from), &from_size);
+      if (n < 28 || from.sin_addr.s_addr != to.sin_addr.s_addr) continue;
+      const size_t header = size_t(reply[0] & 0x0f) * 4;  // the IP header comes with a raw socket
+      answered = size_t(n) >= header + 8 && reply[header] == 0 && reply[header + 4] == 0x70 && reply[header + 5] == 0x79;
+    }
+  }
+  close(fd);
+  return answered;
 }
 
 namespace {

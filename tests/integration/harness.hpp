@@ -196,6 +196,9 @@ struct StallingServer {
 // while libvirtd probes QEMU).
 void ensure_libvirtd();
 // A second libvirtd on this machine (contrib/second-libvirtd.sh), as a second host; its URI.
+// Whether `ip` answers an ICMP echo within `timeout_s` (a raw socket: the tests run as root).
+bool answers_ping(const std::string& ip, double timeout_s = 1);
+
 std::string ensure_second_libvirtd();
 // The first daemon's URI as the second one reaches it (a guest moving back goes there).
 std::string first_libvirtd_from_second();

@@ -792,6 +792,7 @@ TEST_CASE("toyvm migrate moves a running guest to another host and back: its cou
   const std::string uuid = hosts.guest_on_first();
   const InstanceRecord before = record_of(servers, uuid);
   REQUIRE_FALSE(before.ip.empty());
+  REQUIRE(wait_for([&] { return answers_ping(before.ip); }, 60));
   const int ticks = last_tick(read_file(hosts.log1(uuid)));
 
   auto there = servers.toyvm({"migrate", uuid}, 300);
@@ -809,7 +810,9 @@ TEST_CASE("toyvm migrate moves a running guest to another host and back: its cou
   CHECK(hosts.host.domain_state(uuid) == DomainState::absent);
   CHECK_FALSE(fs::exists(hosts.host.overlay(uuid)));
   hosts.expect_books_on(uuid, hosts.rp2);
-  // It counts on over there: not booted again.
+  // It answers at its address over there (its filter lets it send from it at once), and counts
+  // on: not booted again.
+  CHECK(wait_for([&] { return answers_ping(before.ip); }, 30));
   CHECK(wait_for([&] { return last_tick(read_file(hosts.log2(uuid))) > ticks; }, 60));
   CHECK(read_file(hosts.log2(uuid)).find("toyvm-guest: booted") == std::string::npos);
   // Its old host does not build it again (the step that would runs within a second).
@@ -825,6 +828,7 @@ TEST_CASE("toyvm migrate moves a running guest to another host and back: its cou
   CHECK(hosts.host.domain_state(uuid) == DomainState::running);
   CHECK(hosts.state2(uuid) == DomainState::absent);
   hosts.expect_books_on(uuid, hosts.host.rp);
+  CHECK(wait_for([&] { return answers_ping(before.ip); }, 30));
   CHECK(wait_for([&] { return last_tick(read_file(hosts.log1(uuid))) > ticks2; }, 60));
 
   // A move that cannot be: to its own host, of an unknown instance, of a stopped one.
