@@ -1,7 +1,5 @@
 #include "services/compute/mover.hpp"
 
-#include <spdlog/spdlog.h>
-
 namespace toyvm::compute {
 
 using namespace std::chrono_literals;
