@@ -12,6 +12,7 @@ one live move alone (`toyvm migrate`) in the same run.
 import argparse
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,6 +101,7 @@ def main():
         for line in cloud.run("show").stdout.splitlines()[1:]:
             cloud.run("destroy", line.split()[0])
         cloud.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
