@@ -18,7 +18,6 @@
 #include "model/keys.hpp"
 #include "model/moves.hpp"
 #include "model/records.hpp"
-#include "model/uuid.hpp"
 #include "services/common.hpp"
 #include "services/move_request.hpp"
 #include "services/placer.hpp"

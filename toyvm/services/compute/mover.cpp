@@ -4,23 +4,25 @@ namespace toyvm::compute {
 
 using namespace std::chrono_literals;
 
-awaitable<result<std::optional<int64_t>>> Mover::write(MoveRecord next, int64_t revision) {
-  const std::string key = ctx_.keys.move(next.instance);
-  std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, revision)};
-  std::vector<EtcdOp> put{EtcdOp::put(key, encode(next))};
-  auto txn = co_await ctx_.etcd->txn(std::move(as_read), std::move(put));
+awaitable<result<std::optional<int64_t>>> Mover::guarded(const std::string& instance, int64_t revision,
+                                                         std::vector<EtcdOp> ops) {
+  std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(ctx_.keys.move(instance), revision)};
+  auto txn = co_await ctx_.etcd->txn(std::move(as_read), std::move(ops));
   if (!txn) co_return txn.error();
   if (!txn->succeeded) co_return std::nullopt;
   co_return txn->revision;
 }
 
+awaitable<result<std::optional<int64_t>>> Mover::write(MoveRecord next, int64_t revision) {
+  std::vector<EtcdOp> put{EtcdOp::put(ctx_.keys.move(next.instance), encode(next))};
+  co_return co_await guarded(next.instance, revision, std::move(put));
+}
+
 awaitable<result<bool>> Mover::erase(const MoveRecord& move, int64_t revision, std::vector<EtcdOp> also) {
-  const std::string key = ctx_.keys.move(move.instance);
-  std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, revision)};
-  also.push_back(EtcdOp::erase(key));
-  auto txn = co_await ctx_.etcd->txn(std::move(as_read), std::move(also));
-  if (!txn) co_return txn.error();
-  co_return txn->succeeded;
+  also.push_back(EtcdOp::erase(ctx_.keys.move(move.instance)));
+  auto erased = co_await guarded(move.instance, revision, std::move(also));
+  if (!erased) co_return erased.error();
+  co_return erased->has_value();
 }
 
 awaitable<result<Placer::Move>> Mover::claim(const MoveRecord& move, ResourceAmounts resources) {

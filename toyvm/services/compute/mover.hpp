@@ -9,7 +9,6 @@
 #include "model/moves.hpp"
 #include "services/compute/builder.hpp"
 #include "services/compute/context.hpp"
-#include "services/compute/presence.hpp"
 #include "services/placer.hpp"
 
 #include <optional>
@@ -24,7 +23,7 @@ class Mover {
   // `next` over the record as read at `revision`: its revision once made; nothing when the
   // record changed meanwhile (the watch brings what it is now).
   awaitable<result<std::optional<int64_t>>> write(MoveRecord next, int64_t revision);
-  // Gone, while it is as read, with `also` in the same transaction.
+  // Gone, while it is as read, with `also` in the same transaction; false when it changed.
   awaitable<result<bool>> erase(const MoveRecord& move, int64_t revision, std::vector<EtcdOp> also = {});
 
   // Source: the migration consumer takes over the source's share and the instance claims
@@ -45,6 +44,10 @@ class Mover {
   awaitable<result<void>> unwind(const MoveRecord& move);
 
  private:
+  // `ops` in one transaction, only while the move record of `instance` is as read at `revision`.
+  awaitable<result<std::optional<int64_t>>> guarded(const std::string& instance, int64_t revision,
+                                                    std::vector<EtcdOp> ops);
+
   AgentContext& ctx_;
   Builder& builder_;
   Placer& placer_;
