@@ -27,12 +27,21 @@ for report in sorted(reports.glob("*.xml")):
         cases = ET.parse(report).getroot().iter("testcase")
     except ET.ParseError:
         failed += 1  # a crashed test program leaves a truncated report
+        print(f"FAILED {report.stem}: its report is truncated (the test program crashed)")
         continue
     for case in cases:
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed += 1
-        else:
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is None:
             passed += 1
+            continue
+        failed += 1
+        # Name what failed and why, so a log of this run alone explains it.
+        print(f"FAILED {report.stem}: {case.get('classname', '')} {case.get('name')}")
+        detail = (problem.get("message") or "") + "\n" + (problem.text or "")
+        for line in detail.strip().splitlines()[:40]:
+            print(f"    {line}")
 if meson_status != 0 and failed == 0:
     failed = 1  # a suite failed without a report: count it
 print(f"{passed} passed, {failed} failed")
