@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A second libvirtd on this machine, as a second host for moving guests between two daemons:
 #   contrib/second-libvirtd.sh start [DIR]   prints its URI (qemu+tcp://127.0.0.1:16510/system),
-#                                            then the first daemon's as the second reaches it
-#                                            (a unix socket; the first does not listen on TCP)
+#                                            then the first daemon's as either reaches it (a
+#                                            unix socket; the first does not listen on TCP)
 #   contrib/second-libvirtd.sh stop [DIR]
 # The QEMU driver keeps fixed paths (its pid lock, <name>.xml status files), and during a
 # migration one domain exists on both daemons: this one runs in its own mount namespace, with
@@ -32,12 +32,16 @@ stop() {
 }
 
 case "$action" in
-  stop) stop; exit 0 ;;
+  stop) stop; umount /run/toyvm-first-libvirt 2>/dev/null || true; exit 0 ;;
   start) ;;
   *) echo "usage: $0 start|stop [DIR]" >&2; exit 2 ;;
 esac
 
+# The first daemon under a path that both namespaces share: the second daemon sends guests
+# back to it there, and a cold move's disk goes to it from either side.
 back="qemu+unix:///system?socket=/run/toyvm-first-libvirt/libvirt-sock"
+mkdir -p /run/toyvm-first-libvirt
+mountpoint -q /run/toyvm-first-libvirt || mount --bind /run/libvirt /run/toyvm-first-libvirt
 answers && { echo "$uri"; echo "$back"; exit 0; }
 "$root/contrib/start-libvirtd.sh"
 stop  # a daemon of an earlier run that no longer answers
@@ -88,8 +92,6 @@ virsh -q -c qemu:///system net-start default >/dev/null 2>&1 || true
 unshare --mount --propagation private bash -c '
   set -e
   dir=$1
-  # The first daemon stays reachable from here under another path (peer-to-peer moves back).
-  mkdir -p /run/toyvm-first-libvirt && mount --bind /run/libvirt /run/toyvm-first-libvirt
   mount --bind "$dir/run" /run/libvirt 2>/dev/null || { mkdir -p /run/libvirt; mount --bind "$dir/run" /run/libvirt; }
   mount --bind "$dir/lib" /var/lib/libvirt
   mount --bind "$dir/cache" /var/cache/libvirt
@@ -100,8 +102,7 @@ unshare --mount --propagation private bash -c '
 ' _ "$dir"
 
 for _ in $(seq 1 300); do
-  back="qemu+unix:///system?socket=/run/toyvm-first-libvirt/libvirt-sock"
-answers && { echo "$uri"; echo "$back"; exit 0; }
+  answers && { echo "$uri"; echo "$back"; exit 0; }
   sleep 0.2
 done
 echo "second-libvirtd: no answer on $uri (see $dir/log)" >&2

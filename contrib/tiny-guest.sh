@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds a tiny direct-kernel-boot guest image from Debian's packages, no other downloads:
 # the kernel of linux-image-amd64, the virtio-net and e1000 drivers from the same package
-# (so either NIC model works), and an initramfs
+# (so either NIC model works) and virtio-blk (its disk is /dev/vda), and an initramfs
 # of busybox-static whose init prints a marker on the serial console, asks DHCP for an
 # address, reads its metadata from the metadata service, and runs user data that is a script.
 #   usage: contrib/tiny-guest.sh OUTDIR      (writes OUTDIR/{kernel,initrd,cmdline,disk.raw})
@@ -31,7 +31,7 @@ mkdir -p "$root"/{bin,dev,proc,sys,etc,tmp,run,lib/modules}
 cp /bin/busybox "$root/bin/busybox"
 # In load order: each after the modules it depends on.
 modules="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci failover net_failover virtio_net
-e1000 evdev button"
+virtio_blk e1000 evdev button"
 for module in $modules; do
   found=$(find "$work/pkg/lib/modules/$version" -name "$module.ko*" | head -1)
   case "$found" in

@@ -197,14 +197,16 @@ int main(int argc, char** argv) {
 
   MigrateOptions migrate;
   bool migrate_no_wait = false;
-  auto* migrate_cmd = app.add_subcommand("migrate", "move a running instance to another host while it runs");
+  auto* migrate_cmd = app.add_subcommand("migrate", "move an instance to another host, live while it runs");
   if (named(argc, argv, "migrate")) {
     migrate_cmd->add_option("uuid", migrate.uuid, "instance uuid")->required();
     migrate_cmd->add_option("--host", migrate.host,
                             "destination host name or provider uuid (default: the best other host for its query)");
     migrate_cmd->add_flag("--no-wait", migrate_no_wait, "return once the move is asked for");
+    migrate_cmd->add_flag("--cold", migrate.cold, "power it off, copy its disk, start it there (a stopped one stays off)");
     add_seconds(migrate_cmd, "--timeout", migrate.wait_timeout, "seconds to wait for the move");
     migrate_cmd->footer("Its disk and memory are copied while it runs; it keeps its uuid, MAC and address.\n"
+                        "A stopped instance moves cold, and stays stopped.\n"
                         "Example: toyvm migrate d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --host compute-2");
     migrate_cmd->callback([&] {
       migrate.wait = !migrate_no_wait;
@@ -226,13 +228,14 @@ int main(int argc, char** argv) {
       service = [&](const Config& c) { return run_host(c, host); };
     });
     auto* drain_cmd =
-        host_cmd->add_subcommand("drain", "disable a host and move its running instances to others while they run");
+        host_cmd->add_subcommand("drain", "disable a host and move its instances to others, live where they run");
     drain_cmd->add_option("host", host.host, "host name or provider uuid")->required();
     drain_cmd->add_option("--parallel", host.parallel, "instances moved at once (default 1)")
         ->check(CLI::Range(1, 64));
     drain_cmd->add_option("--reason", host.reason, "why, shown by show --hosts");
     add_seconds(drain_cmd, "--timeout", host.move_timeout, "seconds each move may take");
-    drain_cmd->footer("Exit 0 once no instance is left on the host.\nExample: toyvm host drain compute-3 --parallel 2");
+    drain_cmd->footer("Stopped instances, and running ones that cannot move live, move cold (powered off).\n"
+                      "Exit 0 once no instance is left on the host.\nExample: toyvm host drain compute-3 --parallel 2");
     drain_cmd->callback([&] {
       host.action = HostOptions::Action::drain;
       service = [&](const Config& c) { return run_host(c, host); };

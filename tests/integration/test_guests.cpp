@@ -747,11 +747,12 @@ struct TwoHosts {
   std::string log2(const std::string& uuid) const { return instances2 + "/" + uuid + "/console.log"; }
   std::string output() const { return host.compute->output() + "\n--- c2 ---\n" + second->output(); }
 
-  // `count` tiny guests on c1, counting.
-  std::vector<std::string> guests_on_first(int count) {
+  // `count` tiny guests on c1, counting; `extra` for the schedule.
+  std::vector<std::string> guests_on_first(int count, const std::vector<std::string>& extra = {}) {
     REQUIRE(host.servers.toyvm({"host", "disable", "c2"}).exit_code == 0);
     std::vector<std::string> argv{"schedule", flavor, "--image", "tiny", "--count", std::to_string(count), "--wait",
                                   "--timeout", std::to_string(int(boot_timeout_s))};
+    argv.insert(argv.end(), extra.begin(), extra.end());
     auto scheduled = host.servers.toyvm(argv, boot_timeout_s + 30);
     INFO(scheduled.out << scheduled.err);
     REQUIRE(scheduled.exit_code == 0);
@@ -840,6 +841,59 @@ TEST_CASE("toyvm migrate moves a running guest to another host and back: its cou
   // A move that cannot be: to its own host, of an unknown instance, of a stopped one.
   CHECK(servers.toyvm({"migrate", uuid, "--host", "c1"}).exit_code == 2);
   CHECK(servers.toyvm({"migrate", "00000000-0000-4000-8000-000000000000"}).exit_code == 3);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  hosts.host.expect_nothing_held(uuid);
+}
+
+TEST_CASE("a stopped guest moves cold and stays stopped; moved back cold while it runs, it boots from the disk it "
+          "wrote", "[guests]") {
+  TwoHosts hosts;
+  Servers& servers = hosts.host.servers;
+  // The guest marks its disk at its first boot, and says at each later one that it finds it.
+  const std::string script = servers.dir() + "/mark-disk";
+  std::ofstream(script) << "#!/bin/sh\n"
+                           "if [ \"$(head -c 10 /dev/vda)\" = toyvm-mark ]; then echo 'disk kept its mark'\n"
+                           "else printf toyvm-mark > /dev/vda && sync && echo 'disk marked'; fi\n";
+  const std::string uuid = hosts.guests_on_first(1, {"--user-data", script}).front();
+  const InstanceRecord before = record_of(servers, uuid);
+  REQUIRE(wait_for([&] { return read_file(hosts.log1(uuid)).find("toyvm-guest: disk marked") != std::string::npos; },
+                   60));
+  REQUIRE(servers.toyvm({"stop", uuid, "--timeout", "60"}, 90).exit_code == 0);
+
+  auto there = servers.toyvm({"migrate", uuid, "--host", "c2"}, 300);
+  INFO(there.out << there.err << hosts.output());
+  REQUIRE(there.exit_code == 0);
+  CHECK(there.out == "MIGRATED INSTANCE " + uuid + " TO " + hosts.rp2 + "\n");
+  InstanceRecord after = record_of(servers, uuid);
+  CHECK(after.host == hosts.rp2);
+  CHECK(after.state == InstanceState::stopped);
+  CHECK(after.mac == before.mac);
+  CHECK(servers.etcd_prefix(KeyLayout().work(hosts.host.rp, uuid)).empty());
+  CHECK(hosts.state2(uuid) == DomainState::stopped);
+  CHECK(hosts.host.domain_state(uuid) == DomainState::absent);
+  CHECK_FALSE(fs::exists(hosts.host.overlay(uuid)));
+  hosts.expect_books_on(uuid, hosts.rp2);
+  // Left off there; started, it boots there. (Its user data is read from the metadata service
+  // of the first host's agent, which serves its own guests only: it runs again on the way back.)
+  CHECK_FALSE(wait_for([&] { return hosts.state2(uuid) != DomainState::stopped; }, 3));
+  auto started = servers.toyvm({"start", uuid, "--timeout", "60"}, 90);
+  INFO(started.err);
+  REQUIRE(started.exit_code == 0);
+  CHECK(wait_for([&] { return last_tick(read_file(hosts.log2(uuid))) >= 1; }, boot_timeout_s));
+
+  // Back, cold while it runs: powered off there, its disk copied, started here again.
+  auto back = servers.toyvm({"migrate", uuid, "--host", "c1", "--cold"}, 300);
+  INFO(back.out << back.err);
+  REQUIRE(back.exit_code == 0);
+  CHECK(record_of(servers, uuid).host == hosts.host.rp);
+  CHECK(wait_for([&] { return hosts.host.domain_state(uuid) == DomainState::running; }, 60));
+  CHECK(hosts.state2(uuid) == DomainState::absent);
+  hosts.expect_books_on(uuid, hosts.host.rp);
+  CHECK(wait_for([&] { return read_file(hosts.log1(uuid)).find("toyvm-guest: disk kept its mark") != std::string::npos; },
+                 boot_timeout_s));
+  CHECK(wait_for_record(servers, uuid, [&](const InstanceRecord& r) {
+    return r.state == InstanceState::active && r.ip == before.ip;
+  }, boot_timeout_s));
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
   hosts.host.expect_nothing_held(uuid);
 }

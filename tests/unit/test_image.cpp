@@ -113,6 +113,41 @@ TEST_CASE("probe_disk tells raw from well-formed qcow2 and refuses the rest") {
   CHECK(probe_disk(qcow2_header(2, 1 << 20).substr(0, 72), 1 << 16));  // version 2 ends at 72
 }
 
+TEST_CASE("an overlay copied from another host is given this host's base image, in its header's cluster") {
+  // As QEMU writes one: the backing file name after the header (and its extensions).
+  const std::string from = "/var/lib/a/images/0123.raw";
+  std::string overlay = qcow2_header(3, 1 << 30, 0x1d0);
+  overlay.resize(1 << 16, '\0');
+  overlay.replace(0x1d0, from.size(), from);
+  overlay[19] = char(from.size());
+  auto big_endian32 = [](const std::string& h, size_t at) {
+    return uint32_t(uint8_t(h[at])) << 24 | uint32_t(uint8_t(h[at + 1])) << 16 | uint32_t(uint8_t(h[at + 2])) << 8 |
+           uint8_t(h[at + 3]);
+  };
+
+  const std::string to = "/srv/b/images/0123.raw";  // shorter: the old name's tail is cleared
+  auto rebased = rebase_overlay_header(overlay, to);
+  REQUIRE(rebased);
+  CHECK(rebased->size() == overlay.size());
+  CHECK(big_endian32(*rebased, 16) == to.size());
+  CHECK(rebased->substr(0x1d0, from.size()) == to + std::string(from.size() - to.size(), '\0'));
+  CHECK(rebased->substr(0, 16) == overlay.substr(0, 16));  // everything else as it was
+  CHECK(rebased->substr(0x1d0 + from.size()) == overlay.substr(0x1d0 + from.size()));
+  const std::string longer = "/a/much/longer/path/to/the/same/base/image/0123.raw";
+  auto again = rebase_overlay_header(*rebased, longer);
+  REQUIRE(again);
+  CHECK(again->substr(0x1d0, longer.size()) == longer);
+  CHECK(big_endian32(*again, 16) == longer.size());
+
+  CHECK_THAT(said(rebase_overlay_header(overlay, std::string(1 << 16, 'x'))), Catch::Contains("no room"));
+  CHECK_THAT(said(rebase_overlay_header(qcow2_header(3, 1 << 30), to)), Catch::Contains("not an overlay"));
+  CHECK_THAT(said(rebase_overlay_header("\x55\xaa raw bytes", to)), Catch::Contains("not a qcow2"));
+  CHECK_THAT(said(rebase_overlay_header(overlay.substr(0, 0x1d0 + 4), to)), Catch::Contains("out of bounds"));
+  std::string data_file = overlay;
+  data_file[79] = 4;
+  CHECK_THAT(said(rebase_overlay_header(data_file, to)), Catch::Contains("external data file"));
+}
+
 TEST_CASE("an image's format is what its reference declares, never guessed from its content") {
   auto ref = [](const std::string& text) {
     auto parsed = parse_image_ref(text, {"http", "https", "file"});

@@ -119,6 +119,7 @@ TEST_CASE("a move record round-trips, and one this reader cannot follow is corru
   for (const char* garbage : {"", "[]", "{", R"({"instance":7})"}) CHECK_FALSE(said(decode_move(garbage)).empty());
 
   // Ready says where the guest goes; a ready record without it cannot be followed.
+  move.kind = MoveKind::live;
   move.state = MoveState::ready;
   move.libvirt_uri = "qemu+tcp://b/system";
   move.migration_uri = "tcp://b";
@@ -126,6 +127,13 @@ TEST_CASE("a move record round-trips, and one this reader cannot follow is corru
   back = decode_move(encode(move));
   REQUIRE(back);
   CHECK(*back == move);
+  move.kind = MoveKind::cold;
+  move.disk = "/var/lib/toyvm/instances/7387cdc8-291c-4b02-87ce-895f460b7a80.qcow2";
+  back = decode_move(encode(move));
+  REQUIRE(back);
+  CHECK(*back == move);
+  move.disk.clear();
+  CHECK_THAT(said(decode_move(encode(move))), Catch::Contains("without the disk it goes to"));
   move.domain_xml.clear();
   CHECK_THAT(said(decode_move(encode(move))), Catch::Contains("without where the guest goes"));
 }
@@ -135,10 +143,11 @@ TEST_CASE("a move: the source claims, the destination prepares, the source migra
   using S = MoveState;
   using D = DomainState;
   auto source = [](S state, D here = D::running, bool job = false, bool wanted = true, bool overdue = false) {
-    return decide_move(MoveView{true, state, here, job, wanted, overdue});
+    return decide_move(MoveView{.source = true, .state = state, .here = here, .job = job, .still_wanted = wanted,
+                                .overdue = overdue});
   };
   auto destination = [](S state, D here = D::absent, bool job = false) {
-    return decide_move(MoveView{false, state, here, job});
+    return decide_move(MoveView{.source = false, .state = state, .here = here, .job = job});
   };
   CHECK(source(S::preparing) == claim);
   CHECK(source(S::claimed) == none);
@@ -178,4 +187,31 @@ TEST_CASE("a move: the source claims, the destination prepares, the source migra
   CHECK(destination(S::reverting, D::stopped) == clean_up);
   // Never removed on a guess: a guest running at the destination while the move reverts stays.
   CHECK(destination(S::reverting, D::running) == none);
+}
+
+TEST_CASE("a cold move: the source copies the disk of its guest, off, and the destination takes it") {
+  using enum MoveAction;
+  using S = MoveState;
+  using D = DomainState;
+  auto source = [](S state, D here, bool wanted = true) {
+    return decide_move(MoveView{.source = true, .kind = MoveKind::cold, .state = state, .here = here,
+                                .still_wanted = wanted});
+  };
+  auto destination = [](S state, D here = D::absent) {
+    return decide_move(MoveView{.source = false, .kind = MoveKind::cold, .state = state, .here = here});
+  };
+  CHECK(source(S::preparing, D::stopped) == claim);
+  CHECK(destination(S::claimed) == prepare);
+  // Running or stopped, the guest's disk goes while it is off; nothing runs on the destination.
+  CHECK(source(S::ready, D::running) == copy);
+  CHECK(source(S::ready, D::stopped) == copy);
+  CHECK(destination(S::ready) == none);
+  CHECK(source(S::copied, D::stopped) == none);
+  CHECK(destination(S::copied) == switch_over);
+  CHECK(destination(S::copied, D::stopped) == switch_over);
+  CHECK(source(S::switched, D::stopped) == settle);
+  // Destroyed before its disk left, or its domain lost here: the move does not happen.
+  CHECK(source(S::ready, D::stopped, false) == revert);
+  CHECK(source(S::ready, D::absent) == revert);
+  CHECK(destination(S::reverting, D::stopped) == clean_up);
 }

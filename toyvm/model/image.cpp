@@ -133,6 +133,30 @@ result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size) {
   return DiskInfo{DiskFormat::qcow2, size};
 }
 
+result<std::string> rebase_overlay_header(std::string_view header, std::string_view backing) {
+  auto corrupt = [](std::string message) { return Error(errc::corrupt_record, "disk overlay: " + std::move(message)); };
+  if (!has_qcow2_magic(header) || header.size() < 72) return corrupt("not a qcow2 image");
+  const uint32_t version = big_endian32(header, 4);
+  const uint64_t offset = big_endian64(header, 8);
+  const uint32_t length = big_endian32(header, 16);
+  const uint32_t cluster_bits = big_endian32(header, 20);
+  if (version != 2 && version != 3) return corrupt(fmt::format("qcow2 version {} is unknown", version));
+  if (cluster_bits < 9 || cluster_bits > 21) return corrupt("qcow2 cluster size is invalid");
+  if (version == 3 && (header.size() < 104 || (big_endian64(header, 72) & 4)))
+    return corrupt("an external data file, or a truncated header");
+  if (offset == 0) return corrupt("no backing file: not an overlay");
+  // The name lives in the header's cluster, after the header and its extensions.
+  const uint64_t room = std::min<uint64_t>(uint64_t(1) << cluster_bits, header.size());
+  if (offset < 72 || offset + length > header.size()) return corrupt("its backing file name is out of bounds");
+  if (backing.empty() || offset + backing.size() > room)
+    return corrupt(fmt::format("no room for the backing file name '{}'", backing));
+  std::string out(header);
+  std::fill_n(out.begin() + offset, length, '\0');
+  out.replace(offset, backing.size(), backing);
+  for (int i = 0; i < 4; ++i) out[16 + i] = char((backing.size() >> (8 * (3 - i))) & 0xff);
+  return out;
+}
+
 bool has_qcow2_magic(std::string_view header) { return header.starts_with(std::string_view("QFI\xfb", 4)); }
 
 bool is_bzimage(std::string_view header) {

@@ -52,6 +52,13 @@ std::optional<DiskFormat> declared_format(const ImageRef& ref, std::string_view 
 // encryption; anything that claims to be qcow2 but is not well-formed is corrupt.
 result<DiskInfo> probe_disk(std::string_view header, uint64_t file_size);
 
+// A disk overlay copied from another host names its base image as that host has it: the
+// overlay's first bytes (at least through its backing file name; reading its first cluster
+// does) with the backing file name replaced by `backing`, the base as this host has it.
+// corrupt_record when they are not those of a plain qcow2 overlay, or the name does not fit
+// in the header's cluster.
+result<std::string> rebase_overlay_header(std::string_view header, std::string_view backing);
+
 // The first bytes of a qcow2 image ("QFI\xfb").
 bool has_qcow2_magic(std::string_view header);
 

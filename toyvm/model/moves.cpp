@@ -14,10 +14,10 @@ namespace {
 namespace json = boost::json;
 
 constexpr std::array<std::string_view, 3> kind_names{"live", "cold", "resize"};
-constexpr std::array<std::string_view, 6> state_names{"preparing",   "claimed",  "ready",
-                                                     "left_source", "switched", "reverting"};
-constexpr std::array<std::string_view, 10> action_names{"none",   "claim",  "prepare", "migrate", "left",
-                                                       "switch_over", "settle", "revert", "unwind",  "clean_up"};
+constexpr std::array<std::string_view, 7> state_names{"preparing", "claimed",   "ready", "left_source",
+                                                     "switched",  "reverting", "copied"};
+constexpr std::array<std::string_view, 11> action_names{"none",   "claim",  "prepare", "migrate",  "left", "switch_over",
+                                                       "settle", "revert", "unwind",  "clean_up", "copy"};
 
 template <class Enum, size_t N>
 bool read_enum(std::string_view text, const std::array<std::string_view, N>& names, Enum& out) {
@@ -46,12 +46,19 @@ MoveAction decide_move(const MoveView& view) {
       case MoveState::preparing: return view.still_wanted ? claim : revert;
       case MoveState::claimed: return view.still_wanted && !view.overdue ? none : revert;
       case MoveState::ready:
+        // Cold: its disk goes while the guest is off here; a guest gone from here has nothing
+        // to send.
+        if (view.kind != MoveKind::live) {
+          if (view.job) return none;
+          return view.here != DomainState::absent && view.still_wanted ? copy : revert;
+        }
         // A job still running may yet take the guest there. Once it is not here, only the
         // destination can tell whether it runs there: asked, after this look.
         if (view.job) return none;
         if (view.here == DomainState::absent) return left;
         return view.here == DomainState::running && view.still_wanted ? migrate : revert;
-      case MoveState::left_source: return none;
+      case MoveState::left_source:
+      case MoveState::copied: return none;
       case MoveState::switched: return settle;
       case MoveState::reverting: return unwind;
     }
@@ -59,7 +66,11 @@ MoveAction decide_move(const MoveView& view) {
   }
   switch (view.state) {
     case MoveState::claimed: return prepare;
-    case MoveState::ready: return view.here == DomainState::running && !view.job ? switch_over : none;
+    case MoveState::ready:
+      if (view.kind != MoveKind::live) return none;
+      return view.here == DomainState::running && !view.job ? switch_over : none;
+    // Its disk is here, the guest off on the source: defined here, then its work follows.
+    case MoveState::copied: return switch_over;
     // The source has not had it since before this look: here, or nowhere.
     case MoveState::left_source:
       if (view.job) return none;
@@ -83,7 +94,8 @@ std::string encode(const MoveRecord& move) {
                    {"state", to_string(move.state)},
                    {"started_at", move.started_at}};
   for (auto [name, value] : {std::pair{"libvirt_uri", &move.libvirt_uri}, std::pair{"migration_uri", &move.migration_uri},
-                             std::pair{"domain_xml", &move.domain_xml}, std::pair{"error", &move.error}})
+                             std::pair{"domain_xml", &move.domain_xml}, std::pair{"disk", &move.disk},
+                             std::pair{"error", &move.error}})
     if (!value->empty()) out[name] = *value;
   return json::serialize(out);
 }
@@ -106,7 +118,8 @@ result<MoveRecord> decode_move(std::string_view text) {
     return corrupt(fmt::format("unknown state '{}'", state));
   if (doc["started_at"].get_int64().get(move.started_at)) return corrupt("missing or invalid started_at");
   for (auto [name, field] : {std::pair{"libvirt_uri", &move.libvirt_uri}, std::pair{"migration_uri", &move.migration_uri},
-                             std::pair{"domain_xml", &move.domain_xml}, std::pair{"error", &move.error}}) {
+                             std::pair{"domain_xml", &move.domain_xml}, std::pair{"disk", &move.disk},
+                             std::pair{"error", &move.error}}) {
     std::string_view value;
     auto found = doc[name];
     if (found.error() == simdjson::NO_SUCH_FIELD) continue;
@@ -115,6 +128,8 @@ result<MoveRecord> decode_move(std::string_view text) {
   }
   if (move.state == MoveState::ready && (move.libvirt_uri.empty() || move.migration_uri.empty() || move.domain_xml.empty()))
     return corrupt("ready, but without where the guest goes");
+  if (move.kind != MoveKind::live && move.state == MoveState::ready && move.disk.empty())
+    return corrupt("ready for a cold move, but without the disk it goes to");
   return move;
 }
 

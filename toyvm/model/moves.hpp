@@ -23,6 +23,8 @@ enum class MoveState {
   left_source,  // the source no longer has the guest: the destination says whether it runs there
   switched,   // the guest runs on the destination: the migration consumer's share is to go
   reverting,  // the guest stays on the source: the books are to be swapped back
+  copied,     // cold: the source's guest is off and its disk is on the destination, which defines
+              // it there and switches over
 };
 
 struct MoveRecord {
@@ -33,10 +35,12 @@ struct MoveRecord {
   MoveKind kind = MoveKind::live;
   MoveState state = MoveState::preparing;
   int64_t started_at = 0;   // unix milliseconds
-  // ready: where the source's libvirt sends the guest, and the domain as the destination has it.
+  // ready: where the source's libvirt sends the guest, and the domain as the destination has it;
+  // for a cold move also the disk (the destination's volume) the source's disk is copied into.
   std::string libvirt_uri{};
   std::string migration_uri{};
   std::string domain_xml{};
+  std::string disk{};
   std::string error{};      // reverting: why the move did not happen
 
   bool operator==(const MoveRecord&) const = default;
@@ -59,14 +63,16 @@ enum class MoveAction {
   revert,       // the move does not happen: reverting (saying why)
   unwind,       // source: the books swapped back (Placer::revert_move), the record deleted
   clean_up,     // destination: what prepare made here removed, then unwind as the source would
+  copy,         // source, cold: the guest powered off here and its disk copied there, then copied
 };
 
 struct MoveView {
   bool source = false;            // this host is the move's source (else its destination)
+  MoveKind kind = MoveKind::live;
   MoveState state = MoveState::preparing;
   DomainState here = DomainState::absent;  // the guest's domain on this host
   bool job = false;               // a migration job runs on that domain (source)
-  bool still_wanted = true;       // the work still asks for the guest running (source)
+  bool still_wanted = true;       // the work still asks for the guest (running, for a live move)
   bool overdue = false;           // the destination has not prepared in time (source)
   bool source_alive = true;       // the source's agent holds its lease (destination)
 };

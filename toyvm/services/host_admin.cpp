@@ -83,19 +83,18 @@ class HostAdmin {
     if (int code = co_await disable(provider)) co_return code;
     auto works = co_await etcd_->range_prefix(keys_.work_prefix(provider));
     if (!works) co_return etcd_failure(*etcd_, works.error());
-    std::vector<std::string> running;
+    std::vector<std::string> leaving;
     int stayed = 0;
     for (const KeyValue& kv : works->kvs) {
       auto uuid = keys_.parse_work(kv.key);
       auto work = decode_work(kv.value);
       if (!uuid) continue;
       if (work && work->power == PowerState::deleted) continue;  // on its way out
-      if (work && work->power == PowerState::running) {
-        running.push_back(uuid->instance);
+      if (work) {
+        leaving.push_back(uuid->instance);
         continue;
       }
-      std::printf("STAYED INSTANCE %s: %s\n", uuid->instance.c_str(),
-                  work ? "it is stopped, and only running instances move" : "its work cannot be read");
+      std::printf("STAYED INSTANCE %s: its work cannot be read\n", uuid->instance.c_str());
       ++stayed;
     }
     std::fflush(stdout);
@@ -104,8 +103,8 @@ class HostAdmin {
     int moved = 0;
     // Each worker takes the next instance until none is left; --parallel of them at once.
     auto worker = [&]() -> awaitable<void> {
-      while (next < running.size()) {
-        const std::string uuid = running[next++];
+      while (next < leaving.size()) {
+        const std::string uuid = leaving[next++];
         auto ended = co_await move_one(moves, uuid);
         if (ended) {
           std::printf("MOVED INSTANCE %s TO %s\n", uuid.c_str(), ended->c_str());
@@ -119,7 +118,7 @@ class HostAdmin {
     };
     auto executor = co_await asio::this_coro::executor;
     asio::steady_timer all_done(executor, std::chrono::steady_clock::time_point::max());
-    int workers = std::min<int>(options_.parallel, int(running.size()));
+    int workers = std::min<int>(options_.parallel, int(leaving.size()));
     for (int i = 0, n = workers; i < n; ++i)
       asio::co_spawn(executor, worker(), [&](std::exception_ptr) {
         if (--workers == 0) all_done.cancel();
@@ -130,21 +129,23 @@ class HostAdmin {
   }
 
   // One instance asked to move and followed to its end: where it went, or why it stayed. A
-  // move that was undone is asked once more (the guest runs on where it was meanwhile): what
-  // undid it may have passed, and the host is to be emptied.
+  // running one moves live, a stopped one cold. A move that was undone is asked once more, cold
+  // (the guest runs on where it was meanwhile): the host is to be emptied, and a guest that
+  // cannot move live (its CPU, its disk, its dirty rate) still moves powered off.
   awaitable<result<std::string>> move_one(MoveRequests& moves, std::string uuid) {
-    constexpr int attempts = 2;
-    for (int attempt = 1;; ++attempt) {
-      auto asked = co_await moves.ask(uuid, "");
+    for (bool cold : {false, true}) {
+      auto asked = co_await moves.ask(uuid, "", cold);
       if (!asked) co_return asked.error();
-      std::printf("MOVING INSTANCE %s TO %s\n", uuid.c_str(), asked->move.destination.c_str());
+      std::printf("MOVING INSTANCE %s TO %s%s\n", uuid.c_str(), asked->move.destination.c_str(),
+                  asked->move.kind == MoveKind::live ? "" : " (cold)");
       std::fflush(stdout);
       auto ended = co_await moves.follow(*asked, options_.move_timeout);
       if (!ended) co_return ended.error();
       if (ended->moved) co_return ended->host;
-      if (attempt == attempts) co_return Error(errc::changed, ended->error);
-      std::printf("UNDONE INSTANCE %s: %s; asking again\n", uuid.c_str(), ended->error.c_str());
+      if (asked->move.kind != MoveKind::live) co_return Error(errc::changed, ended->error);
+      std::printf("UNDONE INSTANCE %s: %s; asking again, cold\n", uuid.c_str(), ended->error.c_str());
     }
+    co_return Error(errc::changed, "not moved");
   }
 
   awaitable<int> evacuate(const std::string& provider) {
@@ -237,7 +238,9 @@ class HostAdmin {
       co_return false;
     }
     std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, revision)};
-    switch (move->state) {
+    // A cold move whose disk had not been copied yet left everything on the dead host.
+    const bool nothing_sent = move->kind != MoveKind::live && move->state == MoveState::ready;
+    switch (nothing_sent ? MoveState::claimed : move->state) {
       case MoveState::preparing:
       case MoveState::claimed:
       case MoveState::reverting: {
@@ -257,6 +260,7 @@ class HostAdmin {
         break;
       }
       case MoveState::left_source:
+      case MoveState::copied:
       case MoveState::switched: break;
     }
     std::fprintf(stderr,

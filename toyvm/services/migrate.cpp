@@ -1,5 +1,6 @@
-// toyvm migrate: a running instance moves to another host while it runs (its memory and disk
-// copied live by libvirt, peer to peer). The command chooses the destination and asks for the
+// toyvm migrate: an instance moves to another host, while it runs (its memory and disk copied
+// live by libvirt, peer to peer) or, with --cold or when it is stopped, powered off (its disk
+// copied through libvirt's storage volume streams, its power state kept). The command chooses the destination and asks for the
 // move; the two hosts' agents carry it out and either finish it or undo it, whatever becomes of
 // the command.
 
@@ -25,7 +26,7 @@ int run_migrate(const Config& config, const MigrateOptions& options) {
       destination = *provider;
     }
     MoveRequests moves(*etcd, placer, keys);
-    auto asked = co_await moves.ask(options.uuid, destination);
+    auto asked = co_await moves.ask(options.uuid, destination, options.cold);
     if (!asked) {
       if (asked.error() == errc::no_allocations_left) {
         std::printf("NO ALLOCATIONS LEFT\n");

@@ -19,15 +19,17 @@ awaitable<result<std::string>> resolve_host(PlacementClient& placement, std::str
   co_return Error(errc::not_found, fmt::format("no host {} in Placement", host));
 }
 
-awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string destination) {
+awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string destination, bool cold) {
   auto recorded = co_await etcd_.range(keys_.instance(uuid));
   if (!recorded) co_return recorded.error();
   if (recorded->kvs.empty()) co_return Error(errc::not_found, fmt::format("no instance {}", uuid));
   auto record = decode_instance(recorded->kvs.front().value);
   if (!record) co_return record.error().doing(fmt::format("instance {}", uuid));
-  if (record->state != InstanceState::active)
-    co_return Error(errc::invalid_argument, fmt::format("instance {} is {}: only a running instance moves live", uuid,
-                                                        to_string(record->state)));
+  // A stopped one moves as it is, off.
+  if (record->state == InstanceState::stopped) cold = true;
+  else if (record->state != InstanceState::active)
+    co_return Error(errc::invalid_argument, fmt::format("instance {} is {}: only a running or stopped instance moves",
+                                                        uuid, to_string(record->state)));
   const std::string source = record->host;
   const std::string work_key = keys_.work(source, uuid);
   auto listed = co_await etcd_.range(work_key);
@@ -36,8 +38,10 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
   const KeyValue work_kv = listed->kvs.front();
   auto work = decode_work(work_kv.value);
   if (!work) co_return work.error().doing(fmt::format("instance {}'s work", uuid));
-  if (work->power != PowerState::running)
-    co_return Error(errc::invalid_argument, fmt::format("instance {} is being stopped or destroyed", uuid));
+  if (work->power == PowerState::deleted)
+    co_return Error(errc::invalid_argument, fmt::format("instance {} is being destroyed", uuid));
+  if (work->power != PowerState::running && !cold)
+    co_return Error(errc::invalid_argument, fmt::format("instance {} is being stopped: it moves cold (--cold)", uuid));
   // Its agent moves it: a host whose agent is down is evacuated instead.
   auto alive = co_await etcd_.range(keys_.host(source));
   if (!alive) co_return alive.error();
@@ -72,6 +76,7 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
   move.migration = new_uuid();
   move.source = source;
   move.destination = destination;
+  move.kind = cold ? MoveKind::cold : MoveKind::live;
   move.started_at = unix_millis();
   const std::string move_key = keys_.move(uuid);
   std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(work_key, work_kv.mod_revision),

@@ -1,5 +1,5 @@
 #pragma once
-// Asking for a running guest's move (`toyvm migrate`, `toyvm host drain`): the destination
+// Asking for a guest's move (`toyvm migrate`, `toyvm host drain`): the destination
 // chosen as a schedule would choose it (or named), then a move record written, guarded by the
 // instance's work as read and by no other move of it being in flight. The agents of both hosts
 // do the rest (services/compute/instance_moves.cpp); the asker follows the record until it is
@@ -32,11 +32,12 @@ class MoveRequests {
  public:
   MoveRequests(EtcdClient& etcd, Placer& placer, const KeyLayout& keys) : etcd_(etcd), placer_(placer), keys_(keys) {}
 
-  // The move of the ACTIVE instance `uuid` to `destination` (a provider uuid; empty: the best
-  // other live host for its query and server group). Errors: not_found, invalid_argument (not
-  // running, the destination is its host or not live), no_allocations_left, changed (it
+  // The move of instance `uuid` to `destination` (a provider uuid; empty: the best other live
+  // host for its query and server group): live while it runs, or cold (powered off, its disk
+  // copied) when `cold` or it is STOPPED. Errors: not_found, invalid_argument (neither ACTIVE
+  // nor STOPPED, the destination is its host or not live), no_allocations_left, changed (it
   // changed, or moves already), and etcd's and Placement's.
-  awaitable<result<MoveAsked>> ask(std::string uuid, std::string destination);
+  awaitable<result<MoveAsked>> ask(std::string uuid, std::string destination, bool cold = false);
   // Follows the record until the agents delete it; timeout when it is still there then.
   awaitable<result<MoveEnded>> follow(MoveAsked asked, Duration timeout);
 

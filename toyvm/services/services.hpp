@@ -70,6 +70,7 @@ int run_audit(const Config& config, const AuditOptions& options);
 struct MigrateOptions {
   std::string uuid;
   std::string host;  // the destination's name or provider uuid; empty: chosen as a schedule would
+  bool cold = false;  // powered off, its disk copied (a stopped instance always is)
   bool wait = true;
   Duration wait_timeout = std::chrono::seconds(600);
 };

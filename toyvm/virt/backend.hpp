@@ -85,6 +85,13 @@ class VirtBackend {
   // Moves the running guest to another libvirt while it runs, its disk copied along (NBD); once
   // it runs there, its domain is undefined here and its files removed.
   virtual result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget& to) = 0;
+  // A cold move: the guest's disk overlay, its domain shut off here, copied into `disk` (the
+  // overlay prepare_incoming made there) on the libvirt at `libvirt_uri`, through libvirt's
+  // storage volume streams.
+  virtual result<void> send_disk(const std::string& uuid, const std::string& libvirt_uri, const std::string& disk) = 0;
+  // The destination's end of it: the copied overlay given this host's base image (the spec's),
+  // and the domain defined from `domain_xml`, left off. Its work, once here, says its power.
+  virtual result<void> receive_disk(const DomainSpec& spec, const std::string& domain_xml) = 0;
   // A move of the guest is under way here: a migration job runs on its domain (the source's),
   // or it is the destination's paused copy still being filled. false when there is no domain.
   virtual result<bool> migrating(const std::string& uuid) = 0;
@@ -124,6 +131,8 @@ inline constexpr const char* owner_namespace = "urn:toyvm:owner:1";
 // Where an instance's files live.
 std::string instance_path(const std::string& instance_dir, const std::string& uuid);
 std::string console_log_path(const std::string& instance_dir, const std::string& uuid);
+// The disk overlay, a volume of the agent's storage pool over the instance dir.
+std::string overlay_path(const std::string& instance_dir, const std::string& uuid);
 std::string config_drive_path(const std::string& instance_dir, const std::string& uuid);
 // A stable locally administered MAC address for an instance (52:54:00 is QEMU's prefix).
 std::string instance_mac(const std::string& uuid);

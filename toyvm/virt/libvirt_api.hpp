@@ -61,7 +61,16 @@ namespace toyvm {
   X(virStorageVolCreateXML)        \
   X(virStorageVolDelete)           \
   X(virStorageVolGetPath)          \
-  X(virStorageVolFree)
+  X(virStorageVolFree)             \
+  X(virStorageVolLookupByPath)     \
+  X(virStorageVolDownload)         \
+  X(virStorageVolUpload)           \
+  X(virStreamNew)                  \
+  X(virStreamRecv)                 \
+  X(virStreamSend)                 \
+  X(virStreamFinish)               \
+  X(virStreamAbort)                \
+  X(virStreamFree)
 
 struct LibvirtApi {
 #define TOYVM_LIBVIRT_POINTER(name) decltype(&::name) name = nullptr;

@@ -188,16 +188,23 @@ result<std::string> LibvirtBackend::make_overlay(const DomainSpec& spec) {
   return made;
 }
 
-result<void> LibvirtBackend::delete_overlay(const std::string& uuid) {
+result<virStorageVolPtr> LibvirtBackend::overlay_volume(const std::string& uuid) {
   PoolHandle pool(api->virStoragePoolLookupByName(conn_, pool_.c_str()));
-  if (!pool) return {};
-  VolumeHandle volume(api->virStorageVolLookupByName(pool.ptr, overlay_name(uuid).c_str()));
+  if (!pool) return Error(errc::not_found, "no storage pool");
+  virStorageVolPtr volume = api->virStorageVolLookupByName(pool.ptr, overlay_name(uuid).c_str());
   if (!volume) {
     // Made by an earlier run of the agent, before libvirt last saw the pool's contents.
     api->virStoragePoolRefresh(pool.ptr, 0);
-    volume.ptr = api->virStorageVolLookupByName(pool.ptr, overlay_name(uuid).c_str());
-    if (!volume) return {};
+    volume = api->virStorageVolLookupByName(pool.ptr, overlay_name(uuid).c_str());
+    if (!volume) return Error(errc::not_found, "no disk overlay");
   }
+  return volume;
+}
+
+result<void> LibvirtBackend::delete_overlay(const std::string& uuid) {
+  auto found = overlay_volume(uuid);
+  if (!found) return {};
+  VolumeHandle volume(*found);
   if (api->virStorageVolDelete(volume.ptr, 0) < 0) return fail(errc::launch_failure);
   return {};
 }

@@ -66,6 +66,8 @@ class LibvirtBackend final : public VirtBackend {
   result<std::string> prepare_incoming(const DomainSpec& spec) override;
   result<bool> migrating(const std::string& uuid) override;
   result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget& to) override;
+  result<void> send_disk(const std::string& uuid, const std::string& libvirt_uri, const std::string& disk) override;
+  result<void> receive_disk(const DomainSpec& spec, const std::string& domain_xml) override;
 
   // The instance storage pool: transient (libvirt forgets it on restart; open_libvirt makes
   // it again), a dir pool over the instance dir.
@@ -112,6 +114,9 @@ class LibvirtBackend final : public VirtBackend {
   // The domain's IPv4 addresses in its libvirt network's DHCP leases.
   result<std::vector<GuestAddress>> leased_addresses(virDomainPtr dom);
   result<void> delete_overlay(const std::string& uuid);
+  // The instance's overlay as a volume of this agent's pool (refreshed if libvirt has not seen
+  // it yet); not_found when there is none.
+  result<virStorageVolPtr> overlay_volume(const std::string& uuid);
 
   std::atomic<virConnectPtr> conn_;
   std::mutex revive_mutex_;

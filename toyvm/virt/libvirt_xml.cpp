@@ -49,6 +49,10 @@ std::string instance_path(const std::string& instance_dir, const std::string& uu
   return instance_dir + "/" + uuid;
 }
 
+std::string overlay_path(const std::string& instance_dir, const std::string& uuid) {
+  return instance_dir + "/" + overlay_name(uuid);
+}
+
 std::string console_log_path(const std::string& instance_dir, const std::string& uuid) {
   return instance_path(instance_dir, uuid) + "/console.log";
 }

@@ -59,6 +59,12 @@ class FakeVirt : public VirtBackend {
   }
   result<void> ensure_network() override { return {}; }
   result<std::string> prepare_incoming(const DomainSpec& spec) override { return "<domain>" + spec.uuid + "</domain>"; }
+  result<void> send_disk(const std::string&, const std::string&, const std::string&) override {
+    return Error(errc::launch_failure, "the fake cannot copy disks");
+  }
+  result<void> receive_disk(const DomainSpec&, const std::string&) override {
+    return Error(errc::launch_failure, "the fake cannot copy disks");
+  }
   result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget&) override {
     std::lock_guard lock(mutex_);
     if (!domains_.erase(uuid)) return Error(errc::not_found, "no such domain");

@@ -39,10 +39,12 @@ awaitable<std::optional<bool>> Instance::step_move() {
     if (!alive) co_return false;
     source_alive = !alive->kvs.empty();
   }
-  const bool wanted = desired_ && desired_->power == PowerState::running;
+  // A live move is of a running guest; a cold one of a guest that is still wanted, on or off.
+  const bool cold = move.kind != MoveKind::live;
+  const bool wanted = desired_ && (cold ? desired_->power != PowerState::deleted : desired_->power == PowerState::running);
   const auto patience = std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.config.compute.move_prepare_timeout);
   const bool overdue = unix_millis() - move.started_at > patience.count();
-  switch (decide_move(MoveView{source, move.state, *here, job, wanted, overdue, source_alive})) {
+  switch (decide_move(MoveView{source, move.kind, move.state, *here, job, wanted, overdue, source_alive})) {
     case MoveAction::none:
       // Waiting for the destination to prepare (which may take too long), for a job of
       // libvirt's to end, or for the source to settle (or die): looked at again in a moment.
@@ -78,6 +80,7 @@ awaitable<std::optional<bool>> Instance::step_move() {
       co_return co_await advance_move(std::move(*ready), revision);
     }
     case MoveAction::migrate: co_return co_await migrate(move, revision);
+    case MoveAction::copy: co_return co_await copy_disk(move, revision, *here);
     case MoveAction::left: {
       MoveRecord next = move;
       next.state = MoveState::left_source;
@@ -87,7 +90,7 @@ awaitable<std::optional<bool>> Instance::step_move() {
     case MoveAction::settle:
     case MoveAction::unwind: co_return co_await move_ended(move, revision);
     case MoveAction::revert: {
-      std::string why = "its guest is not running";
+      std::string why = cold ? "its guest is gone from its host" : "its guest is not running";
       if (!source) why = "its guest is on neither host";
       else if (!wanted) why = "it was stopped or destroyed before it left";
       else if (overdue && move.state == MoveState::claimed)
@@ -150,8 +153,45 @@ awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
   co_return co_await switch_over(std::move(move), revision);
 }
 
+awaitable<bool> Instance::copy_disk(MoveRecord move, int64_t revision, DomainState here) {
+  spdlog::info("instance {}: moving to host {} while off", uuid_, move.destination);
+  if (here == DomainState::running) {
+    co_await shut_down_gracefully();
+    if (auto off = co_await ctx_.virt(&VirtBackend::stop, uuid_); !off) {
+      spdlog::error("instance {}: powering it off to move it: {}", uuid_, off.error().message());
+      co_return false;
+    }
+  }
+  const auto started = std::chrono::steady_clock::now();
+  auto copied = co_await steps_.mover.copy(move);
+  if (!copied) {
+    spdlog::error("instance {}: copying its disk to host {}: {}", uuid_, move.destination, copied.error().message());
+    if (copied.error() == errc::virt_unavailable) co_return false;  // this host's libvirt: tried again
+    // Its own disk and domain are untouched: the move is undone, and the guest runs here again.
+    co_return co_await revert_move(std::move(move), revision, copied.error().message());
+  }
+  const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  spdlog::info("instance {}: its disk is on host {} after {:.1f} s", uuid_, move.destination, took);
+  move.state = MoveState::copied;
+  co_return co_await advance_move(std::move(move), revision);
+}
+
 awaitable<bool> Instance::switch_over(MoveRecord move, int64_t revision) {
-  auto switched = co_await steps_.mover.switch_over(move, revision);
+  if (move.state == MoveState::copied && move.destination == ctx_.host.provider) {
+    auto received = co_await steps_.mover.receive(move);
+    if (!received) {
+      spdlog::error("instance {}: taking its disk from host {}: {}", uuid_, move.source, received.error().message());
+      if (received.error() == errc::virt_unavailable) co_return false;
+      // The source still has its disk and domain: the guest goes back to them.
+      co_return co_await revert_move(std::move(move), revision, received.error().message());
+    }
+  }
+  // On the destination the guest's domain key comes with its work: whoever reads the move
+  // ended finds the domain where the record says.
+  std::vector<EtcdOp> domain_key;
+  if (move.destination == ctx_.host.provider)
+    if (auto op = steps_.presence.domain_put(uuid_)) domain_key.push_back(std::move(*op));
+  auto switched = co_await steps_.mover.switch_over(move, revision, domain_key);
   if (!switched) {
     spdlog::warn("instance {}: switching its work to host {}: {}; will retry", uuid_, move.destination,
                  switched.error().message());
@@ -159,6 +199,7 @@ awaitable<bool> Instance::switch_over(MoveRecord move, int64_t revision) {
   }
   if (!*switched) co_return true;  // the other host switched it, or the move changed: news comes
   spdlog::info("instance {}: its work is on host {} now", uuid_, move.destination);
+  if (!domain_key.empty()) steps_.presence.recorded(uuid_, domain_key.front());
   move.state = MoveState::switched;
   move.domain_xml.clear();
   move_ = std::move(move);
@@ -186,9 +227,21 @@ awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
                  books.error().message());
     co_return false;
   }
+  const bool source = move.source == ctx_.host.provider;
+  // A cold move leaves the source's copy, off, until the guest is the destination's; undone,
+  // the guest powered off for it runs again.
+  if (source && move.kind != MoveKind::live) {
+    result<void> done;
+    if (moved) done = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
+    else if (desired_ && desired_->power == PowerState::running) done = co_await ctx_.virt(&VirtBackend::start, uuid_);
+    if (!done) {
+      spdlog::error("instance {}: {} after its move: {}", uuid_, moved ? "removing its copy" : "starting it again",
+                    done.error().message());
+      co_return false;
+    }
+  }
   // The guest's domain key here goes with the move: once the move is over, what this host
   // publishes says where the guest is.
-  const bool source = move.source == ctx_.host.provider;
   std::vector<EtcdOp> domain_key;
   if (moved && source) domain_key.push_back(steps_.presence.domain_erase(uuid_));
   auto erased = co_await steps_.mover.erase(move, revision, domain_key);

@@ -37,7 +37,7 @@ awaitable<result<Placer::Move>> Mover::claim(const MoveRecord& move, ResourceAmo
   co_return co_await placer_.begin_move(move.instance, move.migration, std::move(*held), std::move(to));
 }
 
-awaitable<result<MoveRecord>> Mover::prepare(MoveRecord move) {
+awaitable<result<DomainSpec>> Mover::incoming_spec(const MoveRecord& move) {
   auto listed = co_await ctx_.etcd->range(ctx_.keys.work(move.source, move.instance));
   if (!listed) co_return listed.error();
   if (listed->kvs.empty()) co_return Error(errc::changed, "its work left its source");
@@ -50,7 +50,11 @@ awaitable<result<MoveRecord>> Mover::prepare(MoveRecord move) {
   if (!recorded) co_return recorded.error();
   if (!recorded->kvs.empty())
     if (auto record = decode_instance(recorded->kvs.front().value)) ip = record->ip;
-  auto spec = co_await builder_.incoming_domain(std::move(*work), ip);
+  co_return co_await builder_.incoming_domain(std::move(*work), ip);
+}
+
+awaitable<result<MoveRecord>> Mover::prepare(MoveRecord move) {
+  auto spec = co_await incoming_spec(move);
   if (!spec) co_return spec.error();
   auto xml = co_await ctx_.virt(&VirtBackend::prepare_incoming, *spec);
   if (!xml) co_return xml.error();
@@ -60,6 +64,7 @@ awaitable<result<MoveRecord>> Mover::prepare(MoveRecord move) {
   move.libvirt_uri = c.move_libvirt_uri.empty() ? "qemu+tcp://" + ctx_.host.name + "/system" : c.move_libvirt_uri;
   move.migration_uri = "tcp://" + address;
   move.domain_xml = std::move(*xml);
+  if (move.kind != MoveKind::live) move.disk = overlay_path(ctx_.host.instance_dir, move.instance);
   co_return move;
 }
 
@@ -68,7 +73,18 @@ awaitable<result<MigrationStats>> Mover::send(const MoveRecord& move) {
   co_return co_await ctx_.virt(&VirtBackend::migrate, move.instance, to);
 }
 
-awaitable<result<std::optional<int64_t>>> Mover::switch_over(MoveRecord move, int64_t revision) {
+awaitable<result<void>> Mover::copy(const MoveRecord& move) {
+  co_return co_await ctx_.virt(&VirtBackend::send_disk, move.instance, move.libvirt_uri, move.disk);
+}
+
+awaitable<result<void>> Mover::receive(const MoveRecord& move) {
+  auto spec = co_await incoming_spec(move);
+  if (!spec) co_return spec.error();
+  co_return co_await ctx_.virt(&VirtBackend::receive_disk, *spec, move.domain_xml);
+}
+
+awaitable<result<std::optional<int64_t>>> Mover::switch_over(MoveRecord move, int64_t revision,
+                                                             std::vector<EtcdOp> also) {
   const std::string source_work = ctx_.keys.work(move.source, move.instance);
   auto listed = co_await ctx_.etcd->range(source_work);
   if (!listed) co_return listed.error();
@@ -92,7 +108,8 @@ awaitable<result<std::optional<int64_t>>> Mover::switch_over(MoveRecord move, in
   const std::string move_key = ctx_.keys.move(move.instance);
   std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(source_work, read.mod_revision),
                                    EtcdCompare::mod_revision_is(move_key, revision)};
-  std::vector<EtcdOp> also{EtcdOp::erase(source_work), EtcdOp::put(move_key, encode(move))};
+  also.push_back(EtcdOp::erase(source_work));
+  also.push_back(EtcdOp::put(move_key, encode(move)));
   std::vector<Placed> placed{Placed{std::move(*work), std::move(record)}};
   auto handed = co_await placer_.hand_over(std::move(placed), std::move(as_read), std::move(also),
                                            std::chrono::steady_clock::now() + 10s);

@@ -34,16 +34,24 @@ class Mover {
   awaitable<result<MoveRecord>> prepare(MoveRecord move);
   // Source: the guest sent to the destination while it runs.
   awaitable<result<MigrationStats>> send(const MoveRecord& move);
+  // Source, cold: the disk of the guest, off, copied into the one the destination prepared.
+  awaitable<result<void>> copy(const MoveRecord& move);
+  // Destination, cold: the copied disk made this host's and the guest defined here, off.
+  awaitable<result<void>> receive(const MoveRecord& move);
   // Either: the instance's work and record (its address kept, its host the destination) move
   // to the destination with the record saying switched, in one transaction guarded by the
-  // source's work and the move as read. The revision of that write; nothing when refused.
-  awaitable<result<std::optional<int64_t>>> switch_over(MoveRecord move, int64_t revision);
+  // source's work and the move as read, `also` with them. The revision of that write; nothing
+  // when refused.
+  awaitable<result<std::optional<int64_t>>> switch_over(MoveRecord move, int64_t revision,
+                                                        std::vector<EtcdOp> also = {});
   // Source, after the switch: the migration consumer's share given back.
   awaitable<result<void>> settle(const MoveRecord& move);
   // Source, when the move does not happen: the books swapped back.
   awaitable<result<void>> unwind(const MoveRecord& move);
 
  private:
+  // The guest as this host defines it: from its work (at the source) and its record's address.
+  awaitable<result<DomainSpec>> incoming_spec(const MoveRecord& move);
   // `ops` in one transaction, only while the move record of `instance` is as read at `revision`.
   awaitable<result<std::optional<int64_t>>> guarded(const std::string& instance, int64_t revision,
                                                     std::vector<EtcdOp> ops);
