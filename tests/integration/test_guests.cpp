@@ -898,10 +898,13 @@ TEST_CASE("a stopped guest moves cold and stays stopped; moved back cold while i
   hosts.host.expect_nothing_held(uuid);
 }
 
-TEST_CASE("toyvm host drain moves a host's three running guests away and says so", "[guests]") {
+TEST_CASE("toyvm host drain moves a host's guests away, the running ones live and a stopped one cold, and says so",
+          "[guests]") {
   TwoHosts hosts;
   Servers& servers = hosts.host.servers;
   const std::vector<std::string> uuids = hosts.guests_on_first(3);
+  const std::string stopped = uuids.back();
+  REQUIRE(servers.toyvm({"stop", stopped, "--timeout", "60"}, 90).exit_code == 0);
   std::map<std::string, int> ticks;
   for (const std::string& uuid : uuids) ticks[uuid] = last_tick(read_file(hosts.log1(uuid)));
 
@@ -909,12 +912,18 @@ TEST_CASE("toyvm host drain moves a host's three running guests away and says so
   INFO(drained.out << drained.err << hosts.output());
   REQUIRE(drained.exit_code == 0);
   CHECK(drained.out.find("DRAINED HOST c1 (" + hosts.host.rp + "): 3 moved, 0 stayed") != std::string::npos);
+  CHECK(drained.out.find("MOVING INSTANCE " + stopped + " TO " + hosts.rp2 + " (cold)") != std::string::npos);
   for (const std::string& uuid : uuids) {
     CHECK(drained.out.find("MOVED INSTANCE " + uuid + " TO " + hosts.rp2) != std::string::npos);
     CHECK(record_of(servers, uuid).host == hosts.rp2);
-    CHECK(hosts.state2(uuid) == DomainState::running);
     CHECK(hosts.host.domain_state(uuid) == DomainState::absent);
     hosts.expect_books_on(uuid, hosts.rp2);
+    if (uuid == stopped) {
+      CHECK(hosts.state2(uuid) == DomainState::stopped);
+      CHECK(record_of(servers, uuid).state == InstanceState::stopped);
+      continue;
+    }
+    CHECK(hosts.state2(uuid) == DomainState::running);
     CHECK(wait_for([&] { return last_tick(read_file(hosts.log2(uuid))) > ticks[uuid]; }, 60));
   }
   // The drained host takes nothing new until it is enabled again.
@@ -976,4 +985,46 @@ TEST_CASE("a move whose source's agent is killed as the guest leaves ends with o
     return (moved ? hosts.host.domain_state(uuid) : hosts.state2(uuid)) == DomainState::running;
   }, 5));
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+}
+
+TEST_CASE("a cold move whose destination's agent is killed once the disk is there is finished when it comes back; "
+          "until then the source keeps its copy", "[guests]") {
+  TwoHosts hosts;
+  Servers& servers = hosts.host.servers;
+  const std::string uuid = hosts.guest_on_first();
+  REQUIRE(servers.toyvm({"stop", uuid, "--timeout", "60"}, 90).exit_code == 0);
+  const std::string paused = servers.dir() + "/receive-paused";
+  std::ofstream(paused) << "";
+  {
+    // c2 again, stopping where its disk has come and its domain is not yet defined.
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "move.receive=pause(" + paused + ")");
+    hosts.second->signal(SIGTERM);
+    hosts.second->wait();
+    hosts.start_second();
+  }
+  auto asked = servers.toyvm({"migrate", uuid, "--host", "c2", "--no-wait"});
+  REQUIRE(asked.exit_code == 0);
+  INFO(hosts.output());
+  REQUIRE(wait_for([&] {
+    auto move = hosts.move_of(uuid);
+    return move && move->state == MoveState::copied;
+  }, 120));
+  hosts.second->signal(SIGKILL);
+  hosts.second->wait();
+  // Unknown is not gone: the source's copy stays, off, while the move waits for its destination.
+  CHECK_FALSE(wait_for([&] { return !hosts.move_of(uuid); }, 3));
+  CHECK(hosts.host.domain_state(uuid) == DomainState::stopped);
+  CHECK(fs::exists(hosts.host.overlay(uuid)));
+  CHECK(record_of(servers, uuid).host == hosts.host.rp);
+
+  hosts.start_second();
+  REQUIRE(wait_for([&] { return !hosts.move_of(uuid); }, 120));
+  CHECK(record_of(servers, uuid).host == hosts.rp2);
+  CHECK(record_of(servers, uuid).state == InstanceState::stopped);
+  CHECK(hosts.state2(uuid) == DomainState::stopped);
+  CHECK(wait_for([&] { return hosts.host.domain_state(uuid) == DomainState::absent; }, 30));
+  CHECK_FALSE(fs::exists(hosts.host.overlay(uuid)));
+  hosts.expect_books_on(uuid, hosts.rp2);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  hosts.host.expect_nothing_held(uuid);
 }

@@ -5,6 +5,7 @@
 
 #include "services/compute/instance.hpp"
 
+#include "core/failpoint.hpp"
 #include "core/metrics.hpp"
 
 #include <fmt/format.h>
@@ -178,6 +179,7 @@ awaitable<bool> Instance::copy_disk(MoveRecord move, int64_t revision, DomainSta
 
 awaitable<bool> Instance::switch_over(MoveRecord move, int64_t revision) {
   if (move.state == MoveState::copied && move.destination == ctx_.host.provider) {
+    co_await failpoint::pass("move.receive");  // the disk is here, the guest not yet defined
     auto received = co_await steps_.mover.receive(move);
     if (!received) {
       spdlog::error("instance {}: taking its disk from host {}: {}", uuid_, move.source, received.error().message());
