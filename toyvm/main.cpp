@@ -215,6 +215,23 @@ int main(int argc, char** argv) {
   }
 
   HostOptions host;
+  auto* resize_cmd = app.add_subcommand("resize", "give an instance a new size, moving it powered off where it fits");
+  if (named(argc, argv, "resize")) {
+    resize_cmd->add_option("uuid", migrate.uuid, "instance uuid")->required();
+    resize_cmd->add_option("query", migrate.resize_to, "its new placement query, e.g. 'resources=VCPU:2,MEMORY_MB:512,DISK_GB:2'")
+        ->required();
+    resize_cmd->add_option("--host", migrate.host, "destination host name or provider uuid (its own allowed)");
+    resize_cmd->add_flag("--no-wait", migrate_no_wait, "return once the resize is asked for");
+    add_seconds(resize_cmd, "--timeout", migrate.wait_timeout, "seconds to wait for the resize");
+    resize_cmd->footer("Its disk grows with DISK_GB and never shrinks; it keeps its uuid, MAC, address and disk\n"
+                       "contents, and its power state.\n"
+                       "Example: toyvm resize d578fb7c-7787-4e73-b69a-a7b3ef9bf73a 'resources=VCPU:2,MEMORY_MB:512,DISK_GB:2'");
+    resize_cmd->callback([&] {
+      migrate.wait = !migrate_no_wait;
+      service = [&](const Config& c) { return run_migrate(c, migrate); };
+    });
+  }
+
   auto* host_cmd = app.add_subcommand("host", "take a compute host out of service or bring it back");
   host_cmd->require_subcommand(1);
   if (named(argc, argv, "host")) {

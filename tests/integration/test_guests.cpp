@@ -898,6 +898,53 @@ TEST_CASE("a stopped guest moves cold and stays stopped; moved back cold while i
   hosts.host.expect_nothing_held(uuid);
 }
 
+TEST_CASE("toyvm resize grows a running guest on its own host, then onto another; its disk never shrinks",
+          "[guests]") {
+  TwoHosts hosts;
+  Servers& servers = hosts.host.servers;
+  const std::string uuid = hosts.guest_on_first();
+  const InstanceRecord before = record_of(servers, uuid);
+
+  const std::string bigger = "resources=VCPU:2,MEMORY_MB:192,DISK_GB:2";
+  auto here = servers.toyvm({"resize", uuid, bigger, "--host", "c1"}, 300);
+  INFO(here.out << here.err << hosts.output());
+  REQUIRE(here.exit_code == 0);
+  CHECK(here.out == "RESIZED INSTANCE " + uuid + " ON " + hosts.host.rp + "\n");
+  CHECK(servers.allocations(uuid) == Allocations{{hosts.host.rp, {{"VCPU", 2}, {"MEMORY_MB", 192}, {"DISK_GB", 2}}}});
+  hosts.expect_books_on(uuid, hosts.host.rp);
+  // Powered off for it, it runs again with its new size, and its disk is bigger.
+  REQUIRE(wait_for([&] { return hosts.host.domain_state(uuid) == DomainState::running; }, 60));
+  auto usage = hosts.host.libvirt->usage(uuid);
+  REQUIRE(usage);
+  CHECK(usage->vcpus == 2);
+  CHECK(usage->memory_kib == 192 * 1024);
+  CHECK(usage->disk_capacity == int64_t(2) << 30);
+  CHECK(wait_for([&] { return last_tick(read_file(hosts.log1(uuid))) >= 1; }, boot_timeout_s));
+
+  // A disk never shrinks.
+  auto shrink = servers.toyvm({"resize", uuid, flavor});
+  CHECK(shrink.exit_code == 2);
+  CHECK_THAT(shrink.err, Catch::Contains("a disk only grows"));
+
+  // Onto the other host, bigger again: the disk copied and grown, the guest booted there.
+  auto there = servers.toyvm({"resize", uuid, "resources=VCPU:1,MEMORY_MB:256,DISK_GB:3", "--host", "c2"}, 300);
+  INFO(there.out << there.err);
+  REQUIRE(there.exit_code == 0);
+  CHECK(there.out == "RESIZED INSTANCE " + uuid + " ON " + hosts.rp2 + "\n");
+  CHECK(servers.allocations(uuid) == Allocations{{hosts.rp2, {{"VCPU", 1}, {"MEMORY_MB", 256}, {"DISK_GB", 3}}}});
+  hosts.expect_books_on(uuid, hosts.rp2);
+  CHECK(hosts.host.domain_state(uuid) == DomainState::absent);
+  REQUIRE(wait_for([&] { return hosts.state2(uuid) == DomainState::running; }, 60));
+  auto usage2 = hosts.libvirt2->usage(uuid);
+  REQUIRE(usage2);
+  CHECK(usage2->memory_kib == 256 * 1024);
+  CHECK(usage2->disk_capacity == int64_t(3) << 30);
+  CHECK(record_of(servers, uuid).mac == before.mac);
+  CHECK(wait_for([&] { return last_tick(read_file(hosts.log2(uuid))) >= 1; }, boot_timeout_s));
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  hosts.host.expect_nothing_held(uuid);
+}
+
 TEST_CASE("toyvm host drain moves a host's guests away, the running ones live and a stopped one cold, and says so",
           "[guests]") {
   TwoHosts hosts;

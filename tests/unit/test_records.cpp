@@ -104,7 +104,8 @@ TEST_CASE("a move record round-trips, and one this reader cannot follow is corru
                   .destination = "aaaaaaaa-0000-4000-8000-000000000002",
                   .kind = MoveKind::resize,
                   .state = MoveState::claimed,
-                  .started_at = 1'700'000'000'000};
+                  .started_at = 1'700'000'000'000,
+                  .query = "resources=VCPU:2,MEMORY_MB:512,DISK_GB:2"};
   auto back = decode_move(encode(move));
   REQUIRE(back);
   CHECK(*back == move);
@@ -117,6 +118,10 @@ TEST_CASE("a move record round-trips, and one this reader cannot follow is corru
   no_migration.replace(no_migration.find("11111111"), 8, "zzzzzzzz");
   CHECK_THAT(said(decode_move(no_migration)), Catch::Contains("migration"));
   for (const char* garbage : {"", "[]", "{", R"({"instance":7})"}) CHECK_FALSE(said(decode_move(garbage)).empty());
+
+  std::string no_query = encode(move);
+  no_query.replace(no_query.find(",\"query\""), no_query.find("\"", no_query.find("resources=")) - no_query.find(",\"query\"") + 1, "");
+  CHECK_THAT(said(decode_move(no_query)), Catch::Contains("a resize without its query"));
 
   // Ready says where the guest goes; a ready record without it cannot be followed.
   move.kind = MoveKind::live;
@@ -214,4 +219,35 @@ TEST_CASE("a cold move: the source copies the disk of its guest, off, and the de
   CHECK(source(S::ready, D::stopped, false) == revert);
   CHECK(source(S::ready, D::absent) == revert);
   CHECK(destination(S::reverting, D::stopped) == clean_up);
+}
+
+TEST_CASE("a resize on its own host: claimed, the guest made its new size there, switched, settled") {
+  using enum MoveAction;
+  using S = MoveState;
+  using D = DomainState;
+  auto in_place = [](S state, D here, bool wanted = true) {
+    return decide_move(MoveView{.source = true, .kind = MoveKind::resize, .in_place = true, .state = state,
+                                .here = here, .still_wanted = wanted});
+  };
+  CHECK(in_place(S::preparing, D::running) == claim);
+  CHECK(in_place(S::claimed, D::running) == resize_here);
+  CHECK(in_place(S::claimed, D::stopped) == resize_here);
+  CHECK(in_place(S::switched, D::stopped) == settle);
+  CHECK(in_place(S::claimed, D::running, false) == revert);
+  CHECK(in_place(S::claimed, D::absent) == revert);
+  CHECK(in_place(S::reverting, D::stopped) == unwind);
+  CHECK(in_place(S::ready, D::stopped) == none);
+}
+
+TEST_CASE("a resize gives the work its new query and amounts; its disk only grows") {
+  WorkSpec work;
+  work.query = "resources=VCPU:1,MEMORY_MB:128,DISK_GB:1";
+  work.resources = {{"VCPU", 1}, {"MEMORY_MB", 128}, {"DISK_GB", 1}};
+  auto bigger = resized(work, "resources=VCPU:2,MEMORY_MB:256,DISK_GB:2");
+  REQUIRE(bigger);
+  CHECK(bigger->query == "resources=VCPU:2,MEMORY_MB:256,DISK_GB:2");
+  CHECK(bigger->resources == ResourceAmounts{{"VCPU", 2}, {"MEMORY_MB", 256}, {"DISK_GB", 2}});
+  CHECK(resized(work, "resources=VCPU:1,MEMORY_MB:64,DISK_GB:1"));  // less memory is fine
+  CHECK_THAT(said(resized(work, "resources=VCPU:1,MEMORY_MB:128")), Catch::Contains("a disk only grows"));
+  CHECK(resized(work, "resources=VCPU:x").error() == errc::invalid_argument);
 }

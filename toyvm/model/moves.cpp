@@ -1,5 +1,6 @@
 #include "model/moves.hpp"
 
+#include "model/query.hpp"
 #include "model/uuid.hpp"
 
 #include <boost/json.hpp>
@@ -16,8 +17,9 @@ namespace json = boost::json;
 constexpr std::array<std::string_view, 3> kind_names{"live", "cold", "resize"};
 constexpr std::array<std::string_view, 7> state_names{"preparing", "claimed",   "ready", "left_source",
                                                      "switched",  "reverting", "copied"};
-constexpr std::array<std::string_view, 11> action_names{"none",   "claim",  "prepare", "migrate",  "left", "switch_over",
-                                                       "settle", "revert", "unwind",  "clean_up", "copy"};
+constexpr std::array<std::string_view, 12> action_names{
+    "none", "claim", "prepare", "migrate", "left", "switch_over", "settle", "revert", "unwind", "clean_up", "copy",
+    "resize_here"};
 
 template <class Enum, size_t N>
 bool read_enum(std::string_view text, const std::array<std::string_view, N>& names, Enum& out) {
@@ -41,6 +43,17 @@ std::string_view to_string(MoveAction action) noexcept { return action_names[siz
 
 MoveAction decide_move(const MoveView& view) {
   using enum MoveAction;
+  if (view.in_place) {
+    switch (view.state) {
+      case MoveState::preparing: return view.still_wanted ? claim : revert;
+      case MoveState::claimed:
+        if (view.here == DomainState::absent) return revert;
+        return view.still_wanted ? resize_here : revert;
+      case MoveState::switched: return settle;
+      case MoveState::reverting: return unwind;
+      default: return none;  // no other state is written for a move in place
+    }
+  }
   if (view.source) {
     switch (view.state) {
       case MoveState::preparing: return view.still_wanted ? claim : revert;
@@ -85,6 +98,22 @@ MoveAction decide_move(const MoveView& view) {
   return none;
 }
 
+result<WorkSpec> resized(WorkSpec work, std::string_view query) {
+  auto parsed = parse_placement_query(query);
+  if (!parsed) return Error(errc::invalid_argument, parsed.error().message());
+  auto amount = [](const ResourceAmounts& amounts, const char* name) {
+    auto found = amounts.find(name);
+    return found == amounts.end() ? int64_t(0) : found->second;
+  };
+  const int64_t disk = amount(work.resources, "DISK_GB"), new_disk = amount(parsed->resources, "DISK_GB");
+  if (new_disk < disk)
+    return Error(errc::invalid_argument,
+                 fmt::format("its disk would shrink from {} to {} GB: a disk only grows", disk, new_disk));
+  work.query = std::string(query);
+  work.resources = std::move(parsed->resources);
+  return work;
+}
+
 std::string encode(const MoveRecord& move) {
   json::object out{{"instance", move.instance},
                    {"migration", move.migration},
@@ -95,7 +124,7 @@ std::string encode(const MoveRecord& move) {
                    {"started_at", move.started_at}};
   for (auto [name, value] : {std::pair{"libvirt_uri", &move.libvirt_uri}, std::pair{"migration_uri", &move.migration_uri},
                              std::pair{"domain_xml", &move.domain_xml}, std::pair{"disk", &move.disk},
-                             std::pair{"error", &move.error}})
+                             std::pair{"query", &move.query}, std::pair{"error", &move.error}})
     if (!value->empty()) out[name] = *value;
   return json::serialize(out);
 }
@@ -119,7 +148,7 @@ result<MoveRecord> decode_move(std::string_view text) {
   if (doc["started_at"].get_int64().get(move.started_at)) return corrupt("missing or invalid started_at");
   for (auto [name, field] : {std::pair{"libvirt_uri", &move.libvirt_uri}, std::pair{"migration_uri", &move.migration_uri},
                              std::pair{"domain_xml", &move.domain_xml}, std::pair{"disk", &move.disk},
-                             std::pair{"error", &move.error}}) {
+                             std::pair{"query", &move.query}, std::pair{"error", &move.error}}) {
     std::string_view value;
     auto found = doc[name];
     if (found.error() == simdjson::NO_SUCH_FIELD) continue;
@@ -128,6 +157,7 @@ result<MoveRecord> decode_move(std::string_view text) {
   }
   if (move.state == MoveState::ready && (move.libvirt_uri.empty() || move.migration_uri.empty() || move.domain_xml.empty()))
     return corrupt("ready, but without where the guest goes");
+  if (move.kind == MoveKind::resize && move.query.empty()) return corrupt("a resize without its query");
   if (move.kind != MoveKind::live && move.state == MoveState::ready && move.disk.empty())
     return corrupt("ready for a cold move, but without the disk it goes to");
   return move;

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "model/domain.hpp"
+#include "model/records.hpp"
 
 #include <cstdint>
 #include <string>
@@ -41,6 +42,7 @@ struct MoveRecord {
   std::string migration_uri{};
   std::string domain_xml{};
   std::string disk{};
+  std::string query{};      // resize: the instance's placement query from now on
   std::string error{};      // reverting: why the move did not happen
 
   bool operator==(const MoveRecord&) const = default;
@@ -64,11 +66,14 @@ enum class MoveAction {
   unwind,       // source: the books swapped back (Placer::revert_move), the record deleted
   clean_up,     // destination: what prepare made here removed, then unwind as the source would
   copy,         // source, cold: the guest powered off here and its disk copied there, then copied
+  resize_here,  // a resize on its own host: the guest powered off and made its new size, then
+                // switch_over (its work takes the new size)
 };
 
 struct MoveView {
   bool source = false;            // this host is the move's source (else its destination)
   MoveKind kind = MoveKind::live;
+  bool in_place = false;          // source and destination are this host (a resize)
   MoveState state = MoveState::preparing;
   DomainState here = DomainState::absent;  // the guest's domain on this host
   bool job = false;               // a migration job runs on that domain (source)
@@ -78,6 +83,10 @@ struct MoveView {
 };
 MoveAction decide_move(const MoveView& view);
 std::string_view to_string(MoveAction action) noexcept;
+
+// The instance's work as a resize to `query` makes it: its query and what it consumes.
+// invalid_argument for a query that does not parse or that would shrink its disk.
+result<WorkSpec> resized(WorkSpec work, std::string_view query);
 
 std::string encode(const MoveRecord& move);
 // corrupt_record, saying why, for anything malformed, including a kind or state this

@@ -1,6 +1,7 @@
 // toyvm migrate: an instance moves to another host, while it runs (its memory and disk copied
 // live by libvirt, peer to peer) or, with --cold or when it is stopped, powered off (its disk
-// copied through libvirt's storage volume streams, its power state kept). The command chooses the destination and asks for the
+// copied through libvirt's storage volume streams, its power state kept). toyvm resize is a
+// cold move to a new size, its own host allowed when it has room for both sizes. The command chooses the destination and asks for the
 // move; the two hosts' agents carry it out and either finish it or undo it, whatever becomes of
 // the command.
 
@@ -26,7 +27,7 @@ int run_migrate(const Config& config, const MigrateOptions& options) {
       destination = *provider;
     }
     MoveRequests moves(*etcd, placer, keys);
-    auto asked = co_await moves.ask(options.uuid, destination, options.cold);
+    auto asked = co_await moves.ask(options.uuid, destination, options.cold, options.resize_to);
     if (!asked) {
       if (asked.error() == errc::no_allocations_left) {
         std::printf("NO ALLOCATIONS LEFT\n");
@@ -35,8 +36,10 @@ int run_migrate(const Config& config, const MigrateOptions& options) {
       if (is_etcd_error(asked.error())) co_return etcd_failure(*etcd, asked.error());
       co_return report_failure(asked.error());
     }
+    const bool resize = !options.resize_to.empty();
     if (!options.wait) {
-      std::printf("MIGRATING INSTANCE %s TO %s\n", options.uuid.c_str(), asked->move.destination.c_str());
+      std::printf("%s INSTANCE %s %s %s\n", resize ? "RESIZING" : "MIGRATING", options.uuid.c_str(),
+                  resize ? "ON" : "TO", asked->move.destination.c_str());
       co_return 0;
     }
     auto ended = co_await moves.follow(*asked, options.wait_timeout);
@@ -47,7 +50,8 @@ int run_migrate(const Config& config, const MigrateOptions& options) {
     if (!ended->moved)
       co_return report_failure(ExitCode::failed, fmt::format("instance {} stays on host {}: {}", options.uuid,
                                                              asked->move.source, ended->error));
-    std::printf("MIGRATED INSTANCE %s TO %s\n", options.uuid.c_str(), ended->host.c_str());
+    std::printf("%s INSTANCE %s %s %s\n", resize ? "RESIZED" : "MIGRATED", options.uuid.c_str(), resize ? "ON" : "TO",
+                ended->host.c_str());
     co_return 0;
   });
 }

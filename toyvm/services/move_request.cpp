@@ -19,7 +19,10 @@ awaitable<result<std::string>> resolve_host(PlacementClient& placement, std::str
   co_return Error(errc::not_found, fmt::format("no host {} in Placement", host));
 }
 
-awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string destination, bool cold) {
+awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string destination, bool cold,
+                                               std::string resize_to) {
+  const bool resize = !resize_to.empty();
+  cold = cold || resize;
   auto recorded = co_await etcd_.range(keys_.instance(uuid));
   if (!recorded) co_return recorded.error();
   if (recorded->kvs.empty()) co_return Error(errc::not_found, fmt::format("no instance {}", uuid));
@@ -49,14 +52,19 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
     co_return Error(errc::invalid_argument, fmt::format("the agent of instance {}'s host {} is not running "
                                                         "(`toyvm evacuate` moves guests off a dead host)",
                                                         uuid, source));
-  if (destination == source)
+  if (destination == source && !resize)
     co_return Error(errc::invalid_argument, fmt::format("instance {} is on host {} already", uuid, destination));
+  if (resize) {
+    auto after = resized(*work, resize_to);
+    if (!after) co_return after.error().doing(fmt::format("resizing instance {}", uuid));
+    work = std::move(*after);
+  }
   if (destination.empty()) {
     auto query = parse_placement_query(work->query);
     if (!query) co_return query.error().doing(fmt::format("instance {}'s query", uuid));
     auto view = co_await placer_.look(std::move(*query), work->group, uuid);
     if (!view) co_return view.error();
-    view->live.erase(source);
+    if (!resize) view->live.erase(source);  // a resize may stay, if its host has room for both sizes
     std::optional<GroupPolicy> policy;
     if (!work->group.empty()) policy = work->group_policy;
     auto ranked = Placer::rank(*view, placer_.weigh_policy(), 0.0, policy);
@@ -76,7 +84,8 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
   move.migration = new_uuid();
   move.source = source;
   move.destination = destination;
-  move.kind = cold ? MoveKind::cold : MoveKind::live;
+  move.kind = resize ? MoveKind::resize : cold ? MoveKind::cold : MoveKind::live;
+  move.query = std::move(resize_to);
   move.started_at = unix_millis();
   const std::string move_key = keys_.move(uuid);
   std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(work_key, work_kv.mod_revision),
@@ -108,7 +117,8 @@ awaitable<result<MoveEnded>> MoveRequests::follow(MoveAsked asked, Duration time
   MoveEnded ended;
   if (!recorded->kvs.empty())
     if (auto record = decode_instance(recorded->kvs.front().value)) ended.host = record->host;
-  ended.moved = ended.host == asked.move.destination;
+  // A resize in place ends on its host either way: undone, it went through reverting.
+  ended.moved = ended.host == asked.move.destination && (asked.move.source != asked.move.destination || error.empty());
   ended.error = ended.moved ? "" : error.empty() ? "the move was undone" : error;
   co_return ended;
 }

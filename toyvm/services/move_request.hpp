@@ -34,10 +34,13 @@ class MoveRequests {
 
   // The move of instance `uuid` to `destination` (a provider uuid; empty: the best other live
   // host for its query and server group): live while it runs, or cold (powered off, its disk
-  // copied) when `cold` or it is STOPPED. Errors: not_found, invalid_argument (neither ACTIVE
-  // nor STOPPED, the destination is its host or not live), no_allocations_left, changed (it
-  // changed, or moves already), and etcd's and Placement's.
-  awaitable<result<MoveAsked>> ask(std::string uuid, std::string destination, bool cold = false);
+  // copied) when `cold` or it is STOPPED; resized to the placement query `resize_to` when
+  // given (cold, and its own host may be the destination). Errors: not_found,
+  // invalid_argument (neither ACTIVE nor STOPPED, the destination is its host or not live, a
+  // resize that would shrink its disk), no_allocations_left, changed (it changed, or moves
+  // already), and etcd's and Placement's.
+  awaitable<result<MoveAsked>> ask(std::string uuid, std::string destination, bool cold = false,
+                                   std::string resize_to = "");
   // Follows the record until the agents delete it; timeout when it is still there then.
   awaitable<result<MoveEnded>> follow(MoveAsked asked, Duration timeout);
 

@@ -71,9 +71,11 @@ struct MigrateOptions {
   std::string uuid;
   std::string host;  // the destination's name or provider uuid; empty: chosen as a schedule would
   bool cold = false;  // powered off, its disk copied (a stopped instance always is)
+  std::string resize_to;  // toyvm resize: its new placement query (cold; its own host allowed)
   bool wait = true;
   Duration wait_timeout = std::chrono::seconds(600);
 };
+// toyvm migrate and toyvm resize.
 int run_migrate(const Config& config, const MigrateOptions& options);
 
 struct HostOptions {

@@ -89,9 +89,12 @@ class VirtBackend {
   // overlay prepare_incoming made there) on the libvirt at `libvirt_uri`, through libvirt's
   // storage volume streams.
   virtual result<void> send_disk(const std::string& uuid, const std::string& libvirt_uri, const std::string& disk) = 0;
-  // The destination's end of it: the copied overlay given this host's base image (the spec's),
-  // and the domain defined from `domain_xml`, left off. Its work, once here, says its power.
+  // The destination's end of it: the copied overlay given this host's base image (the spec's)
+  // and size (a resize may grow it), and the domain defined from `domain_xml`, left off. Its work, once here, says its power.
   virtual result<void> receive_disk(const DomainSpec& spec, const std::string& domain_xml) = 0;
+  // A resize on this host: the guest, off, given the spec's size (its disk grown to it, its
+  // domain defined again with its CPUs and memory).
+  virtual result<void> resize_in_place(const DomainSpec& spec) = 0;
   // A move of the guest is under way here: a migration job runs on its domain (the source's),
   // or it is the destination's paused copy still being filled. false when there is no domain.
   virtual result<bool> migrating(const std::string& uuid) = 0;

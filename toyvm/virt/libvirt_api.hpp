@@ -65,6 +65,7 @@ namespace toyvm {
   X(virStorageVolLookupByPath)     \
   X(virStorageVolDownload)         \
   X(virStorageVolUpload)           \
+  X(virStorageVolResize)           \
   X(virStreamNew)                  \
   X(virStreamRecv)                 \
   X(virStreamSend)                 \

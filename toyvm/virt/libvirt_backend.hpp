@@ -68,6 +68,7 @@ class LibvirtBackend final : public VirtBackend {
   result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget& to) override;
   result<void> send_disk(const std::string& uuid, const std::string& libvirt_uri, const std::string& disk) override;
   result<void> receive_disk(const DomainSpec& spec, const std::string& domain_xml) override;
+  result<void> resize_in_place(const DomainSpec& spec) override;
 
   // The instance storage pool: transient (libvirt forgets it on restart; open_libvirt makes
   // it again), a dir pool over the instance dir.
@@ -117,6 +118,8 @@ class LibvirtBackend final : public VirtBackend {
   // The instance's overlay as a volume of this agent's pool (refreshed if libvirt has not seen
   // it yet); not_found when there is none.
   result<virStorageVolPtr> overlay_volume(const std::string& uuid);
+  // The overlay grown to the spec's disk size (as big already: unchanged).
+  result<void> grow_overlay(const DomainSpec& spec);
 
   std::atomic<virConnectPtr> conn_;
   std::mutex revive_mutex_;

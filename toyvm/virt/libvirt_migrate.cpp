@@ -162,8 +162,34 @@ result<void> LibvirtBackend::receive_disk(const DomainSpec& spec, const std::str
     file.flush();
     if (!file) return Error(errc::launch_failure, "cannot write the copied disk " + path);
   }
+  if (auto grown = grow_overlay(spec); !grown) return grown;
   DomainHandle dom(api->virDomainDefineXML(conn_, domain_xml.c_str()));
   if (!dom) return fail(errc::launch_failure, "libvirt refused the domain");
+  return {};
+}
+
+result<void> LibvirtBackend::grow_overlay(const DomainSpec& spec) {
+  const uint64_t wanted = uint64_t(spec.disk_gb) << 30;
+  if (wanted == 0) return {};  // the image's own size, which does not change
+  auto found = overlay_volume(spec.uuid);
+  if (!found) return found.error();
+  VolumeHandle volume(*found);
+  if (api->virStorageVolResize(volume.ptr, wanted, 0) < 0) return fail(errc::launch_failure, "growing its disk");
+  return {};
+}
+
+result<void> LibvirtBackend::resize_in_place(const DomainSpec& spec) {
+  if (!revive()) return unavailable();
+  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, spec.uuid.c_str()));
+  if (!dom) return fail(errc::not_found, "no domain to resize");
+  if (api->virDomainIsActive(dom.ptr) != 0) return Error(errc::launch_failure, "its guest is not off");
+  if (auto grown = grow_overlay(spec); !grown) return grown;
+  const bool has_disk = !spec.image.disk.empty() || spec.disk_gb > 0;
+  const std::string disk = has_disk ? overlay_path(options_.instance_dir, spec.uuid) : "";
+  const std::string drive = spec.config_drive.empty() ? "" : config_drive_path(options_.instance_dir, spec.uuid);
+  const std::string xml = domain_xml(spec, options_, disk, drive);
+  DomainHandle redefined(api->virDomainDefineXML(conn_, xml.c_str()));
+  if (!redefined) return fail(errc::launch_failure, "libvirt refused the resized domain");
   return {};
 }
 

@@ -65,6 +65,9 @@ class FakeVirt : public VirtBackend {
   result<void> receive_disk(const DomainSpec&, const std::string&) override {
     return Error(errc::launch_failure, "the fake cannot copy disks");
   }
+  result<void> resize_in_place(const DomainSpec&) override {
+    return Error(errc::launch_failure, "the fake cannot resize");
+  }
   result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget&) override {
     std::lock_guard lock(mutex_);
     if (!domains_.erase(uuid)) return Error(errc::not_found, "no such domain");

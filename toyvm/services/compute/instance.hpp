@@ -110,6 +110,9 @@ class Instance : public std::enable_shared_from_this<Instance> {
   awaitable<bool> revert_move(MoveRecord move, int64_t revision, std::string why);
   awaitable<bool> migrate(MoveRecord move, int64_t revision);
   awaitable<bool> copy_disk(MoveRecord move, int64_t revision, DomainState here);
+  awaitable<bool> resize_here(MoveRecord move, int64_t revision, DomainState here);
+  // The guest shut down (then its plug pulled) for a cold move or a resize; false: retry.
+  awaitable<bool> power_off_to_move(DomainState here);
   awaitable<bool> switch_over(MoveRecord move, int64_t revision);
   awaitable<bool> move_ended(MoveRecord move, int64_t revision);
   // Its work as etcd has it now: a move that ended may have taken it here or away, and the

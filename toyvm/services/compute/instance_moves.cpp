@@ -17,6 +17,7 @@ awaitable<std::optional<bool>> Instance::step_move() {
   const MoveRecord move = *move_;
   const int64_t revision = move_revision_;
   const bool source = move.source == ctx_.host.provider;
+  const bool in_place = move.source == move.destination;  // a resize on its own host
   // Switched over (its work is here now): only the settling is left, then the usual decisions.
   if (!source && desired_ && move.state != MoveState::switched) co_return std::nullopt;
   auto here = co_await ctx_.virt(&VirtBackend::state, uuid_);
@@ -45,7 +46,7 @@ awaitable<std::optional<bool>> Instance::step_move() {
   const bool wanted = desired_ && (cold ? desired_->power != PowerState::deleted : desired_->power == PowerState::running);
   const auto patience = std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.config.compute.move_prepare_timeout);
   const bool overdue = unix_millis() - move.started_at > patience.count();
-  switch (decide_move(MoveView{source, move.kind, move.state, *here, job, wanted, overdue, source_alive})) {
+  switch (decide_move(MoveView{source, move.kind, in_place, move.state, *here, job, wanted, overdue, source_alive})) {
     case MoveAction::none:
       // Waiting for the destination to prepare (which may take too long), for a job of
       // libvirt's to end, or for the source to settle (or die): looked at again in a moment.
@@ -54,7 +55,7 @@ awaitable<std::optional<bool>> Instance::step_move() {
       if (!source && move.state == MoveState::switched && desired_) co_return std::nullopt;
       co_return !(source && move.state == MoveState::claimed) && !job;
     case MoveAction::claim: {
-      auto claimed = co_await steps_.mover.claim(move, desired_->resources);
+      auto claimed = co_await steps_.mover.claim(move, *desired_);
       if (!claimed) {
         spdlog::warn("instance {}: claiming host {} for its move: {}; will retry", uuid_, move.destination,
                      claimed.error().message());
@@ -82,6 +83,7 @@ awaitable<std::optional<bool>> Instance::step_move() {
     }
     case MoveAction::migrate: co_return co_await migrate(move, revision);
     case MoveAction::copy: co_return co_await copy_disk(move, revision, *here);
+    case MoveAction::resize_here: co_return co_await resize_here(move, revision, *here);
     case MoveAction::left: {
       MoveRecord next = move;
       next.state = MoveState::left_source;
@@ -156,13 +158,7 @@ awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
 
 awaitable<bool> Instance::copy_disk(MoveRecord move, int64_t revision, DomainState here) {
   spdlog::info("instance {}: moving to host {} while off", uuid_, move.destination);
-  if (here == DomainState::running) {
-    co_await shut_down_gracefully();
-    if (auto off = co_await ctx_.virt(&VirtBackend::stop, uuid_); !off) {
-      spdlog::error("instance {}: powering it off to move it: {}", uuid_, off.error().message());
-      co_return false;
-    }
-  }
+  if (!co_await power_off_to_move(here)) co_return false;
   const auto started = std::chrono::steady_clock::now();
   auto copied = co_await steps_.mover.copy(move);
   if (!copied) {
@@ -175,6 +171,28 @@ awaitable<bool> Instance::copy_disk(MoveRecord move, int64_t revision, DomainSta
   spdlog::info("instance {}: its disk is on host {} after {:.1f} s", uuid_, move.destination, took);
   move.state = MoveState::copied;
   co_return co_await advance_move(std::move(move), revision);
+}
+
+awaitable<bool> Instance::resize_here(MoveRecord move, int64_t revision, DomainState here) {
+  spdlog::info("instance {}: resizing it here to {}", uuid_, move.query);
+  if (!co_await power_off_to_move(here)) co_return false;
+  auto made = co_await steps_.mover.resize_here(move);
+  if (!made) {
+    spdlog::error("instance {}: resizing it: {}", uuid_, made.error().message());
+    if (made.error() == errc::invalid_argument) co_return co_await revert_move(std::move(move), revision, made.error().message());
+    co_return false;  // tried again: its disk may have grown already, and only grows
+  }
+  co_return co_await switch_over(std::move(move), revision);
+}
+
+awaitable<bool> Instance::power_off_to_move(DomainState here) {
+  if (here != DomainState::running) co_return true;
+  co_await shut_down_gracefully();
+  if (auto off = co_await ctx_.virt(&VirtBackend::stop, uuid_); !off) {
+    spdlog::error("instance {}: powering it off to move it: {}", uuid_, off.error().message());
+    co_return false;
+  }
+  co_return true;
 }
 
 awaitable<bool> Instance::switch_over(MoveRecord move, int64_t revision) {
@@ -206,13 +224,13 @@ awaitable<bool> Instance::switch_over(MoveRecord move, int64_t revision) {
   move.domain_xml.clear();
   move_ = std::move(move);
   move_revision_ = **switched;
-  if (move_->source == ctx_.host.provider) {
+  if (move_->source == ctx_.host.provider && move_->destination != ctx_.host.provider) {
     // The work left this host in that write; the feed's news of it is older or the same.
     desired_.reset();
     unreadable_ = false;
     revision_ = **switched;
   } else {
-    recheck_work_ = true;  // and arrived here
+    recheck_work_ = true;  // and arrived here (or, resized here, changed)
   }
   steps_.presence.publish(uuid_);
   kick();
@@ -230,14 +248,16 @@ awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
     co_return false;
   }
   const bool source = move.source == ctx_.host.provider;
-  // A cold move leaves the source's copy, off, until the guest is the destination's; undone,
-  // the guest powered off for it runs again.
+  const bool in_place = move.source == move.destination;
+  // A cold move leaves the source's copy, off, until the guest is the destination's; undone
+  // (or resized here), the guest powered off for it runs again.
   if (source && move.kind != MoveKind::live) {
+    const bool left = moved && !in_place;
     result<void> done;
-    if (moved) done = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
+    if (left) done = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
     else if (desired_ && desired_->power == PowerState::running) done = co_await ctx_.virt(&VirtBackend::start, uuid_);
     if (!done) {
-      spdlog::error("instance {}: {} after its move: {}", uuid_, moved ? "removing its copy" : "starting it again",
+      spdlog::error("instance {}: {} after its move: {}", uuid_, left ? "removing its copy" : "starting it again",
                     done.error().message());
       co_return false;
     }
@@ -245,12 +265,13 @@ awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
   // The guest's domain key here goes with the move: once the move is over, what this host
   // publishes says where the guest is.
   std::vector<EtcdOp> domain_key;
-  if (moved && source) domain_key.push_back(steps_.presence.domain_erase(uuid_));
+  if (moved && source && !in_place) domain_key.push_back(steps_.presence.domain_erase(uuid_));
   auto erased = co_await steps_.mover.erase(move, revision, domain_key);
   if (!erased) co_return false;
   if (!*erased) co_return true;
   if (!domain_key.empty()) steps_.presence.recorded(uuid_, domain_key.front());
-  spdlog::info("instance {}: {} host {}", uuid_, moved ? "moved from" : "did not move from", move.source);
+  if (in_place) spdlog::info("instance {}: {}", uuid_, moved ? "resized" : "not resized");
+  else spdlog::info("instance {}: {} host {}", uuid_, moved ? "moved from" : "did not move from", move.source);
   metrics::count("toyvm_moves_total", {{"result", moved ? "moved" : "reverted"}});
   move_.reset();
   recheck_work_ = true;

@@ -25,7 +25,17 @@ awaitable<result<bool>> Mover::erase(const MoveRecord& move, int64_t revision, s
   co_return erased->has_value();
 }
 
-awaitable<result<Placer::Move>> Mover::claim(const MoveRecord& move, ResourceAmounts resources) {
+namespace {
+// The work as the move leaves it: a resize's new size, or as it is.
+result<WorkSpec> moved_work(const MoveRecord& move, WorkSpec work) {
+  if (move.kind != MoveKind::resize) return work;
+  return resized(std::move(work), move.query);
+}
+}  // namespace
+
+awaitable<result<Placer::Move>> Mover::claim(const MoveRecord& move, const WorkSpec& work) {
+  auto after = moved_work(move, work);
+  if (!after) co_return Placer::Move::changed;  // its disk grew since the resize was asked
   // An earlier try that was made but not recorded (the agent stopped in between).
   auto theirs = co_await ctx_.placement.consumer_allocations(move.migration);
   if (!theirs) co_return theirs.error();
@@ -33,7 +43,7 @@ awaitable<result<Placer::Move>> Mover::claim(const MoveRecord& move, ResourceAmo
   auto held = co_await ctx_.placement.consumer_allocations(move.instance);
   if (!held) co_return held.error();
   if (!held->allocations.count(move.source)) co_return Placer::Move::changed;
-  Allocations to{{move.destination, std::move(resources)}};
+  Allocations to{{move.destination, std::move(after->resources)}};
   co_return co_await placer_.begin_move(move.instance, move.migration, std::move(*held), std::move(to));
 }
 
@@ -43,6 +53,8 @@ awaitable<result<DomainSpec>> Mover::incoming_spec(const MoveRecord& move) {
   if (listed->kvs.empty()) co_return Error(errc::changed, "its work left its source");
   auto work = decode_work(listed->kvs.front().value);
   if (!work) co_return work.error();
+  auto after = moved_work(move, std::move(*work));
+  if (!after) co_return after.error();
   // Its address goes with it: the guest asks DHCP nothing on arrival, and its filter must let
   // it send from that address at once.
   std::string ip;
@@ -50,7 +62,7 @@ awaitable<result<DomainSpec>> Mover::incoming_spec(const MoveRecord& move) {
   if (!recorded) co_return recorded.error();
   if (!recorded->kvs.empty())
     if (auto record = decode_instance(recorded->kvs.front().value)) ip = record->ip;
-  co_return co_await builder_.incoming_domain(std::move(*work), ip);
+  co_return co_await builder_.incoming_domain(std::move(*after), ip);
 }
 
 awaitable<result<MoveRecord>> Mover::prepare(MoveRecord move) {
@@ -83,6 +95,12 @@ awaitable<result<void>> Mover::receive(const MoveRecord& move) {
   co_return co_await ctx_.virt(&VirtBackend::receive_disk, *spec, move.domain_xml);
 }
 
+awaitable<result<void>> Mover::resize_here(const MoveRecord& move) {
+  auto spec = co_await incoming_spec(move);
+  if (!spec) co_return spec.error();
+  co_return co_await ctx_.virt(&VirtBackend::resize_in_place, *spec);
+}
+
 awaitable<result<std::optional<int64_t>>> Mover::switch_over(MoveRecord move, int64_t revision,
                                                              std::vector<EtcdOp> also) {
   const std::string source_work = ctx_.keys.work(move.source, move.instance);
@@ -90,8 +108,10 @@ awaitable<result<std::optional<int64_t>>> Mover::switch_over(MoveRecord move, in
   if (!listed) co_return listed.error();
   if (listed->kvs.empty()) co_return std::nullopt;  // the move record changed too, or will
   const KeyValue& read = listed->kvs.front();
-  auto work = decode_work(read.value);
-  if (!work) co_return work.error();  // not switched on what cannot be read
+  auto decoded = decode_work(read.value);
+  if (!decoded) co_return decoded.error();  // not switched on what cannot be read
+  auto work = moved_work(move, std::move(*decoded));
+  if (!work) co_return work.error();
   InstanceRecord record;
   auto recorded = co_await ctx_.etcd->range(ctx_.keys.instance(move.instance));
   if (!recorded) co_return recorded.error();
@@ -108,7 +128,7 @@ awaitable<result<std::optional<int64_t>>> Mover::switch_over(MoveRecord move, in
   const std::string move_key = ctx_.keys.move(move.instance);
   std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(source_work, read.mod_revision),
                                    EtcdCompare::mod_revision_is(move_key, revision)};
-  also.push_back(EtcdOp::erase(source_work));
+  if (move.destination != move.source) also.push_back(EtcdOp::erase(source_work));  // else rewritten in place
   also.push_back(EtcdOp::put(move_key, encode(move)));
   std::vector<Placed> placed{Placed{std::move(*work), std::move(record)}};
   auto handed = co_await placer_.hand_over(std::move(placed), std::move(as_read), std::move(also),

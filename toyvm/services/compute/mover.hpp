@@ -27,8 +27,9 @@ class Mover {
   awaitable<result<bool>> erase(const MoveRecord& move, int64_t revision, std::vector<EtcdOp> also = {});
 
   // Source: the migration consumer takes over the source's share and the instance claims
-  // the destination (for `resources`), or found done by an earlier try. moved, no_room, changed.
-  awaitable<result<Placer::Move>> claim(const MoveRecord& move, ResourceAmounts resources);
+  // the destination (for what `work` consumes, or a resize's new amounts), or found done by an
+  // earlier try. moved, no_room, changed.
+  awaitable<result<Placer::Move>> claim(const MoveRecord& move, const WorkSpec& work);
   // Destination: the instance's files made here (its image fetched if need be) from its work
   // and record as etcd has them; `move` filled in with how to reach this host and the guest.
   awaitable<result<MoveRecord>> prepare(MoveRecord move);
@@ -38,6 +39,8 @@ class Mover {
   awaitable<result<void>> copy(const MoveRecord& move);
   // Destination, cold: the copied disk made this host's and the guest defined here, off.
   awaitable<result<void>> receive(const MoveRecord& move);
+  // A resize on its own host: the guest, off, given its new size.
+  awaitable<result<void>> resize_here(const MoveRecord& move);
   // Either: the instance's work and record (its address kept, its host the destination) move
   // to the destination with the record saying switched, in one transaction guarded by the
   // source's work and the move as read, `also` with them. The revision of that write; nothing
@@ -50,7 +53,8 @@ class Mover {
   awaitable<result<void>> unwind(const MoveRecord& move);
 
  private:
-  // The guest as this host defines it: from its work (at the source) and its record's address.
+  // The guest as this host defines it: from its work (at the source, resized as the move says)
+  // and its record's address.
   awaitable<result<DomainSpec>> incoming_spec(const MoveRecord& move);
   // `ops` in one transaction, only while the move record of `instance` is as read at `revision`.
   awaitable<result<std::optional<int64_t>>> guarded(const std::string& instance, int64_t revision,
