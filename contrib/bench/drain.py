@@ -4,7 +4,9 @@ one on the second (contrib/second-libvirtd.sh), GUESTS tiny TCG guests (contrib/
 on the first (the guests' `clean-traffic` filter on the first daemon only: two daemons in one
 network namespace break each other's ebtables chains), then `toyvm host drain` timed from the first host to the second and back, one
 move at a time and all at once, `toyvm audit` required clean after each drain. For comparison,
-one live move alone (`toyvm migrate`) in the same run.
+in the same run: one live move alone (`toyvm migrate`), one cold move of a running guest
+(`migrate --cold`: powered off, its disk streamed, booted there; until the command returns) and
+one resize on its own host (`toyvm resize`, its disk grown by 1 GB each time).
 
   usage: drain.py --build DIR [--guests 3] [--rounds 2]
 """
@@ -87,6 +89,20 @@ def main():
                 if moved.returncode != 0:
                     raise RuntimeError(f"migrate failed: {moved.stderr}")
                 singles.append(time.monotonic() - started)
+        colds, resizes = [], []
+        for round_number in range(args.rounds):
+            for target in ("b", "a"):
+                started = time.monotonic()
+                moved = cloud.run("migrate", uuids[0], "--host", target, "--cold", timeout=300)
+                if moved.returncode != 0:
+                    raise RuntimeError(f"migrate --cold failed: {moved.stderr}")
+                colds.append(time.monotonic() - started)
+            started = time.monotonic()
+            resized = cloud.run("resize", uuids[0], f"resources=VCPU:1,MEMORY_MB:128,DISK_GB:{round_number + 2}",
+                                "--host", "a", timeout=300)
+            if resized.returncode != 0:
+                raise RuntimeError(f"resize failed: {resized.stderr}")
+            resizes.append(time.monotonic() - started)
         results = {1: [], args.guests: []}
         for _ in range(args.rounds):
             for parallel in results:
@@ -94,6 +110,10 @@ def main():
                 results[parallel].append(drain("b", "a", parallel))
         print(f"one live move (toyvm migrate): {min(singles):.1f} / {statistics.median(singles):.1f} / "
               f"{max(singles):.1f} s (min / median / max of {len(singles)})")
+        print(f"one cold move of a running guest (migrate --cold): {min(colds):.1f} / {statistics.median(colds):.1f} / "
+              f"{max(colds):.1f} s (min / median / max of {len(colds)})")
+        print(f"one resize on its own host: {min(resizes):.1f} / {statistics.median(resizes):.1f} / "
+              f"{max(resizes):.1f} s (min / median / max of {len(resizes)})")
         for parallel, times in results.items():
             print(f"drain of {args.guests} running guests, --parallel {parallel}: {min(times):.1f} / "
                   f"{statistics.median(times):.1f} / {max(times):.1f} s (min / median / max of {len(times)})")

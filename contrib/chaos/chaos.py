@@ -6,13 +6,13 @@ comes back, an agent restarted with its state dir wiped, etcd restarted or its h
 compacted, Placement's uWSGI restarted), and operators acting at once with the agents and
 each other (two evacuations of one dead host, `destroy --force` racing an evacuation, `audit
 --fix` during a large batch, a work value this toyvm cannot read written and later put back,
-batches with user data near its limit, live and cold moves, and host drains). Then it lets things settle
+batches with user data near its limit, live and cold moves, resizes, and host drains). Then it lets things settle
 and requires: `toyvm audit` clean, every instance ACTIVE, STOPPED, ERROR or gone, no move left
 in flight, no provider over its capacity, and no guest lost that had work (audit's
 instance_without_domain).
-libvirt's test driver can neither migrate a domain nor stream a volume: every move here gets as
-far as its books and the destination's files (a cold one: its guest powered off) and is then
-undone (or meets a fault on the way), which is what it checks;
+libvirt's test driver can neither migrate a domain nor stream or resize a volume: every move
+and resize here gets as far as its books and the destination's files (a cold one: its guest
+powered off) and is then undone (or meets a fault on the way), which is what it checks;
 the moves that finish are checked on real daemons in the guests suite.
 The seed fixes the sequence of operations and faults (what they meet depends on timing); it
 is printed first, and `--seed` replays it.
@@ -84,7 +84,7 @@ class Campaign:
     def operation(self):
         rng, cloud = self.rng, self.cloud
         kind = rng.choices(["schedule", "count", "group", "bad_image", "destroy", "stop", "start", "migrate",
-                            "migrate_cold"], weights=[6, 2, 2, 1, 4, 2, 2, 2, 1])[0]
+                            "migrate_cold", "resize"], weights=[6, 2, 2, 1, 4, 2, 2, 2, 1, 1])[0]
         flavor = rng.choice(FLAVORS)
         if kind == "schedule":
             args = ["schedule", flavor, "--image", "good.raw"]
@@ -101,7 +101,12 @@ class Campaign:
                 return
             # The sequence of choices stays the same for a seed; what they name may differ.
             pick = known[rng.randrange(1 << 30) % len(known)]
-            args = [kind, pick, "--no-wait"] if kind != "migrate_cold" else ["migrate", pick, "--cold", "--no-wait"]
+            if kind == "migrate_cold":
+                args = ["migrate", pick, "--cold", "--no-wait"]
+            elif kind == "resize":
+                args = ["resize", pick, rng.choice(FLAVORS), "--no-wait"]
+            else:
+                args = [kind, pick, "--no-wait"]
         try:
             result = cloud.run(*args, timeout=60)
             self.note(kind, f"exit {result.returncode}")

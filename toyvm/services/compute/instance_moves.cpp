@@ -179,8 +179,9 @@ awaitable<bool> Instance::resize_here(MoveRecord move, int64_t revision, DomainS
   auto made = co_await steps_.mover.resize_here(move);
   if (!made) {
     spdlog::error("instance {}: resizing it: {}", uuid_, made.error().message());
-    if (made.error() == errc::invalid_argument) co_return co_await revert_move(std::move(move), revision, made.error().message());
-    co_return false;  // tried again: its disk may have grown already, and only grows
+    if (made.error() == errc::virt_unavailable) co_return false;  // this host's libvirt: tried again
+    // Undone: its old size is what it holds again (a disk that grew already stays grown).
+    co_return co_await revert_move(std::move(move), revision, made.error().message());
   }
   co_return co_await switch_over(std::move(move), revision);
 }
