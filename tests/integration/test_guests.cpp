@@ -705,6 +705,7 @@ struct TwoHosts {
   std::string rp2;
   std::string instances2 = host.servers.dir() + "/c2/instances";
   std::string second_toml;
+  std::string second_move_uri;  // how c2 says it is reached; empty: its daemon's URI
   std::unique_ptr<Process> second;
   std::unique_ptr<VirtBackend> libvirt2;
 
@@ -729,7 +730,7 @@ struct TwoHosts {
                                         "network = 'default'\n"
                                         "stop_timeout = 20\n"
                                         "console_interval = 0.5\n"
-                                        "move_libvirt_uri = '" + second_uri + "'\n"
+                                        "move_libvirt_uri = '" + (second_move_uri.empty() ? second_uri : second_move_uri) + "'\n"
                                         "move_address = '127.0.0.1'\n"
                                         // Two daemons in one network namespace share the kernel's
                                         // ebtables: each one's nwfilter tears down and builds
@@ -1074,4 +1075,28 @@ TEST_CASE("a cold move whose destination's agent is killed once the disk is ther
   hosts.expect_books_on(uuid, hosts.rp2);
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
   hosts.host.expect_nothing_held(uuid);
+}
+
+TEST_CASE("a cold move that cannot copy the disk is undone, and the guest it powered off runs again where it was",
+          "[guests]") {
+  TwoHosts hosts;
+  Servers& servers = hosts.host.servers;
+  const std::string uuid = hosts.guest_on_first();
+  // c2 says it is reached where no libvirtd listens.
+  hosts.second->signal(SIGTERM);
+  hosts.second->wait();
+  hosts.second_move_uri = "qemu+tcp://127.0.0.1:1/system";
+  hosts.start_second();
+  auto moved = servers.toyvm({"migrate", uuid, "--host", "c2", "--cold"}, 300);
+  INFO(moved.out << moved.err << hosts.output());
+  CHECK(moved.exit_code == 5);
+  CHECK_THAT(moved.err, Catch::Contains("cannot reach qemu+tcp://127.0.0.1:1/system"));
+  CHECK(record_of(servers, uuid).host == hosts.host.rp);
+  CHECK(hosts.state2(uuid) == DomainState::absent);
+  hosts.expect_books_on(uuid, hosts.host.rp);
+  // Started again, not left off as if its guest had powered itself off.
+  CHECK(wait_for([&] { return hosts.host.domain_state(uuid) == DomainState::running; }, 30));
+  CHECK(wait_for_record(servers, uuid, [](const InstanceRecord& r) { return r.state == InstanceState::active; }, 30));
+  CHECK_FALSE(wait_for([&] { return record_of(servers, uuid).state != InstanceState::active; }, 5));
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }

@@ -64,7 +64,8 @@ enum class MoveAction {
                 // back, the record deleted
   revert,       // the move does not happen: reverting (saying why)
   unwind,       // source: the books swapped back (Placer::revert_move), the record deleted
-  clean_up,     // destination: what prepare made here removed, then unwind as the source would
+  clean_up,     // destination: what prepare made here removed, then (live) unwind as the source
+                // would; a cold move's source unwinds it, and starts the guest it powered off
   copy,         // source, cold: the guest powered off here and its disk copied there, then copied
   resize_here,  // a resize on its own host: the guest powered off and made its new size, then
                 // switch_over (its work takes the new size)

@@ -107,6 +107,9 @@ awaitable<std::optional<bool>> Instance::step_move() {
         spdlog::error("instance {}: removing what was prepared for it: {}", uuid_, gone.error().message());
         co_return false;
       }
+      // A cold move's source powered its guest off: it ends the move itself, as only it can
+      // start the guest again (or an evacuation of its dead host does).
+      if (cold) co_return true;
       co_return co_await move_ended(move, revision);
     }
   }
