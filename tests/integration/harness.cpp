@@ -708,6 +708,17 @@ std::pair<std::string, std::string> second_libvirtd_uris() {
 std::string ensure_second_libvirtd() { return second_libvirtd_uris().first; }
 std::string first_libvirtd_from_second() { return second_libvirtd_uris().second; }
 
+void kill_and_restart_second_libvirtd() {
+  ensure_second_libvirtd();
+  const std::string pidfile = "/var/lib/toyvm-test/libvirtd-b/libvirtd.pid";  // the script's default DIR
+  const pid_t pid = pid_t(std::atoi(read_file(pidfile).c_str()));
+  if (pid <= 0 || kill(pid, SIGKILL) != 0) throw std::runtime_error("no second libvirtd to kill");
+  if (!wait_for([&] { return kill(pid, 0) != 0; }, 30)) throw std::runtime_error("the second libvirtd lives on");
+  TempDir dir;
+  auto started = run_command({source_root() + "/contrib/second-libvirtd.sh", "start"}, dir.path(), 120);
+  if (started.exit_code != 0) throw std::runtime_error("contrib/second-libvirtd.sh failed: " + started.err);
+}
+
 std::string tiny_guest_dir() {
   static std::once_flag once;
   static std::string dir = std::string(TOYVM_BUILD_ROOT) + "/tiny-guest";

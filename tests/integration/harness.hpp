@@ -195,13 +195,16 @@ struct StallingServer {
 // libvirtd and virtlogd for qemu:///system, started if not running (first connection waits
 // while libvirtd probes QEMU).
 void ensure_libvirtd();
-// A second libvirtd on this machine (contrib/second-libvirtd.sh), as a second host; its URI.
 // Whether `ip` answers an ICMP echo within `timeout_s` (a raw socket: the tests run as root).
 bool answers_ping(const std::string& ip, double timeout_s = 1);
 
+// A second libvirtd on this machine (contrib/second-libvirtd.sh), as a second host; its URI.
 std::string ensure_second_libvirtd();
 // The first daemon's URI as the second one reaches it (a guest moving back goes there).
 std::string first_libvirtd_from_second();
+// The second libvirtd killed (-9), as a host's daemon dies, then started again by the script
+// (its guests' QEMU processes live on and it finds them again).
+void kill_and_restart_second_libvirtd();
 // The tiny direct-kernel-boot guest (contrib/tiny-guest.sh), built once per build tree.
 std::string tiny_guest_dir();
 

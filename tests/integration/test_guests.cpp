@@ -1100,3 +1100,34 @@ TEST_CASE("a cold move that cannot copy the disk is undone, and the guest it pow
   CHECK_FALSE(wait_for([&] { return record_of(servers, uuid).state != InstanceState::active; }, 5));
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }
+
+TEST_CASE("a live move whose destination's libvirtd is killed while the guest is sent ends with one running copy, "
+          "the books where it runs", "[guests]") {
+  TwoHosts hosts;
+  Servers& servers = hosts.host.servers;
+  const std::string uuid = hosts.guest_on_first();
+  const int ticks = last_tick(read_file(hosts.log1(uuid)));
+  auto asked = servers.toyvm({"migrate", uuid, "--no-wait"});
+  REQUIRE(asked.exit_code == 0);
+  // Once the source's libvirt is sending it.
+  REQUIRE(wait_for([&] {
+    auto sending = hosts.host.libvirt->migrating(uuid);
+    return sending && *sending;
+  }, 120));
+  kill_and_restart_second_libvirtd();
+  INFO(hosts.output());
+  REQUIRE(wait_for([&] { return !hosts.move_of(uuid); }, 180));
+  const bool moved = record_of(servers, uuid).host == hosts.rp2;
+  INFO((moved ? "moved" : "undone"));
+  CHECK(wait_for([&] {
+    return hosts.state2(uuid) == (moved ? DomainState::running : DomainState::absent) &&
+           hosts.host.domain_state(uuid) == (moved ? DomainState::absent : DomainState::running);
+  }, 60));
+  hosts.expect_books_on(uuid, moved ? hosts.rp2 : hosts.host.rp);
+  const std::string log = moved ? hosts.log2(uuid) : hosts.log1(uuid);
+  CHECK(wait_for([&] { return last_tick(read_file(log)) > ticks; }, 60));
+  CHECK_FALSE(wait_for([&] {
+    return (moved ? hosts.host.domain_state(uuid) : hosts.state2(uuid)) != DomainState::absent;
+  }, 5));
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+}

@@ -1,7 +1,8 @@
 #pragma once
-// The steps of moving a running guest between two hosts, each inputs in and outcome out: the
-// books moved for it, the destination's files made, the guest sent, its work and record
-// switched over to the destination, and the move settled or unwound. Both agents run them (the
+// The steps of moving a guest between two hosts (or resizing it on its own), each inputs in and
+// outcome out: the books moved for it, the destination's files made, the guest sent while it
+// runs or its disk copied while it is off, its work and record switched over to the
+// destination, and the move settled or unwound. Both agents run them (the
 // source and the destination of one move); the instance strings them together
 // (instance_moves.cpp). Every write of the move record is guarded by the revision read, so of
 // two agents (or an agent and a restart of itself) one wins and the other reads what it did.
