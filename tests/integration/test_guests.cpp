@@ -1064,6 +1064,7 @@ TEST_CASE("a cold move whose destination's agent is killed once the disk is ther
   CHECK(hosts.host.domain_state(uuid) == DomainState::stopped);
   CHECK(fs::exists(hosts.host.overlay(uuid)));
   CHECK(record_of(servers, uuid).host == hosts.host.rp);
+  CHECK_THAT(servers.toyvm({"show", uuid}).out, Catch::Contains("moving: cold to host " + hosts.rp2 + " (copied)"));
 
   hosts.start_second();
   REQUIRE(wait_for([&] { return !hosts.move_of(uuid); }, 120));

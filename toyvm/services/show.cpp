@@ -117,7 +117,8 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
     if (move && *move)
       shown["move"] = json::object{{"kind", to_string((*move)->kind)},   {"state", to_string((*move)->state)},
                                    {"source", (*move)->source},          {"destination", (*move)->destination},
-                                   {"started_at", (*move)->started_at}, {"error", (*move)->error}};
+                                   {"started_at", (*move)->started_at}, {"error", (*move)->error},
+                                   {"query", (*move)->query}};
     else if (move)
       shown["move"] = json::object{{"unreadable", move->error().message()}};
     std::printf("%s\n", json::serialize(shown).c_str());
@@ -136,7 +137,8 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
                 printable_line(record->error_message).c_str(),
                 record->releasing ? " (its allocation is being released)" : "");
   if (move && *move)
-    std::printf("moving: %s to host %s (%s%s%s)\n", std::string(to_string((*move)->kind)).c_str(),
+    std::printf("moving: %s%s%s to host %s (%s%s%s)\n", std::string(to_string((*move)->kind)).c_str(),
+                (*move)->query.empty() ? "" : " to ", printable_line((*move)->query).c_str(),
                 (*move)->destination.c_str(), std::string(to_string((*move)->state)).c_str(),
                 (*move)->error.empty() ? "" : ": ", printable_line((*move)->error).c_str());
   else if (move)
