@@ -568,3 +568,38 @@ TEST_CASE("destroy --force of a grouped instance whose work cannot be read leave
   CHECK(servers.allocations(uuid).empty());
   CHECK(wait_for([&] { return servers.toyvm({"audit"}).exit_code == 0; }, 20));
 }
+
+TEST_CASE("two operators moving one instance at once: one move is asked, the other is told it moves already, books "
+          "exact after", "[operations]") {
+  Servers servers;
+  std::string rp, b;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto placed = servers.toyvm({"schedule", small, "--wait"}, 60);
+  REQUIRE(placed.exit_code == 0);
+  auto [target, uuid] = parse_notified(placed.out);
+  REQUIRE(target == rp);
+  auto compute_b = servers.start_compute("b", roomy, &b);
+  REQUIRE(wait_for([&] { return host_record(servers, b) && host_record(servers, b)->status == "READY"; }, 30));
+
+  auto migrating = servers.spawn_toyvm({"migrate", uuid, "--host", "b", "--no-wait"}, "migrate.log");
+  auto resizing = servers.spawn_toyvm({"resize", uuid, "resources=VCPU:2,MEMORY_MB:64", "--no-wait"}, "resize.log");
+  const int migrate_exit = migrating->wait(60), resize_exit = resizing->wait(60);
+  const std::string said = migrating->output() + resizing->output();
+  INFO(said);
+  // Exactly one of them wrote the move; the other read it there (or the work it guards changed).
+  CHECK((migrate_exit == 0) != (resize_exit == 0));
+  const bool asked = said.find("MIGRATING INSTANCE " + uuid) != std::string::npos ||
+                     said.find("RESIZING INSTANCE " + uuid) != std::string::npos;
+  CHECK(asked);
+  CHECK_THAT(said, Catch::Contains("is moving already"));
+
+  // The test driver moves nothing: the one move is undone, and the books are as before.
+  REQUIRE(wait_for([&] { return servers.etcd_prefix(KeyLayout().move(uuid)).empty(); }, 60));
+  CHECK(servers.allocations(uuid) == Allocations{{rp, {{"VCPU", 1}, {"MEMORY_MB", 64}}}});
+  CHECK(wait_for_record(servers, uuid, [&](const InstanceRecord& r) {
+    return r.host == rp && r.state == InstanceState::active;
+  }));
+  auto audit = servers.toyvm({"audit"});
+  INFO(audit.out);
+  CHECK(audit.exit_code == 0);
+}
