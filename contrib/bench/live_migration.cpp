@@ -36,7 +36,7 @@ result<MigrationStats> virsh_migrate(const std::string& client_uri, const std::s
   const std::string xml_file = dir + "/destination.xml";
   std::ofstream(xml_file) << to.domain_xml;
   const std::string command = "virsh -q -c '" + client_uri +
-                              "' migrate --live --p2p --persistent --undefinesource --copy-storage-all --xml " +
+                              "' migrate --live --p2p --persistent --undefinesource --copy-storage-inc --xml " +
                               xml_file + " --persistent-xml " + xml_file + " --migrateuri '" + to.migration_uri +
                               "' " + uuid + " '" + to.libvirt_uri + "'";
   const auto started = std::chrono::steady_clock::now();

@@ -690,6 +690,8 @@ TEST_CASE("a running guest moves live to the second libvirtd: its disk comes alo
   CHECK((*destination)->state(uuid).value() == DomainState::running);
   CHECK(host.domain_state(uuid) == DomainState::absent);
   CHECK_FALSE(fs::exists(host.overlay(uuid)));  // the source's files are gone
+  // Only the overlay's own blocks went: the destination's overlay does not hold the whole disk.
+  CHECK(fs::file_size(instances2 + "/" + uuid + ".qcow2") < (uint64_t(64) << 20));
   // Its console goes on in the destination's log, counting on: it was not booted again.
   const std::string log2 = instances2 + "/" + uuid + "/console.log";
   CHECK(wait_for([&] { return last_tick(read_file(log2)) > before; }, 60));

@@ -66,6 +66,7 @@ namespace toyvm {
   X(virStorageVolDownload)         \
   X(virStorageVolUpload)           \
   X(virStorageVolResize)           \
+  X(virStorageVolGetInfo)          \
   X(virStreamNew)                  \
   X(virStreamRecv)                 \
   X(virStreamSend)                 \

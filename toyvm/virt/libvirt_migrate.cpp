@@ -60,9 +60,11 @@ result<MigrationStats> LibvirtBackend::migrate(const std::string& uuid, const Mi
   virTypedParameter parameters[] = {string_parameter(VIR_MIGRATE_PARAM_URI, to.migration_uri),
                                     string_parameter(VIR_MIGRATE_PARAM_DEST_XML, to.domain_xml),
                                     string_parameter(VIR_MIGRATE_PARAM_PERSIST_XML, to.domain_xml)};
-  // Live, the disk copied (local overlays), defined there and undefined here once it runs there.
+  // Live, defined there and undefined here once it runs there. Only the overlay's own blocks
+  // are copied (incremental: the destination's overlay lies over its copy of the same base); a
+  // full copy would write the whole disk, zeros included, into that overlay.
   const unsigned flags = VIR_MIGRATE_LIVE | VIR_MIGRATE_PEER2PEER | VIR_MIGRATE_PERSIST_DEST |
-                         VIR_MIGRATE_UNDEFINE_SOURCE | VIR_MIGRATE_NON_SHARED_DISK;
+                         VIR_MIGRATE_UNDEFINE_SOURCE | VIR_MIGRATE_NON_SHARED_INC;
   const auto started = std::chrono::steady_clock::now();
   if (api->virDomainMigrateToURI3(dom.ptr, to.libvirt_uri.c_str(), parameters, 3, flags) < 0)
     return fail(errc::launch_failure, "migrating to " + to.libvirt_uri);
@@ -174,6 +176,11 @@ result<void> LibvirtBackend::grow_overlay(const DomainSpec& spec) {
   auto found = overlay_volume(spec.uuid);
   if (!found) return found.error();
   VolumeHandle volume(*found);
+  // Asked only to grow: libvirt refuses a "resize" to the same capacity of a disk whose file
+  // holds more than that (a fully written qcow2 has its metadata on top).
+  virStorageVolInfo info{};
+  if (api->virStorageVolGetInfo(volume.ptr, &info) < 0) return fail(errc::launch_failure, "reading its disk's size");
+  if (info.capacity >= wanted) return {};
   if (api->virStorageVolResize(volume.ptr, wanted, 0) < 0) return fail(errc::launch_failure, "growing its disk");
   return {};
 }
