@@ -901,7 +901,8 @@ TEST_CASE("a stopped guest moves cold and stays stopped; moved back cold while i
   hosts.host.expect_nothing_held(uuid);
 }
 
-TEST_CASE("toyvm resize grows a running guest on its own host, then onto another; its disk never shrinks",
+TEST_CASE("toyvm resize grows a running guest on its own host, then onto another, and a stopped one in place; its "
+          "disk never shrinks",
           "[guests]") {
   TwoHosts hosts;
   Servers& servers = hosts.host.servers;
@@ -944,6 +945,20 @@ TEST_CASE("toyvm resize grows a running guest on its own host, then onto another
   CHECK(usage2->disk_capacity == int64_t(3) << 30);
   CHECK(record_of(servers, uuid).mac == before.mac);
   CHECK(wait_for([&] { return last_tick(read_file(hosts.log2(uuid))) >= 1; }, boot_timeout_s));
+
+  // Stopped, it is resized in place and stays stopped.
+  REQUIRE(servers.toyvm({"stop", uuid, "--timeout", "60"}, 90).exit_code == 0);
+  auto stopped = servers.toyvm({"resize", uuid, "resources=VCPU:2,MEMORY_MB:256,DISK_GB:4", "--host", "c2"}, 300);
+  INFO(stopped.out << stopped.err);
+  REQUIRE(stopped.exit_code == 0);
+  CHECK(servers.allocations(uuid) == Allocations{{hosts.rp2, {{"VCPU", 2}, {"MEMORY_MB", 256}, {"DISK_GB", 4}}}});
+  hosts.expect_books_on(uuid, hosts.rp2);
+  CHECK(record_of(servers, uuid).state == InstanceState::stopped);
+  CHECK_FALSE(wait_for([&] { return hosts.state2(uuid) != DomainState::stopped; }, 3));
+  auto usage3 = hosts.libvirt2->usage(uuid);
+  REQUIRE(usage3);
+  CHECK(usage3->vcpus == 2);
+  CHECK(usage3->disk_capacity == int64_t(4) << 30);
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
   hosts.host.expect_nothing_held(uuid);
 }
@@ -1135,5 +1150,35 @@ TEST_CASE("a live move whose destination's libvirtd is killed while the guest is
   CHECK_FALSE(wait_for([&] {
     return (moved ? hosts.host.domain_state(uuid) : hosts.state2(uuid)) != DomainState::absent;
   }, 5));
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+}
+
+TEST_CASE("a live move that etcd and Placement both go away under while the guest is sent is finished once they are "
+          "back: one running copy, books exact", "[guests]") {
+  TwoHosts hosts;
+  Servers& servers = hosts.host.servers;
+  const std::string uuid = hosts.guest_on_first();
+  const int ticks = last_tick(read_file(hosts.log1(uuid)));
+  auto asked = servers.toyvm({"migrate", uuid, "--no-wait"});
+  REQUIRE(asked.exit_code == 0);
+  REQUIRE(wait_for([&] {
+    auto sending = hosts.host.libvirt->migrating(uuid);
+    return sending && *sending;
+  }, 120));
+  servers.stop_etcd();
+  servers.stop_placement();
+  INFO(hosts.output());
+  // libvirt finishes sending it; nobody can record that meanwhile, and nobody acts on a guess.
+  CHECK(wait_for([&] {
+    return hosts.state2(uuid) == DomainState::running && hosts.host.domain_state(uuid) == DomainState::absent;
+  }, 120));
+  servers.start_etcd_again();
+  servers.start_placement_again();
+  REQUIRE(wait_for([&] { return !hosts.move_of(uuid); }, 180));
+  CHECK(record_of(servers, uuid).host == hosts.rp2);
+  CHECK(hosts.host.domain_state(uuid) == DomainState::absent);
+  hosts.expect_books_on(uuid, hosts.rp2);
+  CHECK(wait_for([&] { return last_tick(read_file(hosts.log2(uuid))) > ticks; }, 60));
+  CHECK(read_file(hosts.log2(uuid)).find("toyvm-guest: booted") == std::string::npos);
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }
