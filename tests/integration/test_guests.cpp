@@ -781,6 +781,34 @@ struct TwoHosts {
     return move ? std::optional<MoveRecord>(*move) : std::nullopt;
   }
 
+  // A live move of `uuid` asked, returning once the source's libvirt is sending the guest.
+  void migrate_until_sending(const std::string& uuid) {
+    auto asked = host.servers.toyvm({"migrate", uuid, "--no-wait"});
+    REQUIRE(asked.exit_code == 0);
+    REQUIRE(wait_for([&] {
+      auto sending = host.libvirt->migrating(uuid);
+      return sending && *sending;
+    }, 120));
+  }
+
+  // After a move met a fault: once its record is gone the guest runs in one place, where its
+  // record says, counting on from `ticks`, with the books there.
+  void expect_one_running_copy(const std::string& uuid, int ticks) {
+    REQUIRE(wait_for([&] { return !move_of(uuid); }, 180));
+    const bool moved = record_of(host.servers, uuid).host == rp2;
+    INFO((moved ? "moved" : "undone"));
+    // Undone by the source, the record may go before the destination has removed what it had.
+    CHECK(wait_for([&] {
+      return state2(uuid) == (moved ? DomainState::running : DomainState::absent) &&
+             host.domain_state(uuid) == (moved ? DomainState::absent : DomainState::running);
+    }, 60));
+    expect_books_on(uuid, moved ? rp2 : host.rp);
+    const std::string log = moved ? log2(uuid) : log1(uuid);
+    CHECK(wait_for([&] { return last_tick(read_file(log)) > ticks; }, 60));
+    // The other host does not run it too.
+    CHECK_FALSE(wait_for([&] { return (moved ? host.domain_state(uuid) : state2(uuid)) != DomainState::absent; }, 5));
+  }
+
   // The books as they should be: the instance holds only its host, no move in flight, and
   // audit finds nothing wrong (no migration consumer left holding anything).
   void expect_books_on(const std::string& uuid, const std::string& rp) {
@@ -1037,21 +1065,7 @@ TEST_CASE("a move whose source's agent is killed as the guest leaves ends with o
   // sends it once more, or undoes the move when that fails.
   hosts.host.start_agent();
   INFO(hosts.output());
-  REQUIRE(wait_for([&] { return !hosts.move_of(uuid); }, 180));
-  const bool moved = record_of(servers, uuid).host == hosts.rp2;
-  INFO((moved ? "moved" : "undone"));
-  // Undone by the source, the record may go before the destination has removed what it had.
-  CHECK(wait_for([&] {
-    return hosts.state2(uuid) == (moved ? DomainState::running : DomainState::absent) &&
-           hosts.host.domain_state(uuid) == (moved ? DomainState::absent : DomainState::running);
-  }, 60));
-  hosts.expect_books_on(uuid, moved ? hosts.rp2 : hosts.host.rp);
-  const std::string log = moved ? hosts.log2(uuid) : hosts.log1(uuid);
-  CHECK(wait_for([&] { return last_tick(read_file(log)) > ticks; }, 60));
-  // The other host does not run it too.
-  CHECK_FALSE(wait_for([&] {
-    return (moved ? hosts.host.domain_state(uuid) : hosts.state2(uuid)) != DomainState::absent;
-  }, 5));
+  hosts.expect_one_running_copy(uuid, ticks);
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }
 
@@ -1128,28 +1142,10 @@ TEST_CASE("a live move whose destination's libvirtd is killed while the guest is
   Servers& servers = hosts.host.servers;
   const std::string uuid = hosts.guest_on_first();
   const int ticks = last_tick(read_file(hosts.log1(uuid)));
-  auto asked = servers.toyvm({"migrate", uuid, "--no-wait"});
-  REQUIRE(asked.exit_code == 0);
-  // Once the source's libvirt is sending it.
-  REQUIRE(wait_for([&] {
-    auto sending = hosts.host.libvirt->migrating(uuid);
-    return sending && *sending;
-  }, 120));
+  hosts.migrate_until_sending(uuid);
   kill_and_restart_second_libvirtd();
   INFO(hosts.output());
-  REQUIRE(wait_for([&] { return !hosts.move_of(uuid); }, 180));
-  const bool moved = record_of(servers, uuid).host == hosts.rp2;
-  INFO((moved ? "moved" : "undone"));
-  CHECK(wait_for([&] {
-    return hosts.state2(uuid) == (moved ? DomainState::running : DomainState::absent) &&
-           hosts.host.domain_state(uuid) == (moved ? DomainState::absent : DomainState::running);
-  }, 60));
-  hosts.expect_books_on(uuid, moved ? hosts.rp2 : hosts.host.rp);
-  const std::string log = moved ? hosts.log2(uuid) : hosts.log1(uuid);
-  CHECK(wait_for([&] { return last_tick(read_file(log)) > ticks; }, 60));
-  CHECK_FALSE(wait_for([&] {
-    return (moved ? hosts.host.domain_state(uuid) : hosts.state2(uuid)) != DomainState::absent;
-  }, 5));
+  hosts.expect_one_running_copy(uuid, ticks);
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }
 
@@ -1159,12 +1155,7 @@ TEST_CASE("a live move that etcd and Placement both go away under while the gues
   Servers& servers = hosts.host.servers;
   const std::string uuid = hosts.guest_on_first();
   const int ticks = last_tick(read_file(hosts.log1(uuid)));
-  auto asked = servers.toyvm({"migrate", uuid, "--no-wait"});
-  REQUIRE(asked.exit_code == 0);
-  REQUIRE(wait_for([&] {
-    auto sending = hosts.host.libvirt->migrating(uuid);
-    return sending && *sending;
-  }, 120));
+  hosts.migrate_until_sending(uuid);
   servers.stop_etcd();
   servers.stop_placement();
   INFO(hosts.output());
