@@ -534,6 +534,20 @@ void Servers::claim(const std::string& consumer, const Allocations& allocations)
   });
 }
 
+void Servers::move_books(const std::string& instance, const std::string& migration, const std::string& to) const {
+  run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
+    PlacementClient placement(io.get_executor(), config.placement);
+    auto held = co_await placement.consumer_allocations(instance);
+    if (!held || held->allocations.size() != 1) throw std::runtime_error("move_books: the instance holds no one host");
+    Allocations there{{to, held->allocations.begin()->second}};
+    std::vector<ConsumerWrite> writes{{instance, std::move(there), held->generation, ConsumerType::instance},
+                                      {migration, held->allocations, std::nullopt, ConsumerType::migration}};
+    auto r = co_await placement.write_together(std::move(writes));
+    if (!r) throw std::runtime_error("move_books failed: " + r.error().message());
+    co_return true;
+  });
+}
+
 void Servers::set_traits(const std::string& provider, std::vector<std::string> traits) const {
   run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
     PlacementClient placement(io.get_executor(), config.placement);

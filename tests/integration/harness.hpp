@@ -131,6 +131,9 @@ class Servers {
   Allocations allocations(const std::string& consumer) const;
   // A claim made behind toyvm's back, as a leak or a crashed scheduler would leave it.
   void claim(const std::string& consumer, const Allocations& allocations) const;
+  // Nova's first step of a move, as a command that died right after it leaves it: the
+  // migration consumer takes what the instance holds, and the instance the same on `to`.
+  void move_books(const std::string& instance, const std::string& migration, const std::string& to) const;
   void set_traits(const std::string& provider, std::vector<std::string> traits) const;
   std::string provider_uuid_of(const std::string& compute_name) const;
   int provider_count() const;

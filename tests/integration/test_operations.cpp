@@ -3,7 +3,9 @@
 
 #include "harness.hpp"
 #include "model/keys.hpp"
+#include "model/moves.hpp"
 #include "model/records.hpp"
+#include "model/uuid.hpp"
 
 #include "catch_result.hpp"
 
@@ -599,6 +601,51 @@ TEST_CASE("two operators moving one instance at once: one move is asked, the oth
   CHECK(wait_for_record(servers, uuid, [&](const InstanceRecord& r) {
     return r.host == rp && r.state == InstanceState::active;
   }));
+  auto audit = servers.toyvm({"audit"});
+  INFO(audit.out);
+  CHECK(audit.exit_code == 0);
+}
+
+TEST_CASE("a move with nowhere to go says NO ALLOCATIONS LEFT and leaves nothing; one whose asker died before it "
+          "claimed a host is undone by the source's agent",
+          "[operations]") {
+  Servers servers;
+  std::string rp, b;
+  auto compute = servers.start_compute("c1", roomy, &rp, {}, "move_prepare_timeout = 2\n");
+  auto placed = servers.toyvm({"schedule", small, "--wait"}, 60);
+  REQUIRE(placed.exit_code == 0);
+  auto [target, uuid] = parse_notified(placed.out);
+  const Allocations before{{rp, {{"VCPU", 1}, {"MEMORY_MB", 64}}}};
+
+  // No other host: the placer finds no room, and the move record it wrote first goes again.
+  auto nowhere = servers.toyvm({"migrate", uuid});
+  CHECK(nowhere.out == "NO ALLOCATIONS LEFT\n");
+  CHECK(nowhere.exit_code == 1);
+  CHECK(servers.etcd_prefix(KeyLayout().move(uuid)).empty());
+  CHECK(servers.allocations(uuid) == before);
+  // Another host, too small for a resize to go there: no room either, and nothing written.
+  auto compute_b = servers.start_compute("b", "VCPU:1,MEMORY_MB:64", &b);
+  REQUIRE(wait_for([&] { return host_record(servers, b) && host_record(servers, b)->status == "READY"; }, 30));
+  auto too_big = servers.toyvm({"resize", uuid, "resources=VCPU:2,MEMORY_MB:64", "--host", "b"});
+  CHECK(too_big.out == "NO ALLOCATIONS LEFT\n");
+  CHECK(too_big.exit_code == 1);
+  CHECK(servers.etcd_prefix(KeyLayout().move(uuid)).empty());
+  CHECK(servers.allocations(uuid) == before);
+
+  // A command killed after it wrote the record and moved the books, before it named the host:
+  // the migration consumer holds the source's share, the instance host b's.
+  MoveRecord orphan;
+  orphan.instance = uuid;
+  orphan.migration = new_uuid();
+  orphan.source = rp;
+  orphan.started_at = unix_millis();
+  servers.etcd_put(KeyLayout().move(uuid), encode(orphan));
+  servers.move_books(uuid, orphan.migration, b);
+  REQUIRE(servers.allocations(uuid) == Allocations{{b, {{"VCPU", 1}, {"MEMORY_MB", 64}}}});
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);  // a move in flight, not yet a discrepancy
+  REQUIRE(wait_for([&] { return servers.etcd_prefix(KeyLayout().move(uuid)).empty(); }, 30));
+  CHECK(servers.allocations(uuid) == before);
+  CHECK(servers.allocations(orphan.migration).empty());
   auto audit = servers.toyvm({"audit"});
   INFO(audit.out);
   CHECK(audit.exit_code == 0);

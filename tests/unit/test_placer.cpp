@@ -7,6 +7,8 @@
 
 #include "catch_result.hpp"
 
+#include <boost/json.hpp>
+
 #include <boost/asio/executor_work_guard.hpp>
 
 using namespace toyvm;
@@ -30,18 +32,49 @@ std::string allocations_json(const std::string& host) {
   return R"({")" + host + R"(": {"resources": {"VCPU": 1}}})";
 }
 
-// A Placement holding one consumer's allocation on one host at a generation, offering the
-// hosts in `offered` as candidates.
+const std::string migration = "11111111-2222-4333-8444-555555555555";
+
+// A Placement holding one consumer's allocation on one host at a generation (and its
+// migration consumer's, while it moves), offering the hosts in `offered` as candidates.
 struct PlacementBooks {
   std::string held_on;  // empty: the consumer holds nothing
   int generation = 1;
   std::vector<std::string> offered;
+  std::string migration_on{};  // where the migration consumer holds the source's share
+  int migration_generation = 0;
+
+  // The one host a consumer's allocations in a request body name (empty: none).
+  static std::string host_of(const boost::json::value& consumer) {
+    const auto& allocations = consumer.at("allocations").as_object();
+    return allocations.empty() ? "" : std::string(allocations.begin()->key());
+  }
 
   PlacementAnswer answer(const PlacementRequest& request) {
+    if (request.method == "GET" && request.target == "/allocations/" + migration) {
+      std::string body = R"({"allocations": )" +
+                         (migration_on.empty() ? std::string("{}") : allocations_json(migration_on)) +
+                         R"(, "consumer_generation": )" + std::to_string(migration_generation) + "}";
+      return {200, body};
+    }
     if (request.method == "GET" && request.target.starts_with("/allocations/")) {
       std::string body = R"({"allocations": )" + (held_on.empty() ? std::string("{}") : allocations_json(held_on)) +
                          R"(, "consumer_generation": )" + std::to_string(generation) + "}";
       return {200, body};
+    }
+    // Both consumers at once, each under the generation it was read at.
+    if (request.method == "POST" && request.target == "/allocations") {
+      auto body = boost::json::parse(request.body).as_object();
+      const auto& instance = body.at(uuid);
+      const auto& moving = body.at(migration);
+      if (instance.at("consumer_generation") != boost::json::value(generation) ||
+          (!moving.at("consumer_generation").is_null() &&
+           moving.at("consumer_generation") != boost::json::value(migration_generation)))
+        return conflict("placement.concurrent_update", "consumer generation conflict");
+      held_on = host_of(instance);
+      migration_on = host_of(moving);
+      ++generation;
+      ++migration_generation;
+      return {204, ""};
     }
     if (request.method == "GET" && request.target.starts_with("/allocation_candidates")) {
       std::string requests, summaries;
@@ -125,8 +158,10 @@ struct Moving {
     work.resources = {{"VCPU", 1}};
     revision = bench.etcd->put_now(bench.keys.work(host_a, uuid), encode(work)).kv.mod_revision;
     move.work = work;
-    move.record.uuid = uuid;
-    move.record.state = InstanceState::scheduled;
+    InstanceRecord record;
+    record.uuid = uuid;
+    record.state = InstanceState::scheduled;
+    move.hand_over = record;
     move.from = host_a;
     move.work_revision = revision;
     move.deadline = std::chrono::steady_clock::now();
@@ -231,4 +266,91 @@ TEST_CASE("relocate of an instance another move already took is a lost race, and
   CHECK(moved->outcome == Relocated::Outcome::lost_race);
   CHECK(bench.puts() == 0);
   CHECK(bench.etcd->txns == txns);
+}
+
+namespace {
+
+// The move of the instance on host A, asked: its record written, preparing.
+struct Asked {
+  Relocation move;
+  MoveRecord record;
+  Asked(Bench& bench) {
+    Moving moving(bench);
+    record.instance = uuid;
+    record.migration = migration;
+    record.source = host_a;
+    record.state = MoveState::preparing;
+    record.started_at = 1;
+    const int64_t written = bench.etcd->put_now(bench.keys.move(uuid), encode(record)).kv.mod_revision;
+    move = moving.move;
+    move.also_require = {EtcdCompare::mod_revision_is(bench.keys.move(uuid), written)};
+    move.hand_over = record;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("relocate of a move claims the best other host: the migration consumer keeps the source's share") {
+  Bench bench;
+  PlacementBooks books{host_a, 1, {host_a, host_b}};
+  bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
+  bench.live({host_a, host_b});
+  Asked asked(bench);
+  auto moved = bench.run(bench.placer.relocate(asked.move));
+  REQUIRE(moved);
+  CHECK(moved->outcome == Relocated::Outcome::moved);
+  CHECK(moved->host == host_b);
+  CHECK(books.held_on == host_b);
+  CHECK(books.migration_on == host_a);
+  // The work stays with its source until the guest has moved; the record names where it goes.
+  CHECK(bench.etcd->find(bench.keys.work(host_a, uuid)));
+  CHECK_FALSE(bench.etcd->find(bench.keys.work(host_b, uuid)));
+  const auto* record = bench.etcd->find(bench.keys.move(uuid));
+  REQUIRE(record);
+  CHECK(record->mod_revision == moved->revision);
+  auto claimed = decode_move(record->value);
+  REQUIRE(claimed);
+  CHECK(claimed->state == MoveState::claimed);
+  CHECK(claimed->destination == host_b);
+}
+
+TEST_CASE("relocate of a move whose record its source undid meanwhile swaps the books back") {
+  Bench bench;
+  PlacementBooks books{host_a, 1, {host_b}};
+  bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
+  bench.live({host_a, host_b});
+  Asked asked(bench);
+  MoveRecord undone = asked.record;
+  undone.state = MoveState::reverting;
+  bench.etcd->put_now(bench.keys.move(uuid), encode(undone));
+  auto moved = bench.run(bench.placer.relocate(asked.move));
+  REQUIRE(moved);
+  CHECK(moved->outcome == Relocated::Outcome::put_back);
+  CHECK(books.held_on == host_a);
+  CHECK(books.migration_on.empty());
+  CHECK(decode_move(bench.etcd->find(bench.keys.move(uuid))->value)->state == MoveState::reverting);
+}
+
+TEST_CASE("relocate to a named host asks Placement for that host only, and a resize may stay") {
+  Bench bench;
+  PlacementBooks books{host_a, 1, {host_a}};
+  bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
+  bench.live({host_a, host_b});
+  Asked asked(bench);
+  asked.move.to = host_a;
+  // Not allowed to stay, its own host is no choice.
+  auto stayed = bench.run(bench.placer.relocate(asked.move));
+  REQUIRE(stayed);
+  CHECK(stayed->outcome == Relocated::Outcome::no_room);
+  asked.move.may_stay = true;
+  auto moved = bench.run(bench.placer.relocate(asked.move));
+  REQUIRE(moved);
+  CHECK(moved->outcome == Relocated::Outcome::moved);
+  CHECK(moved->host == host_a);
+  CHECK(books.held_on == host_a);
+  CHECK(books.migration_on == host_a);
+  int named = 0;
+  for (const PlacementRequest& r : bench.placement_server.requests)
+    named += r.target.starts_with("/allocation_candidates") && r.target.find("in_tree=" + host_a) != std::string::npos;
+  CHECK(named == 2);
 }

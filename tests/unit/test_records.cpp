@@ -123,6 +123,16 @@ TEST_CASE("a move record round-trips, and one this reader cannot follow is corru
   no_query.replace(no_query.find(",\"query\""), no_query.find("\"", no_query.find("resources=")) - no_query.find(",\"query\"") + 1, "");
   CHECK_THAT(said(decode_move(no_query)), Catch::Contains("a resize without its query"));
 
+  // Preparing, it names no destination yet; claimed, it must.
+  MoveRecord preparing = move;
+  preparing.state = MoveState::preparing;
+  preparing.destination.clear();
+  back = decode_move(encode(preparing));
+  REQUIRE(back);
+  CHECK(*back == preparing);
+  preparing.state = MoveState::claimed;
+  CHECK_THAT(said(decode_move(encode(preparing))), Catch::Contains("claimed, but without a destination"));
+
   // Ready says where the guest goes; a ready record without it cannot be followed.
   move.kind = MoveKind::live;
   move.state = MoveState::ready;
@@ -143,7 +153,7 @@ TEST_CASE("a move record round-trips, and one this reader cannot follow is corru
   CHECK_THAT(said(decode_move(encode(move))), Catch::Contains("without where the guest goes"));
 }
 
-TEST_CASE("a move: the source claims, the destination prepares, the source migrates, either switches over") {
+TEST_CASE("a move: its asker claims, the destination prepares, the source migrates, either switches over") {
   using enum MoveAction;
   using S = MoveState;
   using D = DomainState;
@@ -154,7 +164,9 @@ TEST_CASE("a move: the source claims, the destination prepares, the source migra
   auto destination = [](S state, D here = D::absent, bool job = false) {
     return decide_move(MoveView{.source = false, .state = state, .here = here, .job = job});
   };
-  CHECK(source(S::preparing) == claim);
+  // The asker moves the books and claims the destination; a move it left unclaimed is undone.
+  CHECK(source(S::preparing) == none);
+  CHECK(source(S::preparing, D::running, false, true, true) == revert);
   CHECK(source(S::claimed) == none);
   CHECK(destination(S::preparing) == none);
   CHECK(destination(S::claimed) == prepare);
@@ -205,7 +217,7 @@ TEST_CASE("a cold move: the source copies the disk of its guest, off, and the de
   auto destination = [](S state, D here = D::absent) {
     return decide_move(MoveView{.source = false, .kind = MoveKind::cold, .state = state, .here = here});
   };
-  CHECK(source(S::preparing, D::stopped) == claim);
+  CHECK(source(S::preparing, D::stopped) == none);
   CHECK(destination(S::claimed) == prepare);
   // Running or stopped, the guest's disk goes while it is off; nothing runs on the destination.
   CHECK(source(S::ready, D::running) == copy);
@@ -229,7 +241,7 @@ TEST_CASE("a resize on its own host: claimed, the guest made its new size there,
     return decide_move(MoveView{.source = true, .kind = MoveKind::resize, .in_place = true, .state = state,
                                 .here = here, .still_wanted = wanted});
   };
-  CHECK(in_place(S::preparing, D::running) == claim);
+  CHECK(in_place(S::preparing, D::running) == none);
   CHECK(in_place(S::claimed, D::running) == resize_here);
   CHECK(in_place(S::claimed, D::stopped) == resize_here);
   CHECK(in_place(S::switched, D::stopped) == settle);

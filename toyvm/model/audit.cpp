@@ -70,9 +70,11 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
       if (!deleting) add(AuditKind::instance_without_allocation, uuid, host, "it holds no resources in Placement");
       continue;
     }
-    // While it moves, it holds its destination (its source's share is its migration's).
+    // While it moves, it holds its destination (its source's share is its migration's); a move
+    // still preparing may have moved its books before its record names where.
     auto move = s.moves.find(uuid);
-    const bool moving = move != s.moves.end() && held->second.count(move->second.destination);
+    const bool moving = move != s.moves.end() &&
+                        (move->second.destination.empty() || held->second.count(move->second.destination));
     if (!held->second.count(host) && !moving)
       add(AuditKind::allocation_elsewhere, uuid, providers_of(held->second),
           fmt::format("its work is on {}", host));

@@ -17,8 +17,8 @@ namespace json = boost::json;
 constexpr std::array<std::string_view, 3> kind_names{"live", "cold", "resize"};
 constexpr std::array<std::string_view, 7> state_names{"preparing", "claimed",   "ready", "left_source",
                                                      "switched",  "reverting", "copied"};
-constexpr std::array<std::string_view, 12> action_names{
-    "none", "claim", "prepare", "migrate", "left", "switch_over", "settle", "revert", "unwind", "clean_up", "copy",
+constexpr std::array<std::string_view, 11> action_names{
+    "none", "prepare", "migrate", "left", "switch_over", "settle", "revert", "unwind", "clean_up", "copy",
     "resize_here"};
 
 template <class Enum, size_t N>
@@ -45,7 +45,7 @@ MoveAction decide_move(const MoveView& view) {
   using enum MoveAction;
   if (view.in_place) {
     switch (view.state) {
-      case MoveState::preparing: return view.still_wanted ? claim : revert;
+      case MoveState::preparing: return view.still_wanted && !view.overdue ? none : revert;
       case MoveState::claimed:
         if (view.here == DomainState::absent) return revert;
         return view.still_wanted ? resize_here : revert;
@@ -56,7 +56,8 @@ MoveAction decide_move(const MoveView& view) {
   }
   if (view.source) {
     switch (view.state) {
-      case MoveState::preparing: return view.still_wanted ? claim : revert;
+      // Its asker claims a host for it, and the destination then prepares, in time.
+      case MoveState::preparing:
       case MoveState::claimed: return view.still_wanted && !view.overdue ? none : revert;
       case MoveState::ready:
         // Cold: its disk goes while the guest is off here; a guest gone from here has nothing
@@ -118,10 +119,10 @@ std::string encode(const MoveRecord& move) {
   json::object out{{"instance", move.instance},
                    {"migration", move.migration},
                    {"source", move.source},
-                   {"destination", move.destination},
                    {"kind", to_string(move.kind)},
                    {"state", to_string(move.state)},
                    {"started_at", move.started_at}};
+  if (!move.destination.empty()) out["destination"] = move.destination;
   for (auto [name, value] : {std::pair{"libvirt_uri", &move.libvirt_uri}, std::pair{"migration_uri", &move.migration_uri},
                              std::pair{"domain_xml", &move.domain_xml}, std::pair{"disk", &move.disk},
                              std::pair{"query", &move.query}, std::pair{"error", &move.error}})
@@ -137,7 +138,10 @@ result<MoveRecord> decode_move(std::string_view text) {
   for (auto [name, field] : {std::pair{"instance", &move.instance}, std::pair{"migration", &move.migration},
                              std::pair{"source", &move.source}, std::pair{"destination", &move.destination}}) {
     std::string_view value;
-    if (doc[name].get_string().get(value) || !is_uuid(value)) return corrupt(fmt::format("missing or invalid {}", name));
+    auto found = doc[name];
+    // A move still preparing has no destination until it claims one.
+    if (found.error() == simdjson::NO_SUCH_FIELD && field == &move.destination) continue;
+    if (found.get_string().get(value) || !is_uuid(value)) return corrupt(fmt::format("missing or invalid {}", name));
     field->assign(value);
   }
   std::string_view kind, state;
@@ -155,6 +159,8 @@ result<MoveRecord> decode_move(std::string_view text) {
     if (found.get_string().get(value)) return corrupt(fmt::format("invalid {}", name));
     field->assign(value);
   }
+  if (move.destination.empty() && move.state != MoveState::preparing && move.state != MoveState::reverting)
+    return corrupt(fmt::format("{}, but without a destination", to_string(move.state)));
   if (move.state == MoveState::ready && (move.libvirt_uri.empty() || move.migration_uri.empty() || move.domain_xml.empty()))
     return corrupt("ready, but without where the guest goes");
   if (move.kind == MoveKind::resize && move.query.empty()) return corrupt("a resize without its query");

@@ -18,8 +18,8 @@ namespace toyvm {
 enum class MoveKind { live, cold, resize };
 
 enum class MoveState {
-  preparing,  // written; the books are as before the move (the instance holds the source)
-  claimed,    // the migration consumer holds the source, the instance the destination
+  preparing,  // written by its asker, who then moves the books (Placer::relocate); no destination yet
+  claimed,    // the migration consumer holds the source, the instance the destination (named now)
   ready,      // the destination made the guest's files and says how to reach it: the source moves it
   left_source,  // the source no longer has the guest: the destination says whether it runs there
   switched,   // the guest runs on the destination: the migration consumer's share is to go
@@ -32,7 +32,7 @@ struct MoveRecord {
   std::string instance;
   std::string migration;    // the migration consumer's uuid in Placement
   std::string source;       // providers
-  std::string destination;
+  std::string destination;  // empty while preparing
   MoveKind kind = MoveKind::live;
   MoveState state = MoveState::preparing;
   int64_t started_at = 0;   // unix milliseconds
@@ -55,7 +55,6 @@ std::string_view to_string(MoveState state) noexcept;
 // Pure: every case is unit-tested.
 enum class MoveAction {
   none,         // someone else's turn
-  claim,        // source: the books moved (Placer::begin_move), then claimed
   prepare,      // destination: the guest's files made here, then ready with how to reach it
   migrate,      // source: the guest sent to the destination while it runs
   left,         // source: the guest is not here (any more): left_source, for the destination to answer
@@ -79,7 +78,7 @@ struct MoveView {
   DomainState here = DomainState::absent;  // the guest's domain on this host
   bool job = false;               // a migration job runs on that domain (source)
   bool still_wanted = true;       // the work still asks for the guest (running, for a live move)
-  bool overdue = false;           // the destination has not prepared in time (source)
+  bool overdue = false;           // its asker has not claimed, or the destination not prepared, in time (source)
   bool source_alive = true;       // the source's agent holds its lease (destination)
 };
 MoveAction decide_move(const MoveView& view);

@@ -276,9 +276,11 @@ class HostAdmin {
     Relocation move;
     move.work = std::move(work);
     move.work.attempt = 1;
-    move.record.uuid = move.work.uuid;
-    move.record.name = move.work.name;
-    move.record.updated_at = unix_millis();
+    InstanceRecord record;
+    record.uuid = move.work.uuid;
+    record.name = move.work.name;
+    record.updated_at = unix_millis();
+    move.hand_over = std::move(record);
     move.from = provider;
     move.work_revision = revision;
     move.also_require = {EtcdCompare::absent(keys_.host(provider))};

@@ -1,9 +1,9 @@
 // toyvm migrate: an instance moves to another host, while it runs (its memory and disk copied
 // live by libvirt, peer to peer) or, with --cold or when it is stopped, powered off (its disk
 // copied through libvirt's storage volume streams, its power state kept). toyvm resize is a
-// cold move to a new size, its own host allowed when it has room for both sizes. The command chooses the destination and asks for the
-// move; the two hosts' agents carry it out and either finish it or undo it, whatever becomes of
-// the command.
+// cold move to a new size, its own host allowed when it has room for both sizes. The command
+// claims the destination and records the move; the two hosts' agents carry it out and either
+// finish it or undo it, whatever becomes of the command.
 
 #include "model/uuid.hpp"
 #include "services/common.hpp"

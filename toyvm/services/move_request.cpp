@@ -59,19 +59,7 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
     if (!after) co_return after.error().doing(fmt::format("resizing instance {}", uuid));
     work = std::move(*after);
   }
-  if (destination.empty()) {
-    auto query = parse_placement_query(work->query);
-    if (!query) co_return query.error().doing(fmt::format("instance {}'s query", uuid));
-    auto view = co_await placer_.look(std::move(*query), work->group, uuid);
-    if (!view) co_return view.error();
-    if (!resize) view->live.erase(source);  // a resize may stay, if its host has room for both sizes
-    std::optional<GroupPolicy> policy;
-    if (!work->group.empty()) policy = work->group_policy;
-    auto ranked = Placer::rank(*view, placer_.weigh_policy(), 0.0, policy);
-    if (ranked.empty())
-      co_return Error(errc::no_allocations_left, fmt::format("no other host has room for instance {}", uuid));
-    destination = ranked.front().host;
-  } else {
+  if (!destination.empty()) {
     auto host = co_await etcd_.range(keys_.host(destination));
     if (!host) co_return host.error();
     auto live = host->kvs.empty() ? result<HostRecord>(Error(errc::not_found)) : decode_host(host->kvs.front().value);
@@ -79,11 +67,13 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
       co_return Error(errc::invalid_argument, fmt::format("host {} is not taking guests (no running agent, "
                                                           "disabled or full)", destination));
   }
+  // The record first, so that whatever becomes of this command its source's agent finds the
+  // move (and undoes it once overdue); then the placer's one move engine chooses its host,
+  // moves the books and claims it in the record, guarded by the work and the record as read.
   MoveRecord move;
   move.instance = uuid;
   move.migration = new_uuid();
   move.source = source;
-  move.destination = destination;
   move.kind = resize ? MoveKind::resize : cold ? MoveKind::cold : MoveKind::live;
   move.query = std::move(resize_to);
   move.started_at = unix_millis();
@@ -95,7 +85,44 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
   if (!txn) co_return txn.error();
   if (!txn->succeeded)
     co_return Error(errc::changed, fmt::format("instance {} changed, or is moving already", uuid));
-  co_return MoveAsked{std::move(move), txn->revision};
+  Relocation relocation;
+  relocation.work = std::move(*work);
+  relocation.from = source;
+  relocation.to = destination;
+  relocation.may_stay = resize;  // its own host, if it has room for both sizes
+  relocation.work_revision = work_kv.mod_revision;
+  relocation.also_require = {EtcdCompare::mod_revision_is(move_key, txn->revision)};
+  relocation.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  relocation.hand_over = move;
+  auto relocated = co_await placer_.relocate(std::move(relocation));
+  if (relocated && relocated->outcome == Relocated::Outcome::moved) {
+    move.destination = relocated->host;
+    move.state = MoveState::claimed;
+    co_return MoveAsked{std::move(move), relocated->revision};
+  }
+  if (relocated && relocated->outcome == Relocated::Outcome::stranded)
+    co_return Error(errc::changed, fmt::format("instance {}: its move could not be told claimed nor undone; its host's "
+                                               "agent undoes it within move_prepare_timeout", uuid));
+  // Placement or etcd did not answer: the books may have moved all the same, and are swapped
+  // back before the record goes (or, when that cannot be done either, left with the record
+  // to the source's agent).
+  if (!relocated) {
+    auto back = co_await placer_.revert_move(uuid, move.migration);
+    if (!back) co_return relocated.error();
+  }
+  // Nothing of the move is left in the books: its record goes too, unless its source's agent
+  // has it already.
+  std::vector<EtcdCompare> as_written{EtcdCompare::mod_revision_is(move_key, txn->revision)};
+  std::vector<EtcdOp> gone{EtcdOp::erase(move_key)};
+  auto erased = co_await etcd_.txn(std::move(as_written), std::move(gone));
+  if (!relocated) co_return relocated.error();
+  if (!erased) co_return erased.error();
+  if (relocated->outcome == Relocated::Outcome::no_room) {
+    if (destination.empty())
+      co_return Error(errc::no_allocations_left, fmt::format("no other host has room for instance {}", uuid));
+    co_return Error(errc::no_allocations_left, fmt::format("host {} has no room for instance {}", destination, uuid));
+  }
+  co_return Error(errc::changed, fmt::format("instance {} changed while its move was asked", uuid));
 }
 
 awaitable<result<MoveEnded>> MoveRequests::follow(MoveAsked asked, Duration timeout) {

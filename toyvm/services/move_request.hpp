@@ -1,7 +1,8 @@
 #pragma once
-// Asking for a guest's move (`toyvm migrate`, `toyvm host drain`): the destination
-// chosen as a schedule would choose it (or named), then a move record written, guarded by the
-// instance's work as read and by no other move of it being in flight. The agents of both hosts
+// Asking for a guest's move (`toyvm migrate`, `resize`, `host drain`): a move record written,
+// guarded by the instance's work as read and by no other move of it being in flight, then the
+// placer's one move engine (Placer::relocate) chooses the destination as a schedule would (or
+// takes the one named), moves the books and names it in the record. The agents of both hosts
 // do the rest (services/compute/instance_moves.cpp); the asker follows the record until it is
 // gone and reads where the instance is then.
 

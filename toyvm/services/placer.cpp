@@ -96,8 +96,17 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
   // Our own write, to read back: the value we wrote, or a later one of that key (its agent
   // acted on it already), is ours; another's change of the guarded keys is not.
   const Placed& first = placed.front();
-  const std::string probe_key = keys_.work(first.record.host, first.work.uuid);
-  std::string probe_value;  // made only if etcd does not answer, once
+  Ours ours = [value = encode(first.work)](const KeyValue& kv) -> std::optional<int64_t> {
+    if (kv.value == value || kv.version > 1) return kv.create_revision;
+    return std::nullopt;
+  };
+  co_return co_await commit(std::move(guard), std::move(writes), keys_.work(first.record.host, first.work.uuid),
+                            std::move(ours), deadline);
+}
+
+awaitable<HandOverResult> Placer::commit(std::vector<EtcdCompare> guard, std::vector<EtcdOp> writes,
+                                         std::string probe, Ours ours,
+                                         std::chrono::steady_clock::time_point deadline) {
   Backoff backoff(std::chrono::milliseconds(100), std::chrono::seconds(1));
   while (true) {
     auto txn = co_await etcd_.txn(guard, writes);
@@ -106,10 +115,10 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
       co_return HandOverResult{HandOverResult::Outcome::refused, 0, {}};  // etcd said so
     }
     // Failed, or perhaps not: our own write tells.
-    if (probe_value.empty()) probe_value = encode(first.work);
-    auto now = co_await etcd_.range(probe_key);
-    if (now && !now->kvs.empty() && (now->kvs.front().value == probe_value || now->kvs.front().version > 1))
-      co_return HandOverResult{HandOverResult::Outcome::committed, now->kvs.front().create_revision, {}};
+    auto now = co_await etcd_.range(probe);
+    if (now && !now->kvs.empty())
+      if (auto revision = ours(now->kvs.front()))
+        co_return HandOverResult{HandOverResult::Outcome::committed, *revision, {}};
     if (std::chrono::steady_clock::now() >= deadline)
       co_return HandOverResult{HandOverResult::Outcome::unknown, 0, txn.error()};
     co_await backoff.wait();
@@ -119,8 +128,11 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
 awaitable<result<Relocated>> Placer::relocate(Relocation move) {
   Relocated out;  // no room, unless it moves
   const std::string uuid = move.work.uuid;
+  const MoveRecord* claim = std::get_if<MoveRecord>(&move.hand_over);
   auto query = parse_placement_query(move.work.query);
   if (!query) co_return out;
+  // A named host only (Placement's own filter: it is looked at however many hosts there are).
+  if (!move.to.empty()) query->params.emplace_back("in_tree", move.to);
   // What it holds, read once: every write below is guarded by this reading, so of two moves
   // of one instance (two evacuations, an evacuation and a destroy --force) one wins.
   auto held = co_await placement_.consumer_allocations(uuid);
@@ -131,34 +143,59 @@ awaitable<result<Relocated>> Placer::relocate(Relocation move) {
   }
   auto view = co_await look(std::move(*query), move.work.group, uuid);
   if (!view) co_return view.error();
-  view->live.erase(move.from);
+  if (!move.may_stay) view->live.erase(move.from);
   std::optional<GroupPolicy> policy;
   if (!move.work.group.empty()) policy = move.work.group_policy;
   for (const Choice& choice : rank(*view, weigh_policy(), 0.0, policy)) {
-    auto moved = co_await move_allocation(uuid, *held, *choice.allocations);
+    auto moved = claim ? co_await begin_move(uuid, claim->migration, *held, *choice.allocations)
+                       : co_await move_allocation(uuid, *held, *choice.allocations);
     if (!moved) co_return moved.error();
     if (*moved == Move::no_room) continue;  // no room there after all
     if (*moved == Move::changed) {
       out.outcome = Relocated::Outcome::lost_race;
       co_return out;
     }
-    WorkSpec next = move.work;
-    next.resources = choice.allocations->at(choice.host);
-    InstanceRecord record = move.record;
-    record.host = choice.host;
-    const std::string source = keys_.work(move.from, uuid);
-    std::vector<EtcdCompare> guard = move.also_require;
-    guard.push_back(EtcdCompare::mod_revision_is(source, move.work_revision));
-    std::vector<EtcdOp> leave{EtcdOp::erase(source)};
-    std::vector<Placed> placed{Placed{std::move(next), std::move(record)}};
-    auto txn = co_await hand_over(std::move(placed), std::move(guard), std::move(leave), move.deadline);
     out.host = choice.host;
+    std::vector<EtcdCompare> guard = move.also_require;
+    guard.push_back(EtcdCompare::mod_revision_is(keys_.work(move.from, uuid), move.work_revision));
+    HandOverResult txn;
+    if (claim) {
+      MoveRecord claimed = *claim;
+      claimed.destination = choice.host;
+      claimed.state = MoveState::claimed;
+      std::vector<EtcdOp> writes{EtcdOp::put(keys_.move(uuid), encode(claimed))};
+      // Read back: this move, claimed for this host, at this or a later state.
+      Ours ours = [claimed](const KeyValue& kv) -> std::optional<int64_t> {
+        auto now = decode_move(kv.value);
+        if (now && now->migration == claimed.migration && now->destination == claimed.destination) return kv.mod_revision;
+        return std::nullopt;
+      };
+      txn = co_await commit(std::move(guard), std::move(writes), keys_.move(uuid), std::move(ours), move.deadline);
+    } else {
+      WorkSpec next = move.work;
+      next.resources = choice.allocations->at(choice.host);
+      InstanceRecord record = std::get<InstanceRecord>(move.hand_over);
+      record.host = choice.host;
+      std::vector<EtcdOp> leave{EtcdOp::erase(keys_.work(move.from, uuid))};
+      std::vector<Placed> placed{Placed{std::move(next), std::move(record)}};
+      txn = co_await hand_over(std::move(placed), std::move(guard), std::move(leave), move.deadline);
+    }
     if (txn.outcome == HandOverResult::Outcome::committed) {
       out.outcome = Relocated::Outcome::moved;
+      out.revision = txn.revision;
       co_return out;
     }
     if (txn.outcome == HandOverResult::Outcome::unknown) out.unknown = txn.error;
-    out.outcome = co_await put_back(uuid, move.from, move.work.resources, *choice.allocations);
+    if (!claim) {
+      out.outcome = co_await put_back(uuid, move.from, move.work.resources, *choice.allocations);
+      co_return out;
+    }
+    // A move record that changed (its source's agent undid the move) takes back the books only
+    // this claim moved; one etcd did not tell of is left to that agent, which undoes a move
+    // still preparing once it is overdue.
+    out.outcome = Relocated::Outcome::stranded;
+    if (txn.outcome == HandOverResult::Outcome::refused)
+      if (auto back = co_await revert_move(uuid, claim->migration)) out.outcome = Relocated::Outcome::put_back;
     co_return out;
   }
   co_return out;

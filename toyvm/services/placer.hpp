@@ -1,6 +1,7 @@
 #pragma once
 // Where an instance goes, for `toyvm schedule` (new instances), for the compute agent (a
-// failed build moving to another host) and for `toyvm evacuate`, so they cannot drift apart:
+// failed build moving to another host), for `toyvm evacuate` and for the moves of `toyvm
+// migrate`, `resize` and `host drain`, so they cannot drift apart:
 // Placement's candidates for the instance's query, narrowed to live toyvm hosts and to what
 // its server group allows, weighed, claimed first-fit (or moved), then handed over to the
 // chosen host in etcd.
@@ -10,14 +11,17 @@
 #include "core/config.hpp"
 #include "model/groups.hpp"
 #include "model/keys.hpp"
+#include "model/moves.hpp"
 #include "model/records.hpp"
 
 #include <chrono>
+#include <functional>
 
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace toyvm {
@@ -52,28 +56,39 @@ struct HandOverResult {
   Error error;           // unknown: why etcd did not tell
 };
 
-// An instance to move off `from` to another live host (a failed build, an evacuation).
+// An instance to move off `from`: a failed build or an evacuation (its work goes to the chosen
+// host at once, its allocation whole), or a guest that moves while its source keeps a share
+// (`toyvm migrate`, `resize`, `host drain`: its move record names the chosen host, the
+// migration consumer holds `from`'s share, and the two hosts' agents move the guest).
 struct Relocation {
-  WorkSpec work;               // as its new host gets it; its resources become the chosen host's
-  InstanceRecord record;       // its first record there; `host` becomes the chosen host
+  WorkSpec work;               // as its new host gets it (a resize's new size): its query and group
+                               // choose where, its resources become the chosen host's
   std::string from;            // the provider it leaves
+  std::string to;              // the one provider it may go to; empty: the best
+  bool may_stay = false;       // `from` is a candidate too (a resize on its own host)
   int64_t work_revision = 0;   // of its work on `from`, as read when deciding: the hand-over requires it
-  std::vector<EtcdCompare> also_require;  // more the hand-over requires (a dead host staying dead)
+  std::vector<EtcdCompare> also_require;  // more the hand-over requires (a dead host staying dead, the move as read)
   std::chrono::steady_clock::time_point deadline;  // for an etcd that does not answer the hand-over
+  // What the hand-over writes: its work and this record (`host` becomes the chosen host) on
+  // the new host, its work on `from` erased; or this move record, claimed, naming the chosen
+  // host as its destination (its `migration` is the consumer that keeps `from`'s share).
+  std::variant<InstanceRecord, MoveRecord> hand_over;
 };
 
 struct Relocated {
   enum class Outcome {
-    moved,      // its allocation and its work are on `host`
+    moved,      // its allocation and its work (or its move record) are on `host`
     no_room,    // no other live host fits it: it holds what it held
     lost_race,  // its allocation or its work changed since they were read (a stop, a destroy,
                 // another move): nothing of ours is left written
     put_back,   // etcd refused the hand-over, and its allocation is back on `from`
     stranded,   // etcd refused (or did not tell), and its allocation could not be put back
-                // from `host`, where it stays (`toyvm audit`: allocation_elsewhere)
+                // from `host`, where it stays (`toyvm audit`: allocation_elsewhere; a move
+                // record left preparing is undone by the source's agent)
   };
   Outcome outcome = Outcome::no_room;
   std::string host;
+  int64_t revision = 0;  // moved: of the hand-over's write
   Error unknown;  // set when etcd did not tell whether it took the hand-over
 };
 
@@ -115,9 +130,11 @@ class Placer {
                                       std::vector<EtcdOp> also, std::chrono::steady_clock::time_point deadline);
 
   // The one move engine: candidates for the instance's own query and group (its source left
-  // out), its allocation moved to the best that has room under the consumer generation read
-  // first, its work handed over under `work_revision`; when etcd refuses, the allocation goes
-  // back to `from`, and only from where this move put it, while the work is still there.
+  // out unless it may stay, only `to` when named), its allocation moved to the best that has
+  // room under the consumer generation read first (whole, or with the migration consumer
+  // taking `from`'s share in the same request), then handed over under `work_revision` and
+  // `also_require`; when etcd refuses, the allocation goes back to `from`, and only from where
+  // this move put it, while the work (or the move) is still as it was.
   // Errors: Placement or etcd did not answer before anything was written.
   awaitable<result<Relocated>> relocate(Relocation move);
 
@@ -146,6 +163,13 @@ class Placer {
   WeighPolicy weigh_policy(const std::string& policy_name = {}) const;
 
  private:
+  // What hand_over says of `writes` under `guard`, the transaction's outcome told by reading
+  // `probe` back when etcd does not answer: `ours` gives the revision to report when what it
+  // holds is this write's (or a later one that follows from it), nothing otherwise.
+  using Ours = std::function<std::optional<int64_t>(const KeyValue&)>;
+  awaitable<HandOverResult> commit(std::vector<EtcdCompare> guard, std::vector<EtcdOp> writes, std::string probe,
+                                   Ours ours, std::chrono::steady_clock::time_point deadline);
+
   PlacementClient& placement_;
   EtcdClient& etcd_;
   KeyLayout keys_;

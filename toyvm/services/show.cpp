@@ -139,7 +139,8 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
   if (move && *move)
     std::printf("moving: %s%s%s to host %s (%s%s%s)\n", std::string(to_string((*move)->kind)).c_str(),
                 (*move)->query.empty() ? "" : " to ", printable_line((*move)->query).c_str(),
-                (*move)->destination.c_str(), std::string(to_string((*move)->state)).c_str(),
+                (*move)->destination.empty() ? "not chosen yet" : (*move)->destination.c_str(),
+                std::string(to_string((*move)->state)).c_str(),
                 (*move)->error.empty() ? "" : ": ", printable_line((*move)->error).c_str());
   else if (move)
     std::printf("moving: its move record cannot be read (%s)\n", printable_line(move->error().message()).c_str());

@@ -92,7 +92,7 @@ awaitable<result<Relocated>> Builder::move_elsewhere(WorkSpec work, int64_t revi
   Relocation move;
   move.work = std::move(work);
   move.work.attempt += 1;
-  move.record = parts_.recorder.make(move.work, InstanceState::scheduled);
+  move.hand_over = parts_.recorder.make(move.work, InstanceState::scheduled);
   move.from = ctx_.host.provider;
   move.work_revision = revision;
   move.deadline = std::chrono::steady_clock::now();  // one try: a failed step is retried as a whole

@@ -1,5 +1,6 @@
-// An instance's part in moving its guest to another host, on either host: the source claims
-// the books and sends the guest while it runs (or, cold, powers it off and copies its disk),
+// An instance's part in moving its guest to another host, on either host, once its asker has
+// claimed the destination (or not in time: the source undoes it): the source sends the guest
+// while it runs (or, cold, powers it off and copies its disk),
 // the destination prepares for it, and whichever first sees the guest run on the destination
 // (cold: the destination, once it has the disk) switches its work over; the source then
 // settles the books, or unwinds them when the move does not happen (model/moves.hpp decides
@@ -55,24 +56,7 @@ awaitable<std::optional<bool>> Instance::step_move() {
       // Anything else comes as news.
       // (A destination whose work has not come yet decides nothing: it would remove the guest.)
       if (!source && move.state == MoveState::switched && desired_) co_return std::nullopt;
-      co_return !(source && move.state == MoveState::claimed) && !job;
-    case MoveAction::claim: {
-      auto claimed = co_await steps_.mover.claim(move, *desired_);
-      if (!claimed) {
-        spdlog::warn("instance {}: claiming host {} for its move: {}; will retry", uuid_, move.destination,
-                     claimed.error().message());
-        co_return false;
-      }
-      if (*claimed == Placer::Move::moved) {
-        MoveRecord next = move;
-        next.state = MoveState::claimed;
-        co_return co_await advance_move(std::move(next), revision);
-      }
-      // (A named local: GCC 12 destroys a conditional's temporary inside co_await twice.)
-      std::string why = *claimed == Placer::Move::no_room ? fmt::format("no room for it on host {}", move.destination)
-                                                          : "its allocation changed before it moved";
-      co_return co_await revert_move(move, revision, std::move(why));
-    }
+      co_return !(source && (move.state == MoveState::preparing || move.state == MoveState::claimed)) && !job;
     case MoveAction::prepare: {
       spdlog::info("instance {}: preparing for it to arrive from host {}", uuid_, move.source);
       auto ready = co_await steps_.mover.prepare(move);
@@ -98,6 +82,8 @@ awaitable<std::optional<bool>> Instance::step_move() {
       std::string why = cold ? "its guest is gone from its host" : "its guest is not running";
       if (!source) why = "its guest is on neither host";
       else if (!wanted) why = "it was stopped or destroyed before it left";
+      else if (overdue && move.state == MoveState::preparing)
+        why = fmt::format("no host was claimed for it within {} s", in_seconds(ctx_.config.compute.move_prepare_timeout));
       else if (overdue && move.state == MoveState::claimed)
         why = fmt::format("host {} did not prepare for it within {} s", move.destination,
                           in_seconds(ctx_.config.compute.move_prepare_timeout));

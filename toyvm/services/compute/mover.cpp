@@ -33,20 +33,6 @@ result<WorkSpec> moved_work(const MoveRecord& move, WorkSpec work) {
 }
 }  // namespace
 
-awaitable<result<Placer::Move>> Mover::claim(const MoveRecord& move, const WorkSpec& work) {
-  auto after = moved_work(move, work);
-  if (!after) co_return Placer::Move::changed;  // its disk grew since the resize was asked
-  // An earlier try that was made but not recorded (the agent stopped in between).
-  auto theirs = co_await ctx_.placement.consumer_allocations(move.migration);
-  if (!theirs) co_return theirs.error();
-  if (!theirs->allocations.empty()) co_return Placer::Move::moved;
-  auto held = co_await ctx_.placement.consumer_allocations(move.instance);
-  if (!held) co_return held.error();
-  if (!held->allocations.count(move.source)) co_return Placer::Move::changed;
-  Allocations to{{move.destination, std::move(after->resources)}};
-  co_return co_await placer_.begin_move(move.instance, move.migration, std::move(*held), std::move(to));
-}
-
 awaitable<result<DomainSpec>> Mover::incoming_spec(const MoveRecord& move) {
   auto listed = co_await ctx_.etcd->range(ctx_.keys.work(move.source, move.instance));
   if (!listed) co_return listed.error();

@@ -1,11 +1,12 @@
 #pragma once
-// The steps of moving a guest between two hosts (or resizing it on its own), each inputs in and
-// outcome out: the books moved for it, the destination's files made, the guest sent while it
-// runs or its disk copied while it is off, its work and record switched over to the
-// destination, and the move settled or unwound. Both agents run them (the
-// source and the destination of one move); the instance strings them together
-// (instance_moves.cpp). Every write of the move record is guarded by the revision read, so of
-// two agents (or an agent and a restart of itself) one wins and the other reads what it did.
+// The steps of moving a guest between two hosts (or resizing it on its own) once its asker has
+// moved the books and claimed the destination (Placer::relocate), each inputs in and outcome
+// out: the destination's files made, the guest sent while it runs or its disk copied while it
+// is off, its work and record switched over to the destination, and the move settled or
+// unwound. Both agents run them (the source and the destination of one move); the instance
+// strings them together (instance_moves.cpp). Every write of the move record is guarded by the
+// revision read, so of two agents (or an agent and a restart of itself) one wins and the other
+// reads what it did.
 
 #include "model/moves.hpp"
 #include "services/compute/builder.hpp"
@@ -27,10 +28,6 @@ class Mover {
   // Gone, while it is as read, with `also` in the same transaction; false when it changed.
   awaitable<result<bool>> erase(const MoveRecord& move, int64_t revision, std::vector<EtcdOp> also = {});
 
-  // Source: the migration consumer takes over the source's share and the instance claims
-  // the destination (for what `work` consumes, or a resize's new amounts), or found done by an
-  // earlier try. moved, no_room, changed.
-  awaitable<result<Placer::Move>> claim(const MoveRecord& move, const WorkSpec& work);
   // Destination: the instance's files made here (its image fetched if need be) from its work
   // and record as etcd has them; `move` filled in with how to reach this host and the guest.
   awaitable<result<MoveRecord>> prepare(MoveRecord move);
