@@ -781,32 +781,35 @@ struct TwoHosts {
     return move ? std::optional<MoveRecord>(*move) : std::nullopt;
   }
 
-  // A live move of `uuid` asked, returning once the source's libvirt is sending the guest.
-  void migrate_until_sending(const std::string& uuid) {
+  // A live move of `uuid` asked, returning once the source's libvirt is sending the guest: c1's,
+  // or (from_first false, a move back) c2's.
+  void migrate_until_sending(const std::string& uuid, bool from_first = true) {
     auto asked = host.servers.toyvm({"migrate", uuid, "--no-wait"});
     REQUIRE(asked.exit_code == 0);
     REQUIRE(wait_for([&] {
-      auto sending = host.libvirt->migrating(uuid);
+      auto sending = (from_first ? host.libvirt.get() : libvirt2.get())->migrating(uuid);
       return sending && *sending;
     }, 120));
   }
 
   // After a move met a fault: once its record is gone the guest runs in one place, where its
-  // record says, counting on from `ticks`, with the books there.
-  void expect_one_running_copy(const std::string& uuid, int ticks) {
+  // record says, counting on from `ticks`, with the books there. `from_first`: the move's
+  // source was c1 (else c2).
+  void expect_one_running_copy(const std::string& uuid, int ticks, bool from_first = true) {
     REQUIRE(wait_for([&] { return !move_of(uuid); }, 180));
-    const bool moved = record_of(host.servers, uuid).host == rp2;
+    const bool moved = record_of(host.servers, uuid).host == (from_first ? rp2 : host.rp);
     INFO((moved ? "moved" : "undone"));
+    const bool on_first = moved != from_first;
+    auto state_on = [&](bool first) { return first ? host.domain_state(uuid) : state2(uuid); };
     // Undone by the source, the record may go before the destination has removed what it had.
     CHECK(wait_for([&] {
-      return state2(uuid) == (moved ? DomainState::running : DomainState::absent) &&
-             host.domain_state(uuid) == (moved ? DomainState::absent : DomainState::running);
+      return state_on(on_first) == DomainState::running && state_on(!on_first) == DomainState::absent;
     }, 60));
-    expect_books_on(uuid, moved ? rp2 : host.rp);
-    const std::string log = moved ? log2(uuid) : log1(uuid);
+    expect_books_on(uuid, on_first ? host.rp : rp2);
+    const std::string log = on_first ? log1(uuid) : log2(uuid);
     CHECK(wait_for([&] { return last_tick(read_file(log)) > ticks; }, 60));
     // The other host does not run it too.
-    CHECK_FALSE(wait_for([&] { return (moved ? host.domain_state(uuid) : state2(uuid)) != DomainState::absent; }, 5));
+    CHECK_FALSE(wait_for([&] { return state_on(!on_first) != DomainState::absent; }, 5));
   }
 
   // The books as they should be: the instance holds only its host, no move in flight, and
@@ -1146,6 +1149,23 @@ TEST_CASE("a live move whose destination's libvirtd is killed while the guest is
   kill_and_restart_second_libvirtd();
   INFO(hosts.output());
   hosts.expect_one_running_copy(uuid, ticks);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+}
+
+TEST_CASE("a live move whose source's libvirtd is killed while the guest is sent ends with one running copy, the "
+          "books where it runs", "[guests]") {
+  TwoHosts hosts;
+  Servers& servers = hosts.host.servers;
+  const std::string uuid = hosts.guest_on_first();
+  auto there = servers.toyvm({"migrate", uuid, "--host", "c2"}, 300);
+  INFO(there.out << there.err << hosts.output());
+  REQUIRE(there.exit_code == 0);
+  REQUIRE(wait_for([&] { return last_tick(read_file(hosts.log2(uuid))) > 0; }, 60));
+  const int ticks = last_tick(read_file(hosts.log2(uuid)));
+  // Back to c1: the second daemon is the source now, and dies while its libvirt sends the guest.
+  hosts.migrate_until_sending(uuid, false);
+  kill_and_restart_second_libvirtd();
+  hosts.expect_one_running_copy(uuid, ticks, false);
   CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }
 
