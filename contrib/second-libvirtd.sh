@@ -21,8 +21,10 @@ uri="qemu+tcp://127.0.0.1:$port/system"
 
 answers() { virsh -q -c "$uri" uri >/dev/null 2>&1; }
 
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
 stop() {
-  for pidfile in "$dir/libvirtd.pid" "$dir/virtlogd.pid"; do
+  for pidfile in "$@"; do
     [ -f "$pidfile" ] || continue
     pid=$(cat "$pidfile")
     kill "$pid" 2>/dev/null || true
@@ -32,7 +34,7 @@ stop() {
 }
 
 case "$action" in
-  stop) stop; umount /run/toyvm-first-libvirt 2>/dev/null || true; exit 0 ;;
+  stop) stop "$dir/libvirtd.pid" "$dir/virtlogd.pid"; umount /run/toyvm-first-libvirt 2>/dev/null || true; exit 0 ;;
   start) ;;
   *) echo "usage: $0 start|stop [DIR]" >&2; exit 2 ;;
 esac
@@ -44,7 +46,12 @@ mkdir -p /run/toyvm-first-libvirt
 mountpoint -q /run/toyvm-first-libvirt || mount --bind /run/libvirt /run/toyvm-first-libvirt
 answers && { echo "$uri"; echo "$back"; exit 0; }
 "$root/contrib/start-libvirtd.sh"
-stop  # a daemon of an earlier run that no longer answers
+# A daemon of an earlier run that no longer answers goes. Its virtlogd, still running, stays, as
+# it does on any host (a service of its own): it holds the running guests' console logs, which
+# would end with it.
+stop "$dir/libvirtd.pid"
+virtlogd_needed=1
+alive "$dir/virtlogd.pid" && virtlogd_needed=0
 
 mkdir -p "$dir"/{run,lib,cache,log,etc}
 if [ ! -f "$dir/etc/libvirtd.conf" ]; then
@@ -97,9 +104,9 @@ unshare --mount --propagation private bash -c '
   mount --bind "$dir/cache" /var/cache/libvirt
   mkdir -p /var/log/libvirt && mount --bind "$dir/log" /var/log/libvirt
   mount --bind "$dir/etc" /etc/libvirt
-  virtlogd -d -p "$dir/virtlogd.pid"
+  if [ "$2" = 1 ]; then virtlogd -d -p "$dir/virtlogd.pid"; fi
   libvirtd -d --listen -p "$dir/libvirtd.pid"
-' _ "$dir"
+' _ "$dir" "$virtlogd_needed"
 
 for _ in $(seq 1 300); do
   answers && { echo "$uri"; echo "$back"; exit 0; }

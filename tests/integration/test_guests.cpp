@@ -807,6 +807,7 @@ struct TwoHosts {
     }, 60));
     expect_books_on(uuid, on_first ? host.rp : rp2);
     const std::string log = on_first ? log1(uuid) : log2(uuid);
+    INFO(output());
     CHECK(wait_for([&] { return last_tick(read_file(log)) > ticks; }, 60));
     // The other host does not run it too.
     CHECK_FALSE(wait_for([&] { return state_on(!on_first) != DomainState::absent; }, 5));
