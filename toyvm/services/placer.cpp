@@ -147,8 +147,10 @@ awaitable<result<Relocated>> Placer::relocate(Relocation move) {
   std::optional<GroupPolicy> policy;
   if (!move.work.group.empty()) policy = move.work.group_policy;
   for (const Choice& choice : rank(*view, weigh_policy(), 0.0, policy)) {
-    auto moved = claim ? co_await begin_move(uuid, claim->migration, *held, *choice.allocations)
-                       : co_await move_allocation(uuid, *held, *choice.allocations);
+    // (If and else, not ?: : GCC 12 destroys a conditional's temporary inside co_await twice.)
+    result<Move> moved = Move::changed;
+    if (claim) moved = co_await begin_move(uuid, claim->migration, *held, *choice.allocations);
+    else moved = co_await move_allocation(uuid, *held, *choice.allocations);
     if (!moved) co_return moved.error();
     if (*moved == Move::no_room) continue;  // no room there after all
     if (*moved == Move::changed) {
