@@ -135,6 +135,21 @@ TEST_CASE("availability zones and CPU traits pick only matching hosts", "[schedu
   CHECK(nowhere.exit_code == 1);
   CHECK(nowhere.out == "NO ALLOCATIONS LEFT\n");
 
+  // Its moves keep to its zone: the emptier host east is no place for one scheduled west.
+  std::string west2;
+  auto cw2 = servers.start_compute("west2", "VCPU:8,DISK_GB:100,MEMORY_MB:8192", &west2, {"--az", "west"});
+  auto placed = servers.toyvm({"schedule", small, "--az", "west", "--wait"}, 60);
+  REQUIRE(placed.exit_code == 0);
+  auto [from, uuid] = parse_notified(placed.out);
+  const std::string to = from == west ? west2 : west;
+  auto moving = servers.toyvm({"migrate", uuid, "--no-wait"});
+  INFO(moving.out << moving.err);
+  CHECK(moving.out == "MIGRATING INSTANCE " + uuid + " TO " + to + "\n");
+  // Nor can it be sent there by name.
+  REQUIRE(wait_for([&] { return servers.etcd_prefix(KeyLayout().move(uuid)).empty(); }, 60));
+  auto named = servers.toyvm({"migrate", uuid, "--host", "east", "--no-wait"});
+  CHECK(named.out == "NO ALLOCATIONS LEFT\n");
+
   // Every x86-64 CPU has SSE2; agents report it from /proc/cpuinfo.
   auto sse2 = servers.toyvm({"schedule", small + "&required=HW_CPU_X86_SSE2"});
   CHECK(sse2.exit_code == 0);

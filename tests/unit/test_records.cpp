@@ -18,6 +18,7 @@ TEST_CASE("work specs survive a round trip") {
   s.name = "web \"1\"";
   s.image = "debian";
   s.query = "resources=VCPU:1";
+  s.availability_zone = "east";
   s.resources = {{"VCPU", 1}};
   s.user_data = std::string("#cloud-config\n\0\xff binary", 23);
   s.keys = {{"alice", "ssh-ed25519 AAAA alice@example"}, {"bob", "ssh-rsa BBBB"}};

@@ -174,6 +174,7 @@ std::string encode(const WorkSpec& s) {
   if (!s.image_sha256.empty()) o["image_sha256"] = s.image_sha256;
   if (!s.image_format.empty()) o["image_format"] = s.image_format;
   o["query"] = s.query;
+  if (!s.availability_zone.empty()) o["availability_zone"] = s.availability_zone;
   o["resources"] = amounts_to_json(s.resources);
   if (!s.user_data.empty()) o["user_data"] = base64_encode(s.user_data);
   if (!s.keys.empty()) {
@@ -287,6 +288,7 @@ result<WorkSpec> decode_work(std::string_view text) {
     if (key == "image_sha256") return read_string(v, s.image_sha256);
     if (key == "image_format") return read_string(v, s.image_format);
     if (key == "query") return read_string(v, s.query);
+    if (key == "availability_zone") return read_string(v, s.availability_zone);
     if (key == "resources") return read_amounts(v, s.resources);
     if (key == "user_data") {
       std::string encoded;

@@ -72,6 +72,7 @@ struct WorkSpec {
   std::string image_sha256;   // expected digest of a fetched image, lowercase hex; empty: unchecked
   std::string image_format;   // raw or qcow2; empty: as the image's name says
   std::string query;          // the placement query it was scheduled with
+  std::string availability_zone;  // the zone it was scheduled into (schedule --az): it moves within it
   ResourceAmounts resources;  // what it consumes on its host
   std::string user_data;      // raw bytes for cloud-init (base64 in JSON)
   std::vector<std::pair<std::string, std::string>> keys;  // ssh key name, public key

@@ -2,6 +2,7 @@
 
 #include "core/backoff.hpp"
 #include "model/records.hpp"
+#include "model/uuid.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -131,7 +132,10 @@ awaitable<result<Relocated>> Placer::relocate(Relocation move) {
   const MoveRecord* claim = std::get_if<MoveRecord>(&move.hand_over);
   auto query = parse_placement_query(move.work.query);
   if (!query) co_return out;
-  // A named host only (Placement's own filter: it is looked at however many hosts there are).
+  // Within the zone it was scheduled into; a named host only (Placement's own filter: it is
+  // looked at however many hosts there are).
+  if (!move.work.availability_zone.empty())
+    query->params.emplace_back("member_of", availability_zone_aggregate(move.work.availability_zone));
   if (!move.to.empty()) query->params.emplace_back("in_tree", move.to);
   // What it holds, read once: every write below is guarded by this reading, so of two moves
   // of one instance (two evacuations, an evacuation and a destroy --force) one wins.

@@ -233,6 +233,7 @@ Placed Scheduler::instance(const WorkSpec& guest, std::string uuid, int index, s
   work.image_sha256 = options_.image_sha256;
   work.image_format = options_.image_format;
   work.query = options_.query;
+  work.availability_zone = options_.availability_zone;
   work.resources = std::move(resources);
   work.config_drive = options_.config_drive;
   work.group = options_.group;
