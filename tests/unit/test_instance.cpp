@@ -82,8 +82,10 @@ struct Agent {
   }
   void deliver() {
     const std::string prefix = ctx.keys.work_prefix(host);
-    for (const WatchEvent& event : etcd->since(delivered))
+    for (const WatchEvent& event : etcd->since(delivered)) {
       if (event.kv.key.starts_with(prefix)) instances.apply(event);
+      if (event.kv.key.starts_with(ctx.keys.moves_prefix())) instances.apply_move(event);
+    }
     delivered = etcd->revision();
   }
   // Settled: the instance is gone, or no step runs for it and none is due.
@@ -279,4 +281,33 @@ TEST_CASE("a domain without work is destroyed") {
   REQUIRE(agent.list());
   REQUIRE(agent.run_until([&] { return !agent.hypervisor().domain(uuid); }));
   REQUIRE(agent.run_until([&] { return !agent.instances.find(uuid); }));
+}
+
+TEST_CASE("a cold move undone after this host lost its guest ends, and the guest is made again") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  // Placement: the migration consumer holds nothing any more (the books are back).
+  agent.placement_server.answer = [](const fakes::PlacementRequest& r) {
+    if (r.method == "GET") return fakes::PlacementAnswer{200, R"({"allocations": {}, "consumer_generation": 1})"};
+    return fakes::PlacementAnswer{};
+  };
+  // Its libvirt lost the domain (a restart of the test driver, a host that lost its disks)
+  // while a cold move of it was being undone.
+  agent.hypervisor().destroy(uuid);
+  MoveRecord move{.instance = uuid,
+                  .migration = "11111111-2222-4333-8444-555555555555",
+                  .source = host,
+                  .destination = "5b9c3e5e-8d7e-4a57-9d36-2f0d4a9c0002",
+                  .kind = MoveKind::cold,
+                  .state = MoveState::reverting,
+                  .started_at = 1,
+                  .error = "cannot reach its destination"};
+  agent.etcd->put_now(agent.ctx.keys.move(uuid), encode(move));
+  REQUIRE(agent.run_until([&] { return !agent.etcd->find(agent.ctx.keys.move(uuid)); }));
+  REQUIRE(agent.run_until([&] {
+    auto domain = agent.hypervisor().domain(uuid);
+    return domain && domain->state == DomainState::running;
+  }));
+  CHECK(agent.hypervisor().creates() == 2);
 }

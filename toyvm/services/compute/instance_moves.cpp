@@ -246,8 +246,15 @@ awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
   if (source && move.kind != MoveKind::live) {
     const bool left = moved && !in_place;
     result<void> done;
-    if (left) done = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
-    else if (desired_ && desired_->power == PowerState::running) done = co_await ctx_.virt(&VirtBackend::start, uuid_);
+    if (left) {
+      done = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
+    } else if (desired_ && desired_->power == PowerState::running) {
+      // Only a guest that is here, off, is started; one that is gone (this host's libvirt lost
+      // it) is the usual steps' to make again once the move is over.
+      auto here = co_await ctx_.virt(&VirtBackend::state, uuid_);
+      if (!here) done = here.error();
+      else if (*here == DomainState::stopped) done = co_await ctx_.virt(&VirtBackend::start, uuid_);
+    }
     if (!done) {
       spdlog::error("instance {}: {} after its move: {}", uuid_, left ? "removing its copy" : "starting it again",
                     done.error().message());
