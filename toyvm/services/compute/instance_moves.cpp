@@ -1,10 +1,10 @@
 // An instance's part in moving its guest to another host, on either host, once its asker has
-// claimed the destination (or not in time: the source undoes it): the source sends the guest
-// while it runs (or, cold, powers it off and copies its disk),
-// the destination prepares for it, and whichever first sees the guest run on the destination
-// (cold: the destination, once it has the disk) switches its work over; the source then
-// settles the books, or unwinds them when the move does not happen (model/moves.hpp decides
-// which). A resize on its own host is the source's alone: off, made its new size, switched.
+// claimed the destination (or not in time: the source undoes it): the destination prepares for
+// it, the source sends the guest while it runs (or, cold, powers it off and copies its disk),
+// and whichever first sees the guest run on the destination (cold: the destination, once it
+// has the disk) switches its work over; the source then settles the books, or unwinds them
+// when the move does not happen (model/moves.hpp decides which). A resize on its own host is
+// the source's alone: off, made its new size, switched.
 
 #include "services/compute/instance.hpp"
 
