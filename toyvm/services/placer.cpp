@@ -96,8 +96,10 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
   }
   // Our own write, to read back: the value we wrote, or a later one of that key (its agent
   // acted on it already), is ours; another's change of the guarded keys is not.
+  // (`placed` outlives the commit; the value is made only if etcd does not answer, once.)
   const Placed& first = placed.front();
-  Ours ours = [value = encode(first.work)](const KeyValue& kv) -> std::optional<int64_t> {
+  Ours ours = [&first, value = std::string()](const KeyValue& kv) mutable -> std::optional<int64_t> {
+    if (value.empty()) value = encode(first.work);
     if (kv.value == value || kv.version > 1) return kv.create_revision;
     return std::nullopt;
   };
