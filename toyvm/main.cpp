@@ -190,6 +190,8 @@ int main(int argc, char** argv) {
                         "release allocations nobody owns or an ERROR instance holds, drop members of gone "
                         "instances; each only when seen again after --grace seconds");
     add_seconds(audit_cmd, "--grace", audit.grace, "seconds between the two looks of --fix");
+    add_seconds(audit_cmd, "--move-deadline", audit.move_deadline,
+                "seconds a move may be in flight before it is a finding (move_overdue)");
     audit_cmd->footer("Exit 0 when everything agrees, 1 when something does not (after --fix: is still not).\n"
                       "Example: toyvm audit --fix");
     audit_cmd->callback([&] { service = [&](const Config& c) { return run_audit(c, audit); }; });
@@ -204,6 +206,8 @@ int main(int argc, char** argv) {
                             "destination host name or provider uuid (default: the best other host for its query)");
     migrate_cmd->add_flag("--no-wait", migrate_no_wait, "return once the move is asked for");
     migrate_cmd->add_flag("--cold", migrate.cold, "power it off, copy its disk, start it there (a stopped one stays off)");
+    migrate_cmd->add_flag("--abort", migrate.abort,
+                          "undo its move in flight (a live send running is aborted); it stays where it was");
     add_seconds(migrate_cmd, "--timeout", migrate.wait_timeout, "seconds to wait for the move");
     migrate_cmd->footer("Its disk and memory are copied while it runs; it keeps its uuid, MAC and address.\n"
                         "A stopped instance moves cold, and stays stopped.\n"

@@ -1028,6 +1028,113 @@ TEST_CASE("toyvm host drain moves a host's guests away, the running ones live an
   for (const std::string& uuid : uuids) CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }
 
+TEST_CASE("a move between two agents sharing one libvirt is refused before the guest moves: the same QEMU runs on, "
+          "the books are back, audit is clean", "[guests]") {
+  GuestHost host;
+  Servers& servers = host.servers;
+  const std::string uuid = host.schedule({"--image", "tiny"});
+  REQUIRE(wait_for([&] { return last_tick(read_file(host.instances + "/" + uuid + "/console.log")) >= 1; },
+                   boot_timeout_s));
+  const pid_t qemu = qemu_pid(uuid);
+  REQUIRE(qemu > 0);
+  // A second agent on the same libvirtd, with its own state and instance dir.
+  std::string other;
+  auto beside = servers.start_compute("c1b", "VCPU:4,MEMORY_MB:2048,DISK_GB:20", &other,
+                                      {"--libvirt-uri", "qemu:///system"},
+                                      "domain_type = 'qemu'\nimage_dir = '" + host.images + "'\nnetwork = 'default'\n");
+  for (const char* cold : {"", "--cold"}) {
+    std::vector<std::string> argv{"migrate", uuid, "--host", "c1b"};
+    if (*cold) argv.push_back(cold);
+    auto moved = servers.toyvm(argv, 120);
+    INFO(cold << moved.out << moved.err << host.compute->output() << "\n--- c1b ---\n" << beside->output());
+    CHECK(moved.exit_code == 5);
+    CHECK_THAT(moved.err, Catch::Contains("shares this host's libvirt"));
+    // Nothing moved: the same QEMU process runs the guest, from the same overlay, for c1.
+    CHECK(qemu_pid(uuid) == qemu);
+    CHECK(host.domain_state(uuid) == DomainState::running);
+    CHECK(fs::exists(host.overlay(uuid)));
+    CHECK_FALSE(fs::exists(servers.dir() + "/c1b/instances/" + uuid + ".qcow2"));
+    InstanceRecord record = record_of(servers, uuid);
+    CHECK(record.host == host.rp);
+    CHECK(record.state == InstanceState::active);
+    CHECK(servers.allocations(uuid).count(host.rp) == 1);
+    CHECK(servers.allocations(uuid).count(other) == 0);
+    CHECK(servers.etcd_prefix(KeyLayout().moves_prefix()).empty());
+  }
+  // Neither agent touched the other's domain meanwhile, and the books agree with both.
+  auto audit = servers.toyvm({"audit"});
+  INFO(audit.out << audit.err);
+  CHECK(audit.exit_code == 0);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  host.expect_nothing_held(uuid);
+}
+
+TEST_CASE("a live move that cannot converge is aborted at its completion timeout, by --abort, or by a stop: the same "
+          "QEMU runs on where it was", "[guests]") {
+  // 4 s per GiB of memory and disk: 4.5 s for this guest, whose 128 MiB of memory alone take
+  // two minutes over a link throttled to 1 MiB/s.
+  TwoHosts hosts("live_migration_completion_timeout = 4\n");
+  Servers& servers = hosts.host.servers;
+  const std::string uuid = hosts.guest_on_first();
+  const pid_t qemu = qemu_pid(uuid);
+  REQUIRE(qemu > 0);
+  auto throttle = [&] { REQUIRE(virsh({"migrate-setspeed", domain_name(uuid), "1"}).exit_code == 0); };
+  throttle();
+  auto stays_here = [&](const std::string& why) {
+    INFO(why << "\n" << hosts.output());
+    CHECK(qemu_pid(uuid) == qemu);  // never booted again, never a second copy
+    CHECK(hosts.host.domain_state(uuid) == DomainState::running);
+    CHECK(wait_for([&] { return hosts.state2(uuid) == DomainState::absent; }, 60));
+    hosts.expect_books_on(uuid, hosts.host.rp);
+  };
+
+  const int ticks = last_tick(read_file(hosts.log1(uuid)));
+  auto timed_out = servers.toyvm({"migrate", uuid}, 180);
+  INFO(timed_out.out << timed_out.err);
+  CHECK(timed_out.exit_code == 5);
+  CHECK_THAT(timed_out.err, Catch::Contains("did not complete within 4 s") && Catch::Contains("aborted"));
+  stays_here("after the timeout");
+  CHECK(wait_for([&] { return last_tick(read_file(hosts.log1(uuid))) > ticks; }, 60));
+
+  // The same throttled link with the default timeout: the send runs on until it is ended.
+  hosts.host.compute->signal(SIGTERM);
+  REQUIRE(hosts.host.compute->wait(30) == 0);
+  const std::string short_timeout = "live_migration_completion_timeout = 4\n";
+  hosts.host.compute_toml.replace(hosts.host.compute_toml.find(short_timeout), short_timeout.size(), "");
+  hosts.host.start_agent();
+  auto sending = [&] {
+    return wait_for([&] {
+      auto job = hosts.host.libvirt->migrating(uuid);
+      return job && *job;
+    }, 120);
+  };
+  // An operator aborts it while it is sent.
+  throttle();
+  auto migrating = servers.spawn_toyvm({"migrate", uuid, "--timeout", "120"}, "migrate.log");
+  REQUIRE(sending());
+  auto aborted = servers.toyvm({"migrate", uuid, "--abort"}, 120);
+  INFO(aborted.out << aborted.err << migrating->output());
+  CHECK(aborted.exit_code == 0);
+  CHECK_THAT(aborted.out, Catch::Contains("ABORTED MOVE OF INSTANCE " + uuid + ": it stays on " + hosts.host.rp));
+  CHECK(migrating->wait(60) == 5);
+  CHECK_THAT(migrating->output(), Catch::Contains("it was aborted"));
+  stays_here("after --abort");
+
+  // A stop asked while it is sent ends the send first, then powers it off where it is.
+  throttle();
+  auto migrating_again = servers.spawn_toyvm({"migrate", uuid, "--timeout", "120"}, "migrate-again.log");
+  REQUIRE(sending());
+  auto stopped = servers.toyvm({"stop", uuid, "--timeout", "60"}, 90);
+  INFO(stopped.out << stopped.err << migrating_again->output() << hosts.output());
+  CHECK(stopped.exit_code == 0);
+  CHECK(migrating_again->wait(60) == 5);
+  CHECK(hosts.host.domain_state(uuid) == DomainState::stopped);
+  CHECK(hosts.state2(uuid) == DomainState::absent);
+  CHECK(record_of(servers, uuid).state == InstanceState::stopped);
+  hosts.expect_books_on(uuid, hosts.host.rp);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+}
+
 TEST_CASE("a move whose destination's agent died before it prepared is undone: the guest runs on, the books "
           "are as before", "[guests]") {
   TwoHosts hosts("move_prepare_timeout = 5\n");

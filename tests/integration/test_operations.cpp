@@ -14,12 +14,15 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 using namespace toyvm;
 using namespace toyvm::test;
 namespace json = boost::json;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -31,6 +34,13 @@ std::optional<HostStats> host_stats(const Servers& servers, const std::string& r
   if (kvs.empty()) return std::nullopt;
   auto stats = decode_host_stats(kvs.front().value);
   return stats ? std::optional<HostStats>(*stats) : std::nullopt;
+}
+
+std::optional<InstanceState> record_of_state(const Servers& servers, const std::string& uuid) {
+  auto kvs = servers.etcd_prefix(KeyLayout().instance(uuid));
+  if (kvs.empty()) return std::nullopt;
+  auto record = decode_instance(kvs.front().value);
+  return record ? std::optional<InstanceState>(record->state) : std::nullopt;
 }
 
 bool has_status(const Servers& servers, const std::string& rp, const std::string& status) {
@@ -132,6 +142,78 @@ TEST_CASE("a disabled host takes no work, across its agent's restarts, until it 
   CHECK(wait_for([&] { return !provider_disabled(servers, rp); }, 10));
   CHECK(parse_notified(servers.toyvm({"schedule", on_c1}).out).first == rp);
   CHECK(shown_host(servers, rp).at("disabled").is_null());
+}
+
+TEST_CASE("host drain waits for a schedule claimed on the host, which meets the drained host at its hand-over and "
+          "goes elsewhere", "[operations]") {
+  Servers servers;
+  std::string rp, other;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto compute2 = servers.start_compute("c2", roomy, &other, {"--trait", "CUSTOM_C2"});
+  // c2 holds an instance already: spread picks c1, the emptier, for the next one.
+  REQUIRE(servers.toyvm({"schedule", "resources=VCPU:100,MEMORY_MB:10000&required=CUSTOM_C2"}).exit_code == 0);
+  const std::string paused = servers.dir() + "/schedule-paused";
+  std::ofstream(paused) << "";
+  std::unique_ptr<Process> schedule;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "schedule.hand_over=pause(" + paused + ")");
+    schedule = servers.spawn_toyvm({"-v", "schedule", small}, "schedule.log");
+  }
+  REQUIRE(wait_for([&] { return schedule->output().find("failpoint schedule.hand_over: paused") != std::string::npos; },
+                   20));
+  REQUIRE(servers.usages(rp)["VCPU"] == 1);  // claimed on c1, not handed over yet
+  auto held = servers.etcd_prefix(KeyLayout().claims_prefix());
+  REQUIRE(held.size() == 1);
+  const std::string claimed = held.front().key.substr(KeyLayout().claims_prefix().size());
+
+  // The host holds nothing in etcd yet, but the drain sees the claim and waits for it.
+  auto drain = servers.spawn_toyvm({"host", "drain", "c1", "--timeout", "60"}, "drain.log");
+  REQUIRE(wait_for([&] { return drain->output().find("WAITING FOR " + claimed) != std::string::npos; }, 20));
+  CHECK(drain->running());
+
+  // The hand-over meets the disabled host: the claim goes back and the instance goes to c2.
+  fs::remove(paused);
+  INFO(schedule->output() << drain->output());
+  CHECK(schedule->wait(30) == 0);
+  auto [target, uuid] = parse_notified(schedule->output());
+  CHECK(uuid == claimed);
+  CHECK(target == other);
+  CHECK(drain->wait(30) == 0);
+  CHECK_THAT(drain->output(), Catch::Contains("GONE " + claimed) &&
+                                  Catch::Contains(fmt::format("DRAINED HOST c1 ({}): 0 moved, 0 stayed", rp)));
+  CHECK(servers.usages(rp)["VCPU"] == 0);
+  CHECK(servers.etcd_prefix(KeyLayout().work_prefix(rp)).empty());
+  wait_for_state(servers, uuid, "ACTIVE");
+  CHECK(servers.allocations(uuid).count(other) == 1);
+  auto audit = servers.toyvm({"audit"});
+  INFO(audit.out << audit.err);
+  CHECK(audit.exit_code == 0);
+}
+
+TEST_CASE("host drain does not call a host empty while something it cannot move holds resources there",
+          "[operations]") {
+  Servers servers;
+  std::string rp, other;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto compute2 = servers.start_compute("c2", roomy, &other);
+  // A claim with no instance behind it (a schedule on its way, or a leak): waited for, then
+  // named as what stayed once the timeout passes.
+  const std::string leaked = new_uuid();
+  servers.claim(leaked, Allocations{{rp, {{"VCPU", 1}}}});
+  auto drained = servers.toyvm({"host", "drain", "c1", "--timeout", "2"}, 60);
+  INFO(drained.out << drained.err);
+  CHECK(drained.exit_code == 5);
+  CHECK_THAT(drained.out, Catch::Contains("WAITING FOR " + leaked) &&
+                              Catch::Contains("STAYED INSTANCE " + leaked) &&
+                              Catch::Contains(fmt::format("DRAINED HOST c1 ({}): 0 moved, 1 stayed", rp)));
+  // Once audit gives it back (what the drain's message says) the drain has nothing left to wait for.
+  auto fixed = servers.toyvm({"audit", "--fix", "--grace", "0.2"});
+  INFO(fixed.out << fixed.err);
+  REQUIRE(servers.allocations(leaked).empty());
+  auto again = servers.toyvm({"host", "drain", "c1", "--timeout", "2"}, 60);
+  INFO(again.out << again.err);
+  CHECK(again.exit_code == 0);
+  CHECK(again.out == fmt::format("DISABLED HOST c1 ({})\nDRAINED HOST c1 ({}): 0 moved, 0 stayed\n", rp, rp));
 }
 
 TEST_CASE("a host disabled while its agent is down comes back disabled", "[operations]") {
@@ -568,6 +650,126 @@ TEST_CASE("destroy --force of a grouped instance whose work cannot be read leave
   CHECK(destroyed.exit_code == 0);
   CHECK(servers.etcd_prefix(KeyLayout().group_member("web", uuid)).empty());
   CHECK(servers.allocations(uuid).empty());
+  CHECK(wait_for([&] { return servers.toyvm({"audit"}).exit_code == 0; }, 20));
+}
+
+TEST_CASE("two members of an anti-affinity group moved to one host at once: its agent lets the first come and "
+          "refuses the second", "[operations]") {
+  Servers servers;
+  std::string rp1, rp2, rp3;
+  auto c1 = servers.start_compute("c1", roomy, &rp1);
+  auto c2 = servers.start_compute("c2", roomy, &rp2);
+  auto placed = servers.toyvm({"schedule", small, "--count", "2", "--group", "web"}, 60);
+  REQUIRE(placed.exit_code == 0);
+  std::vector<std::string> members;
+  std::istringstream lines(placed.out);
+  for (std::string line; std::getline(lines, line);) members.push_back(parse_notified(line).second);
+  REQUIRE(members.size() == 2);
+  for (const std::string& uuid : members) wait_for_state(servers, uuid, "ACTIVE");
+  auto c3 = servers.start_compute("c3", roomy, &rp3);
+  REQUIRE(wait_for([&] { return host_record(servers, rp3) && host_record(servers, rp3)->status == "READY"; }, 30));
+
+  // c3's agent is held still while both moves claim it: membership moves only at the switch, so
+  // each claim sees the other member where it was.
+  c3->signal(SIGSTOP);
+  auto claimed = [&](const std::string& uuid) {
+    auto kvs = servers.etcd_prefix(KeyLayout().move(uuid));
+    if (kvs.empty()) return false;
+    auto move = decode_move(kvs.front().value);
+    return move && move->state == MoveState::claimed && move->destination == rp3;
+  };
+  auto first = servers.spawn_toyvm({"migrate", members[0], "--host", "c3"}, "first.log");
+  REQUIRE(wait_for([&] { return claimed(members[0]); }, 20));
+  auto second = servers.spawn_toyvm({"migrate", members[1], "--host", "c3"}, "second.log");
+  REQUIRE(wait_for([&] { return claimed(members[1]); }, 20));
+  c3->signal(SIGCONT);
+
+  // The second, asked later, is refused by the destination before it prepares anything.
+  INFO(first->output() << second->output() << c3->output());
+  CHECK(second->wait(60) == 5);
+  CHECK_THAT(second->output(), Catch::Contains("server group web (anti-affinity) does not allow it on host c3"));
+  first->wait(60);  // the test driver moves no guest: the first is undone where libvirt moves it
+  CHECK_THAT(first->output(), !Catch::Contains("server group"));
+  REQUIRE(wait_for([&] { return servers.etcd_prefix(KeyLayout().moves_prefix()).empty(); }, 60));
+  for (const std::string& uuid : members) CHECK(servers.allocations(uuid).count(rp3) == 0);
+  auto audit = servers.toyvm({"audit"});
+  INFO(audit.out);
+  CHECK(audit.exit_code == 0);
+}
+
+TEST_CASE("migrate --abort undoes a move before its guest leaves: it stays, the books are back; a move that is not "
+          "there cannot be aborted", "[operations]") {
+  Servers servers;
+  std::string rp, b;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto placed = servers.toyvm({"schedule", small, "--wait"}, 60);
+  REQUIRE(placed.exit_code == 0);
+  const std::string uuid = parse_notified(placed.out).second;
+  auto compute_b = servers.start_compute("b", roomy, &b);
+  REQUIRE(wait_for([&] { return host_record(servers, b) && host_record(servers, b)->status == "READY"; }, 30));
+  CHECK(servers.toyvm({"migrate", uuid, "--abort"}).exit_code == 3);  // not moving
+
+  // b's agent is held still: the move stays claimed, its destination not prepared.
+  compute_b->signal(SIGSTOP);
+  auto migrating = servers.spawn_toyvm({"migrate", uuid, "--host", "b"}, "migrate.log");
+  REQUIRE(wait_for([&] {
+    auto kvs = servers.etcd_prefix(KeyLayout().move(uuid));
+    auto move = kvs.empty() ? result<MoveRecord>(Error(errc::not_found)) : decode_move(kvs.front().value);
+    return move && move->state == MoveState::claimed;
+  }, 20));
+  auto aborted = servers.toyvm({"migrate", uuid, "--abort"}, 60);
+  compute_b->signal(SIGCONT);
+  INFO(aborted.out << aborted.err << migrating->output());
+  CHECK(aborted.exit_code == 0);
+  CHECK(aborted.out == fmt::format("ABORTED MOVE OF INSTANCE {}: it stays on {} (an operator aborted it)\n", uuid, rp));
+  CHECK(migrating->wait(30) == 5);
+  CHECK_THAT(migrating->output(), Catch::Contains("an operator aborted it"));
+  CHECK(servers.allocations(uuid) == Allocations{{rp, {{"VCPU", 1}, {"MEMORY_MB", 64}}}});
+  CHECK(record_of_state(servers, uuid) == InstanceState::active);
+  CHECK(wait_for([&] { return servers.toyvm({"audit"}).exit_code == 0; }, 20));
+}
+
+TEST_CASE("a destination gone for good after its guest left the source: the source hands it over, and evacuating "
+          "the dead host rebuilds it", "[operations]") {
+  Servers servers;
+  std::string rp, b;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto placed = servers.toyvm({"schedule", small, "--wait"}, 60);
+  REQUIRE(placed.exit_code == 0);
+  const std::string uuid = parse_notified(placed.out).second;
+  auto compute_b = servers.start_compute("b", roomy, &b);
+  compute_b->signal(SIGKILL);
+  compute_b->wait();
+  REQUIRE(wait_for([&] { return !host_record(servers, b).has_value(); }, 30));
+
+  // The source's agent restarts without its domain (its host rebooted) in the middle of a move
+  // whose destination has said it prepared and then died for good: the guest left, to b or nowhere.
+  compute->signal(SIGKILL);
+  compute->wait();
+  MoveRecord left;
+  left.instance = uuid;
+  left.migration = new_uuid();
+  left.source = rp;
+  left.destination = b;
+  left.state = MoveState::left_source;
+  left.started_at = unix_millis();
+  servers.etcd_put(KeyLayout().move(uuid), encode(left));
+  servers.move_books(uuid, left.migration, b);
+  compute = servers.start_compute("c1", roomy, &rp);
+
+  // Nobody but the destination could end that move; now the source does once b stays dead:
+  // the work follows the books to b, where audit names it on a dead host, and evacuate moves it.
+  REQUIRE(wait_for([&] { return servers.etcd_prefix(KeyLayout().move(uuid)).empty(); }, 60));
+  CHECK(servers.etcd_prefix(KeyLayout().work(b, uuid)).size() == 1);
+  CHECK(servers.allocations(left.migration).empty());
+  auto audit = servers.toyvm({"audit"});
+  CHECK_THAT(audit.out, Catch::Contains("work_on_dead_host"));
+  auto evacuated = servers.toyvm({"evacuate", "b"}, 60);
+  INFO(evacuated.out << evacuated.err << compute->output());
+  CHECK(evacuated.exit_code == 0);
+  CHECK(evacuated.out == fmt::format("EVACUATED INSTANCE {} TO {}\n", uuid, rp));
+  wait_for_state(servers, uuid, "ACTIVE");
+  CHECK(servers.allocations(uuid) == Allocations{{rp, {{"VCPU", 1}, {"MEMORY_MB", 64}}}});
   CHECK(wait_for([&] { return servers.toyvm({"audit"}).exit_code == 0; }, 20));
 }
 

@@ -2,6 +2,8 @@
 
 #include "catch_result.hpp"
 
+#include <algorithm>
+
 using namespace toyvm;
 
 namespace {
@@ -154,6 +156,24 @@ TEST_CASE("a move in flight: its migration consumer holds the source, the instan
     preparing.state = MoveState::preparing;
     s.moves["i-1"] = preparing;
     CHECK(find_discrepancies(s).empty());
+  }
+  SECTION("a move past its deadline is overdue; a young one is not") {
+    MoveRecord old = moving;
+    old.started_at = 1'000'000;
+    s.moves["i-1"] = old;
+    s.now_ms = old.started_at + 7'200'000;
+    s.move_deadline_ms = 3'600'000;
+    CHECK(kinds(s) == std::vector<K>{K::move_overdue});
+    s.now_ms = old.started_at + 60'000;
+    CHECK(find_discrepancies(s).empty());
+  }
+  SECTION("a guest in neither live host's domains while it moves is named; a dead host's are unknown") {
+    s.moves["i-1"] = moving;
+    s.domains[host_a].erase("i-1");
+    CHECK(kinds(s) == std::vector<K>{K::move_without_domain});
+    s.live_hosts.erase(host_b);
+    const std::vector<K> found = kinds(s);
+    CHECK(std::find(found.begin(), found.end(), K::move_without_domain) == found.end());
   }
   SECTION("a domain for it on a third host is stray, move or not") {
     s.moves["i-1"] = moving;

@@ -43,6 +43,34 @@ TEST_CASE("the late check makes the later member give way") {
   CHECK(group_allows(GroupPolicy::anti_affinity, members, "unknown", "h1"));
 }
 
+TEST_CASE("moves count where they head: of two anti-affinity members moving to one host, the later gives way") {
+  // a and b move to h3 at once (asked at 20 and 21); c lives on h2.
+  std::vector<GroupMember> members{{"a", "h1", 10, "h3", 20}, {"b", "h2", 12, "h3", 21}, {"c", "h2", 11}};
+  CHECK(group_allows(GroupPolicy::anti_affinity, members, "a", "h3"));
+  CHECK_FALSE(group_allows(GroupPolicy::anti_affinity, members, "b", "h3"));
+  // A member scheduled to h3 after a's move was asked gives way to it at its build.
+  members.push_back({"d", "h3", 25});
+  CHECK_FALSE(group_allows(GroupPolicy::anti_affinity, members, "d", "h3"));
+  // One scheduled there before the move was asked keeps its place: the move gives way.
+  members.back().revision = 15;
+  CHECK(group_allows(GroupPolicy::anti_affinity, members, "d", "h3"));
+  CHECK_FALSE(group_allows(GroupPolicy::anti_affinity, members, "a", "h3"));
+  // Moving onto the host of a member that is there already: refused.
+  CHECK_FALSE(group_allows(GroupPolicy::anti_affinity, {{"a", "h1", 10, "h2", 20}, {"c", "h2", 11}}, "a", "h2"));
+  CHECK(group_allows(GroupPolicy::soft_anti_affinity, members, "b", "h3"));
+}
+
+TEST_CASE("under affinity a member arrives by a move only where every other member is or heads") {
+  std::vector<GroupMember> members{{"a", "h1", 10, "h2", 20}, {"b", "h1", 11}};
+  CHECK_FALSE(group_allows(GroupPolicy::affinity, members, "a", "h2"));
+  members[1].heading = "h2";
+  members[1].heading_revision = 21;
+  CHECK(group_allows(GroupPolicy::affinity, members, "a", "h2"));
+  CHECK(group_allows(GroupPolicy::affinity, members, "b", "h2"));
+  // Alone in its group it goes anywhere.
+  CHECK(group_allows(GroupPolicy::affinity, {{"a", "h1", 10, "h2", 20}}, "a", "h2"));
+}
+
 TEST_CASE("group member values and policy names round-trip") {
   auto back = decode_group_member(encode_group_member("h1", GroupPolicy::soft_anti_affinity));
   REQUIRE(back);

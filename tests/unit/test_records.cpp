@@ -124,6 +124,16 @@ TEST_CASE("a move record round-trips, and one this reader cannot follow is corru
   no_query.replace(no_query.find(",\"query\""), no_query.find("\"", no_query.find("resources=")) - no_query.find(",\"query\"") + 1, "");
   CHECK_THAT(said(decode_move(no_query)), Catch::Contains("a resize without its query"));
 
+  // An operator's abort travels with it; anything but a boolean there is not read as one.
+  MoveRecord aborted = move;
+  aborted.abort = true;
+  back = decode_move(encode(aborted));
+  REQUIRE(back);
+  CHECK(back->abort);
+  std::string bad_abort = encode(aborted);
+  bad_abort.replace(bad_abort.find("\"abort\":true"), 12, "\"abort\":\"yes\"");
+  CHECK_THAT(said(decode_move(bad_abort)), Catch::Contains("invalid abort"));
+
   // Preparing, it names no destination yet; claimed, it must.
   MoveRecord preparing = move;
   preparing.state = MoveState::preparing;
@@ -179,7 +189,7 @@ TEST_CASE("a move: its asker claims, the destination prepares, the source migrat
   CHECK(source(S::switched, D::absent) == settle);
   CHECK(destination(S::switched, D::running) == none);
   // A move whose source died after the switch: the destination ends it.
-  CHECK(decide_move(MoveView{.source = false, .state = S::switched, .here = D::running, .source_alive = false}) ==
+  CHECK(decide_move(MoveView{.source = false, .state = S::switched, .here = D::running, .peer_alive = false}) ==
         settle);
 
   // A job still running (an agent restarted during it) may yet take the guest: nobody acts.
@@ -232,6 +242,67 @@ TEST_CASE("a cold move: the source copies the disk of its guest, off, and the de
   CHECK(source(S::ready, D::stopped, false) == revert);
   CHECK(source(S::ready, D::absent) == revert);
   CHECK(destination(S::reverting, D::stopped) == clean_up);
+}
+
+TEST_CASE("a move whose other host is gone for good is ended from what this side knows, never into two copies") {
+  using enum MoveAction;
+  using S = MoveState;
+  using D = DomainState;
+  auto source = [](S state, D here, MoveKind kind = MoveKind::live, bool job = false) {
+    return decide_move(MoveView{.source = true, .kind = kind, .state = state, .here = here, .job = job,
+                                .peer_alive = false});
+  };
+  auto destination = [](S state, D here, MoveKind kind = MoveKind::live, bool job = false) {
+    return decide_move(MoveView{.source = false, .kind = kind, .state = state, .here = here, .job = job,
+                                .peer_alive = false});
+  };
+  // The destination died: nothing is sent to it, and a guest that left is the destination's or
+  // nobody's (its work follows the books, for an evacuation of that host to rebuild it).
+  CHECK(source(S::claimed, D::running) == revert);
+  CHECK(source(S::ready, D::running) == revert);
+  CHECK(source(S::ready, D::running, MoveKind::live, true) == none);  // a job still running ends first
+  CHECK(source(S::ready, D::absent) == left);
+  CHECK(source(S::left_source, D::absent) == switch_over);
+  CHECK(source(S::ready, D::running, MoveKind::cold) == revert);
+  CHECK(source(S::copied, D::stopped, MoveKind::cold) == revert);
+  CHECK(source(S::switched, D::absent) == settle);
+  CHECK(source(S::reverting, D::running) == unwind);
+  // The source died: what was never sent stays there (an evacuation of it moves it on).
+  CHECK(destination(S::claimed, D::absent) == revert);
+  CHECK(destination(S::ready, D::absent) == revert);
+  CHECK(destination(S::ready, D::absent, MoveKind::live, true) == none);  // arriving still
+  CHECK(destination(S::ready, D::running) == switch_over);                // it arrived
+  CHECK(destination(S::ready, D::absent, MoveKind::cold) == revert);
+  CHECK(destination(S::copied, D::absent, MoveKind::cold) == switch_over);  // its disk is here
+  CHECK(destination(S::switched, D::running) == settle);
+  CHECK(destination(S::reverting, D::running) == none);
+}
+
+TEST_CASE("an aborted move reverts until its guest has left; a migration running is aborted, not raced") {
+  using enum MoveAction;
+  using S = MoveState;
+  using D = DomainState;
+  auto source = [](S state, D here, MoveKind kind = MoveKind::live, bool job = false) {
+    return decide_move(MoveView{.source = true, .kind = kind, .state = state, .here = here, .job = job,
+                                .aborted = true});
+  };
+  CHECK(source(S::preparing, D::running) == revert);
+  CHECK(source(S::claimed, D::running) == revert);
+  CHECK(source(S::ready, D::running) == revert);
+  CHECK(source(S::ready, D::running, MoveKind::live, true) == none);
+  CHECK(source(S::ready, D::running, MoveKind::cold) == revert);
+  CHECK(decide_move(MoveView{.source = true, .kind = MoveKind::resize, .in_place = true, .state = S::claimed,
+                             .here = D::running, .aborted = true}) == revert);
+  // Past the point of no return the move goes on.
+  CHECK(source(S::left_source, D::absent) == none);
+  CHECK(source(S::switched, D::absent) == settle);
+}
+
+TEST_CASE("a live move may take its completion timeout per GiB of its memory and disk") {
+  using std::chrono::milliseconds;
+  CHECK(completion_timeout({{"MEMORY_MB", 1024}, {"DISK_GB", 3}}, 800) == milliseconds(3'200'000));
+  CHECK(completion_timeout({{"MEMORY_MB", 512}, {"DISK_GB", 1}}, 10) == milliseconds(15'000));
+  CHECK(completion_timeout({{"MEMORY_MB", 128}}, 10) == milliseconds(10'000));  // at least a GiB's worth
 }
 
 TEST_CASE("a resize on its own host: claimed, the guest made its new size there, switched, settled") {

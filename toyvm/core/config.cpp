@@ -199,6 +199,8 @@ result<Config> parse_config(std::string_view text) {
   compute.get("move_libvirt_uri", c.move_libvirt_uri);
   compute.get("move_address", c.move_address);
   compute.get("move_prepare_timeout", c.move_prepare_timeout);
+  compute.get("live_migration_completion_timeout", c.live_migration_completion_timeout);
+  compute.get("max_concurrent_moves", c.max_concurrent_moves);
   compute.get("reserved_vcpu", c.policy.reserved_vcpu);
   compute.get("reserved_memory_mb", c.policy.reserved_memory_mb);
   compute.get("reserved_disk_gb", c.policy.reserved_disk_gb);
@@ -251,6 +253,8 @@ result<Config> parse_config(std::string_view text) {
                         config.compute.stats_interval < seconds(1)))
     error = "compute.lease_ttl must be >= 2, workers and max_build_attempts >= 1, resync_interval >= 0.1, "
             "stats_interval >= 1";
+  if (error.empty() && (config.compute.max_concurrent_moves < 1 || !(config.compute.live_migration_completion_timeout > 0)))
+    error = "compute.max_concurrent_moves must be >= 1 and live_migration_completion_timeout > 0";
   if (!error.empty()) return invalid(std::move(error));
   return config;
 }

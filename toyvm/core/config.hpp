@@ -108,6 +108,12 @@ struct ComputeConfig {
   std::string move_libvirt_uri;
   std::string move_address;
   Duration move_prepare_timeout{120000};  // a destination that has not prepared by then: the move reverts
+  // A live move that has not completed after this many seconds per GiB of the guest's memory
+  // and disk is aborted (virDomainAbortJob) and undone: Nova's live_migration_completion_timeout.
+  double live_migration_completion_timeout = 800;
+  // Guests this host sends at once (live, or a cold move's disk), on threads of their own so that
+  // its other guests never wait behind them: Nova's max_concurrent_live_migrations.
+  int max_concurrent_moves = 1;
 };
 
 struct ScheduleConfig {

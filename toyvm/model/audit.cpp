@@ -17,6 +17,8 @@ std::string_view to_string(AuditKind kind) noexcept {
     case AuditKind::record_without_work: return "record_without_work";
     case AuditKind::instance_without_domain: return "instance_without_domain";
     case AuditKind::unreadable_value: return "unreadable_value";
+    case AuditKind::move_overdue: return "move_overdue";
+    case AuditKind::move_without_domain: return "move_without_domain";
   }
   return "unknown";
 }
@@ -95,6 +97,29 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
         (listed == s.domains.end() || !listed->second.count(uuid)))
       add(AuditKind::instance_without_domain, uuid, host,
           fmt::format("{}, yet its host reports no domain for it", to_string(record.state)));
+  }
+
+  // A move hides what a guest between two hosts looks like for a while, not for good.
+  auto reports = [&](const std::string& host, const std::string& uuid) {
+    auto listed = s.domains.find(host);
+    return listed != s.domains.end() && listed->second.count(uuid);
+  };
+  for (auto& [uuid, move] : s.moves) {
+    if (s.move_deadline_ms > 0 && s.now_ms - move.started_at > s.move_deadline_ms)
+      add(AuditKind::move_overdue, uuid, move.source,
+          fmt::format("{} move to {} {}, started {} s ago", to_string(move.kind),
+                      move.destination.empty() ? "(not chosen)" : move.destination, to_string(move.state),
+                      (s.now_ms - move.started_at) / 1000));
+    auto record = s.instances.find(uuid);
+    const bool made = record != s.instances.end() && (record->second.state == InstanceState::active ||
+                                                       record->second.state == InstanceState::stopped);
+    // Only hosts whose agents are alive say what they have; a dead one's domains are unknown.
+    const bool both_live = s.live_hosts.count(move.source) &&
+                           (move.destination.empty() || s.live_hosts.count(move.destination));
+    if (made && both_live && !reports(move.source, uuid) && (move.destination.empty() || !reports(move.destination, uuid)))
+      add(AuditKind::move_without_domain, uuid, move.source,
+          fmt::format("{} and moving, yet neither {}{}{} reports a domain for it", to_string(record->second.state),
+                      move.source, move.destination.empty() ? "" : " nor ", move.destination));
   }
 
   for (const UnreadableValue& value : s.unreadable)

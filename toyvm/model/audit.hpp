@@ -37,6 +37,8 @@ struct AuditSnapshot {
   std::set<std::string> claiming;                            // instances a running schedule claims for
   std::map<std::string, MoveRecord> moves;                   // instance -> its move in flight
   bool moves_unreadable = false;  // a move record does not decode: any consumer may be its migration
+  int64_t now_ms = 0;             // when the snapshot was taken (unix milliseconds)
+  int64_t move_deadline_ms = 0;   // a move started longer ago than this is overdue; 0: never
   // Consumers read one by one (those that hold resources and are no instance, and ERROR
   // instances that hold some): whose they are, and the generation a fix is guarded by. Only
   // `own_project`'s are toyvm's to judge (Nova's, or another toyvm's, share the Placement).
@@ -56,6 +58,8 @@ enum class AuditKind {
   record_without_work,          // an instance record with no work anywhere
   instance_without_domain,      // ACTIVE or STOPPED on a live host that reports no domain for it
   unreadable_value,             // work or a record toyvm cannot decode; agents leave it alone
+  move_overdue,                 // a move in flight for longer than its deadline
+  move_without_domain,          // ACTIVE or STOPPED and moving, yet neither live host reports its domain
 };
 
 std::string_view to_string(AuditKind kind) noexcept;

@@ -65,17 +65,24 @@ bool group_allows(GroupPolicy policy, const std::vector<GroupMember>& members, c
                   const std::string& host) {
   auto self = std::find_if(members.begin(), members.end(), [&](const GroupMember& m) { return m.instance == instance; });
   if (self == members.end()) return true;  // not a member (yet): nothing to check against
-  // Members created before this one; ties cannot happen (one revision per transaction) but
-  // the instance uuid breaks them anyway.
-  auto earlier = [&](const GroupMember& m) {
-    return m.instance != instance && (m.revision < self->revision ||
-                                      (m.revision == self->revision && m.instance < instance));
+  const bool arriving = self->heading == host && self->host != host;
+  const int64_t since = arriving ? self->heading_revision : self->revision;
+  // Came before this one, to `host`: settled there, or on its way by a move. Ties cannot happen
+  // (one revision per transaction) but the instance uuid breaks them anyway.
+  auto before = [&](int64_t revision, const GroupMember& m) {
+    return revision < since || (revision == since && m.instance < instance);
+  };
+  auto earlier_on_host = [&](const GroupMember& m) {
+    if (m.instance == instance) return false;
+    return (m.host == host && before(m.revision, m)) || (m.heading == host && before(m.heading_revision, m));
   };
   switch (policy) {
-    case GroupPolicy::anti_affinity:
-      return std::none_of(members.begin(), members.end(),
-                          [&](const GroupMember& m) { return earlier(m) && m.host == host; });
+    case GroupPolicy::anti_affinity: return std::none_of(members.begin(), members.end(), earlier_on_host);
     case GroupPolicy::affinity: {
+      if (arriving)
+        return std::all_of(members.begin(), members.end(), [&](const GroupMember& m) {
+          return m.instance == instance || m.host == host || m.heading == host;
+        });
       // The group lives where its first member is.
       auto first = std::min_element(members.begin(), members.end(), [](const GroupMember& a, const GroupMember& b) {
         return a.revision < b.revision ||

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <array>
 
 namespace toyvm {
@@ -43,12 +44,14 @@ std::string_view to_string(MoveAction action) noexcept { return action_names[siz
 
 MoveAction decide_move(const MoveView& view) {
   using enum MoveAction;
+  // Whether the source goes on with it: still asked for, in time, and not aborted.
+  const bool go_on = view.still_wanted && !view.overdue && !view.aborted;
   if (view.in_place) {
     switch (view.state) {
-      case MoveState::preparing: return view.still_wanted && !view.overdue ? none : revert;
+      case MoveState::preparing: return go_on ? none : revert;
       case MoveState::claimed:
         if (view.here == DomainState::absent) return revert;
-        return view.still_wanted ? resize_here : revert;
+        return view.still_wanted && !view.aborted ? resize_here : revert;
       case MoveState::switched: return settle;
       case MoveState::reverting: return unwind;
       default: return none;  // no other state is written for a move in place
@@ -57,32 +60,42 @@ MoveAction decide_move(const MoveView& view) {
   if (view.source) {
     switch (view.state) {
       // Its asker claims a host for it, and the destination then prepares, in time.
-      case MoveState::preparing:
-      case MoveState::claimed: return view.still_wanted && !view.overdue ? none : revert;
+      case MoveState::preparing: return go_on ? none : revert;
+      case MoveState::claimed: return go_on && view.peer_alive ? none : revert;
       case MoveState::ready:
-        // Cold: its disk goes while the guest is off here; a guest gone from here has nothing
-        // to send.
-        if (view.kind != MoveKind::live) {
-          if (view.job) return none;
-          return view.here != DomainState::absent && view.still_wanted ? copy : revert;
-        }
-        // A job still running may yet take the guest there. Once it is not here, only the
-        // destination can tell whether it runs there: asked, after this look.
+        // A job still running may yet take the guest there (an abort ends it, and libvirt
+        // leaves the guest here). Cold: its disk goes while the guest is off here; a guest gone
+        // from here has nothing to send.
         if (view.job) return none;
+        if (view.kind != MoveKind::live)
+          return view.here != DomainState::absent && view.still_wanted && !view.aborted && view.peer_alive ? copy
+                                                                                                           : revert;
+        // Once it is not here, only the destination can tell whether it runs there: asked,
+        // after this look.
         if (view.here == DomainState::absent) return left;
-        return view.here == DomainState::running && view.still_wanted ? migrate : revert;
-      case MoveState::left_source:
-      case MoveState::copied: return none;
+        return view.here == DomainState::running && view.still_wanted && !view.aborted && view.peer_alive ? migrate
+                                                                                                          : revert;
+      // The guest left here: it runs on the destination or nowhere. A destination gone for good
+      // cannot say which; the work follows the books there, and evacuating that dead host
+      // rebuilds it.
+      case MoveState::left_source: return view.peer_alive ? none : switch_over;
+      // Its disk is there, the guest off here: a destination gone for good never defines it,
+      // and the guest runs here again.
+      case MoveState::copied: return view.peer_alive ? none : revert;
       case MoveState::switched: return settle;
       case MoveState::reverting: return unwind;
     }
     return none;
   }
   switch (view.state) {
-    case MoveState::claimed: return prepare;
+    // Nothing is prepared for a source gone for good: it will not send anything.
+    case MoveState::claimed: return view.peer_alive ? prepare : revert;
     case MoveState::ready:
-      if (view.kind != MoveKind::live) return none;
-      return view.here == DomainState::running && !view.job ? switch_over : none;
+      if (view.job) return none;
+      if (view.kind != MoveKind::live) return view.peer_alive ? none : revert;
+      if (view.here == DomainState::running) return switch_over;
+      // Not here, and its source gone for good: it was never sent, and stays where it was.
+      return view.here == DomainState::absent && !view.peer_alive ? revert : none;
     // Its disk is here, the guest off on the source: defined here, then its work follows.
     case MoveState::copied: return switch_over;
     // The source has not had it since before this look: here, or nowhere.
@@ -93,10 +106,19 @@ MoveAction decide_move(const MoveView& view) {
     case MoveState::reverting: return view.here == DomainState::running ? none : clean_up;
     // The source ends a move once its guest has left it (its files and its domain's key go
     // with the record); the destination does when the source died before it could.
-    case MoveState::switched: return view.source_alive ? none : settle;
+    case MoveState::switched: return view.peer_alive ? none : settle;
     case MoveState::preparing: return none;
   }
   return none;
+}
+
+std::chrono::milliseconds completion_timeout(const ResourceAmounts& resources, double seconds_per_gib) {
+  auto amount = [&](const char* name) {
+    auto found = resources.find(name);
+    return found == resources.end() ? int64_t(0) : found->second;
+  };
+  const double gib = std::max(1.0, double(amount("MEMORY_MB")) / 1024.0 + double(amount("DISK_GB")));
+  return std::chrono::milliseconds(int64_t(gib * seconds_per_gib * 1000.0));
 }
 
 result<WorkSpec> resized(WorkSpec work, std::string_view query) {
@@ -123,6 +145,7 @@ std::string encode(const MoveRecord& move) {
                    {"state", to_string(move.state)},
                    {"started_at", move.started_at}};
   if (!move.destination.empty()) out["destination"] = move.destination;
+  if (move.abort) out["abort"] = true;
   for (auto [name, value] : {std::pair{"libvirt_uri", &move.libvirt_uri}, std::pair{"migration_uri", &move.migration_uri},
                              std::pair{"domain_xml", &move.domain_xml}, std::pair{"disk", &move.disk},
                              std::pair{"query", &move.query}, std::pair{"error", &move.error}})
@@ -150,6 +173,8 @@ result<MoveRecord> decode_move(std::string_view text) {
   if (doc["state"].get_string().get(state) || !read_enum(state, state_names, move.state))
     return corrupt(fmt::format("unknown state '{}'", state));
   if (doc["started_at"].get_int64().get(move.started_at)) return corrupt("missing or invalid started_at");
+  if (auto abort = doc["abort"]; abort.error() != simdjson::NO_SUCH_FIELD && abort.get_bool().get(move.abort))
+    return corrupt("invalid abort");
   for (auto [name, field] : {std::pair{"libvirt_uri", &move.libvirt_uri}, std::pair{"migration_uri", &move.migration_uri},
                              std::pair{"domain_xml", &move.domain_xml}, std::pair{"disk", &move.disk},
                              std::pair{"query", &move.query}, std::pair{"error", &move.error}}) {

@@ -9,6 +9,7 @@
 #include "model/domain.hpp"
 #include "model/records.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -44,6 +45,7 @@ struct MoveRecord {
   std::string disk{};
   std::string query{};      // resize: the instance's placement query from now on
   std::string error{};      // reverting: why the move did not happen
+  bool abort = false;       // an operator asked it undone (`toyvm migrate --abort`)
 
   bool operator==(const MoveRecord&) const = default;
 };
@@ -79,10 +81,18 @@ struct MoveView {
   bool job = false;               // a migration job runs on that domain (source)
   bool still_wanted = true;       // the work still asks for the guest (running, for a live move)
   bool overdue = false;           // its asker has not claimed, or the destination not prepared, in time (source)
-  bool source_alive = true;       // the source's agent holds its lease (destination)
+  // The other host's agent holds its lease, or lost it only a moment ago (a restart): a peer
+  // gone for longer never answers, and this side ends the move from what it knows.
+  bool peer_alive = true;
+  bool aborted = false;           // an operator asked the move undone
 };
 MoveAction decide_move(const MoveView& view);
 std::string_view to_string(MoveAction action) noexcept;
+
+// How long a live move of a guest using `resources` may take before it is aborted: Nova's
+// live_migration_completion_timeout, `seconds_per_gib` for each GiB of its memory and disk (at
+// least one GiB's worth).
+std::chrono::milliseconds completion_timeout(const ResourceAmounts& resources, double seconds_per_gib);
 
 // The instance's work as a resize to `query` makes it: its query and what it consumes.
 // invalid_argument for a query that does not parse or that would shrink its disk.

@@ -108,6 +108,8 @@ class Auditor {
       if (auto key = keys_.parse_domain(kv.key)) s.domains[key->host].insert(key->instance);
     for (const KeyValue& kv : txn->ranges[5].kvs)
       if (auto uuid = keys_.leaf(kv.key, keys_.claims_prefix())) s.claiming.insert(*uuid);
+    s.now_ms = unix_millis();
+    s.move_deadline_ms = std::chrono::duration_cast<std::chrono::milliseconds>(options_.move_deadline).count();
     for (const KeyValue& kv : txn->ranges[6].kvs) {
       auto move = decode_move(kv.value);
       if (move) {

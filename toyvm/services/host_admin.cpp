@@ -4,8 +4,9 @@
 // across restarts. Disabling also sets the trait here, for a host whose agent is not
 // running; enabling leaves the trait to the agent, the only one that takes it off.
 //
-// toyvm host drain: the host disabled, then each of its running instances moved to another host
-// while it runs (services/move_request.hpp), a few at a time; it says what stayed and why.
+// toyvm host drain: the host disabled, then each of its instances moved to another host
+// (services/move_request.hpp), a few at a time, until nothing is on it or on its way to it
+// (model/drain.hpp decides); it says what stayed and why.
 //
 // toyvm evacuate: Nova's evacuate for a dead host (no agent holds its lease). Each instance
 // is rebuilt on another live host from its image with a fresh disk: its allocation moves in
@@ -16,6 +17,7 @@
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
 #include "model/keys.hpp"
+#include "model/drain.hpp"
 #include "model/moves.hpp"
 #include "model/records.hpp"
 #include "services/common.hpp"
@@ -26,7 +28,12 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
 
 namespace toyvm {
 namespace {
@@ -79,53 +86,128 @@ class HostAdmin {
     co_return 0;
   }
 
+  // Disables the host, then looks at it until nothing is left there or on its way: each running
+  // or stopped guest is moved (`--parallel` at once), and what is still coming or going (a
+  // schedule whose claim has not been handed over, a move heading here, a build, a destroy) is
+  // waited for, up to the timeout. A schedule or move that meets the disabled host at its
+  // hand-over goes elsewhere; one that got there first is moved once it has landed.
   awaitable<int> drain(const std::string& provider) {
     if (int code = co_await disable(provider)) co_return code;
-    auto works = co_await etcd_->range_prefix(keys_.work_prefix(provider));
-    if (!works) co_return etcd_failure(*etcd_, works.error());
-    std::vector<std::string> leaving;
-    int stayed = 0;
-    for (const KeyValue& kv : works->kvs) {
-      auto uuid = keys_.parse_work(kv.key);
-      auto work = decode_work(kv.value);
-      if (!uuid) continue;
-      if (work && work->power == PowerState::deleted) continue;  // on its way out
-      if (work) {
-        leaving.push_back(uuid->instance);
-        continue;
-      }
-      std::printf("STAYED INSTANCE %s: its work cannot be read\n", uuid->instance.c_str());
-      ++stayed;
-    }
-    std::fflush(stdout);
     MoveRequests moves(*etcd_, placer_, keys_);
-    size_t next = 0;
-    int moved = 0;
-    // Each worker takes the next instance until none is left; --parallel of them at once.
+    auto executor = co_await asio::this_coro::executor;
+    asio::steady_timer wake(executor);
+    std::deque<std::string> queue;
+    std::set<std::string> busy, stays;
+    std::map<std::string, std::chrono::steady_clock::time_point> waiting;  // on its way, since
+    int moved = 0, workers = 0;
     auto worker = [&]() -> awaitable<void> {
-      while (next < leaving.size()) {
-        const std::string uuid = leaving[next++];
+      while (!queue.empty()) {
+        const std::string uuid = queue.front();
+        queue.pop_front();
         auto ended = co_await move_one(moves, uuid);
         if (ended) {
           std::printf("MOVED INSTANCE %s TO %s\n", uuid.c_str(), ended->c_str());
           ++moved;
         } else {
           std::printf("STAYED INSTANCE %s: %s\n", uuid.c_str(), ended.error().message().c_str());
-          ++stayed;
+          stays.insert(uuid);
         }
         std::fflush(stdout);
+        busy.erase(uuid);
+        wake.cancel();
       }
     };
-    auto executor = co_await asio::this_coro::executor;
-    asio::steady_timer all_done(executor, std::chrono::steady_clock::time_point::max());
-    int workers = std::min<int>(options_.parallel, int(leaving.size()));
-    for (int i = 0, n = workers; i < n; ++i)
-      asio::co_spawn(executor, worker(), [&](std::exception_ptr) {
-        if (--workers == 0) all_done.cancel();
-      });
-    if (workers > 0) co_await all_done.async_wait(asio::as_tuple(use_awaitable));
-    std::printf("DRAINED HOST %s (%s): %d moved, %d stayed\n", options_.host.c_str(), provider.c_str(), moved, stayed);
-    co_return stayed == 0 ? 0 : int(ExitCode::failed);
+    const auto patience = std::chrono::duration_cast<std::chrono::steady_clock::duration>(options_.move_timeout);
+    auto seen = std::chrono::steady_clock::now();  // when etcd and Placement last answered
+    bool blind = false;  // they did not answer for too long: what is there is not known
+    while (true) {
+      auto look = co_await look_at(provider);
+      const auto now = std::chrono::steady_clock::now();
+      if (look) {
+        seen = now;
+        blind = false;
+      } else {
+        spdlog::warn("drain: looking at host {}: {}; looking again", options_.host, look.error().message());
+        if (now - seen >= patience) {
+          std::fprintf(stderr, "toyvm: host %s could not be looked at for %g s: %s\n", options_.host.c_str(),
+                       in_seconds(options_.move_timeout), look.error().message().c_str());
+          blind = true;
+        }
+        look = DrainLook{};
+      }
+      DrainStep step = look->host.empty() ? DrainStep{} : plan_drain(*look, busy);
+      for (const auto& [uuid, why] : step.stay)
+        if (stays.insert(uuid).second) std::printf("STAYED INSTANCE %s: %s\n", uuid.c_str(), why.c_str());
+      for (const std::string& uuid : step.move) {
+        if (stays.count(uuid)) continue;  // its move was undone: it is not asked again
+        busy.insert(uuid);
+        queue.push_back(uuid);
+      }
+      std::map<std::string, std::chrono::steady_clock::time_point> still;
+      for (const auto& [what, why] : step.wait) {
+        auto [since, fresh] = waiting.emplace(what, now);
+        if (fresh) std::printf("WAITING FOR %s: %s\n", what.c_str(), why.c_str());
+        if (stays.count(what)) continue;
+        if (now - since->second < patience) {
+          still.emplace(what, since->second);
+        } else {
+          std::printf("STAYED INSTANCE %s: %s, after %g s\n", what.c_str(), why.c_str(),
+                      in_seconds(options_.move_timeout));
+          stays.insert(what);
+        }
+      }
+      for (const auto& [what, since] : waiting)
+        if (!still.count(what) && !stays.count(what) && !busy.count(what))
+          std::printf("GONE %s: no longer on its way to or from the host\n", what.c_str());
+      waiting = std::move(still);
+      std::fflush(stdout);
+      for (; workers < options_.parallel && !queue.empty(); ++workers)
+        asio::co_spawn(executor, worker(), [&](std::exception_ptr) {
+          --workers;
+          wake.cancel();
+        });
+      if ((look->host == provider && waiting.empty() && busy.empty()) || (blind && busy.empty())) break;
+      wake.expires_after(std::chrono::seconds(1));
+      co_await wake.async_wait(asio::as_tuple(use_awaitable));
+    }
+    while (workers > 0) {  // each has ended its last move; its completion is on its way
+      wake.expires_after(std::chrono::seconds(1));
+      co_await wake.async_wait(asio::as_tuple(use_awaitable));
+    }
+    std::printf("DRAINED HOST %s (%s): %d moved, %zu stayed\n", options_.host.c_str(), provider.c_str(), moved,
+                stays.size());
+    co_return stays.empty() && !blind ? 0 : int(ExitCode::failed);
+  }
+
+  // The host's work with its instances' states, every move from or to it, and every consumer
+  // holding resources on its provider.
+  awaitable<result<DrainLook>> look_at(const std::string& provider) {
+    DrainLook look;
+    auto works = co_await etcd_->range_prefix(keys_.work_prefix(provider));
+    if (!works) co_return works.error();
+    for (const KeyValue& kv : works->kvs) {
+      auto uuid = keys_.parse_work(kv.key);
+      if (!uuid) continue;
+      DrainLook::Guest guest{uuid->instance};
+      auto work = decode_work(kv.value);
+      guest.readable = work.has_value();
+      if (work) guest.power = work->power;
+      auto recorded = co_await etcd_->range(keys_.instance(uuid->instance));
+      if (!recorded) co_return recorded.error();
+      if (!recorded->kvs.empty())
+        if (auto record = decode_instance(recorded->kvs.front().value)) guest.state = record->state;
+      look.guests.push_back(std::move(guest));
+    }
+    auto in_flight = co_await etcd_->range_prefix(keys_.moves_prefix());
+    if (!in_flight) co_return in_flight.error();
+    for (const KeyValue& kv : in_flight->kvs)
+      if (auto move = decode_move(kv.value); move && (move->source == provider || move->destination == provider))
+        look.moves.push_back(std::move(*move));
+    auto held = co_await placement_.provider_allocations(provider);
+    if (!held) co_return held.error();
+    for (const auto& [consumer, amounts] : *held) look.consumers.push_back(consumer);
+    look.host = provider;
+    co_return look;
   }
 
   // One instance asked to move and followed to its end: where it went, or why it stayed. A

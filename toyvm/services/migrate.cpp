@@ -12,6 +12,34 @@
 
 namespace toyvm {
 
+namespace {
+
+// --abort: the move asked undone, and followed to its end.
+awaitable<int> abort(const MigrateOptions& options, MoveRequests& moves, EtcdClient& etcd) {
+  auto asked = co_await moves.abort(options.uuid);
+  if (!asked) {
+    if (is_etcd_error(asked.error())) co_return etcd_failure(etcd, asked.error());
+    co_return report_failure(asked.error());
+  }
+  if (!options.wait) {
+    std::printf("ABORTING MOVE OF INSTANCE %s\n", options.uuid.c_str());
+    co_return 0;
+  }
+  auto ended = co_await moves.follow(*asked, options.wait_timeout);
+  if (!ended) {
+    if (is_etcd_error(ended.error())) co_return etcd_failure(etcd, ended.error());
+    co_return report_failure(ended.error());
+  }
+  if (ended->host != asked->move.source)
+    co_return report_failure(ExitCode::failed, fmt::format("instance {} moved to host {} before the abort took",
+                                                           options.uuid, ended->host));
+  std::printf("ABORTED MOVE OF INSTANCE %s: it stays on %s (%s)\n", options.uuid.c_str(), ended->host.c_str(),
+              ended->error.c_str());
+  co_return 0;
+}
+
+}  // namespace
+
 int run_migrate(const Config& config, const MigrateOptions& options) {
   if (!is_uuid(options.uuid))
     return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
@@ -27,6 +55,7 @@ int run_migrate(const Config& config, const MigrateOptions& options) {
       destination = *provider;
     }
     MoveRequests moves(*etcd, placer, keys);
+    if (options.abort) co_return co_await abort(options, moves, *etcd);
     auto asked = co_await moves.ask(options.uuid, destination, options.cold, options.resize_to);
     if (!asked) {
       if (asked.error() == errc::no_allocations_left) {

@@ -125,6 +125,30 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
   co_return Error(errc::changed, fmt::format("instance {} changed while its move was asked", uuid));
 }
 
+awaitable<result<MoveAsked>> MoveRequests::abort(std::string uuid) {
+  const std::string key = keys_.move(uuid);
+  auto read = co_await etcd_.range(key);
+  if (!read) co_return read.error();
+  if (read->kvs.empty()) co_return Error(errc::not_found, fmt::format("instance {} is not moving", uuid));
+  const KeyValue kv = read->kvs.front();
+  auto move = decode_move(kv.value);
+  if (!move) co_return move.error().doing(fmt::format("instance {}'s move", uuid));
+  // Past these the guest is on its destination (or nowhere): the move can only be finished.
+  if (move->state == MoveState::left_source || move->state == MoveState::copied || move->state == MoveState::switched)
+    co_return Error(errc::changed, fmt::format("instance {} has left host {} already (its move is {}): too late "
+                                               "to abort", uuid, move->source, to_string(move->state)));
+  MoveAsked asked{*move, kv.mod_revision};
+  if (move->abort || move->state == MoveState::reverting) co_return asked;  // undone already
+  asked.move.abort = true;
+  std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, kv.mod_revision)};
+  std::vector<EtcdOp> put{EtcdOp::put(key, encode(asked.move))};
+  auto txn = co_await etcd_.txn(std::move(as_read), std::move(put));
+  if (!txn) co_return txn.error();
+  if (!txn->succeeded) co_return Error(errc::changed, fmt::format("instance {}'s move changed meanwhile; ask again", uuid));
+  asked.revision = txn->revision;
+  co_return asked;
+}
+
 awaitable<result<MoveEnded>> MoveRequests::follow(MoveAsked asked, Duration timeout) {
   std::string error;
   auto gone = [&](const WatchEvent& event) {

@@ -42,6 +42,11 @@ class MoveRequests {
   // already), and etcd's and Placement's.
   awaitable<result<MoveAsked>> ask(std::string uuid, std::string destination, bool cold = false,
                                    std::string resize_to = "");
+  // The move of `uuid` in flight asked undone (its record says abort; its source's agent ends
+  // a live send that runs and undoes the move), while its guest has not left its source.
+  // Errors: not_found (not moving), changed (its guest left already, or the record changed),
+  // corrupt_record, and etcd's.
+  awaitable<result<MoveAsked>> abort(std::string uuid);
   // Follows the record until the agents delete it; timeout when it is still there then.
   awaitable<result<MoveEnded>> follow(MoveAsked asked, Duration timeout);
 

@@ -166,6 +166,8 @@ awaitable<result<Relocated>> Placer::relocate(Relocation move) {
     out.host = choice.host;
     std::vector<EtcdCompare> guard = move.also_require;
     guard.push_back(EtcdCompare::mod_revision_is(keys_.work(move.from, uuid), move.work_revision));
+    // A host disabled since the look (a drain) takes nothing new: the drain counts on it.
+    guard.push_back(EtcdCompare::absent(keys_.disabled(choice.host)));
     HandOverResult txn;
     if (claim) {
       MoveRecord claimed = *claim;

@@ -65,34 +65,44 @@ awaitable<int> Scheduler::run() {
 awaitable<int> Scheduler::place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids) {
   const int count = int(uuids.size());
   uuids_ = uuids;
-  result<std::vector<Claim>> claims = Error(errc::no_allocations_left);
-  if (count == 1) {
-    claims = co_await claim_one(std::move(query), uuids.front());
-  } else {
-    claims = co_await claim_batch(std::move(query), uuids);
-  }
-  if (!claims) {
-    co_await let_go();
-    if (claims.error() == errc::no_allocations_left) {
-      std::printf("NO ALLOCATIONS LEFT\n");
-      co_return static_cast<int>(ExitCode::no_allocations);
-    }
-    if (is_etcd_error(claims.error())) co_return etcd_failure(claims.error());
-    if (claiming_) co_await release_all(uuids);  // a claim whose answer was lost may have been made
-    co_return report_failure(claims.error());
-  }
-  spdlog::debug("schedule: claimed {} instance(s)", count);
-
+  HandOver handed;
   std::vector<WorkSpec> specs;
   std::vector<InstanceRecord> records;
-  for (int i = 0; i < count; ++i) {
-    const Claim& claim = (*claims)[size_t(i)];
-    Placed one = instance(spec, uuids[size_t(i)], i, claim.host, claim.allocations.at(claim.host));
-    specs.push_back(std::move(one.work));
-    records.push_back(std::move(one.record));
+  // A host disabled between the look and the hand-over (a drain) refuses the instances: their
+  // claims go back and they are placed again, elsewhere, as the next look leaves it out.
+  for (int round = 1;; ++round) {
+    result<std::vector<Claim>> claims = Error(errc::no_allocations_left);
+    if (count == 1) {
+      claims = co_await claim_one(query, uuids.front());
+    } else {
+      claims = co_await claim_batch(query, uuids);
+    }
+    if (!claims) {
+      co_await let_go();
+      if (claims.error() == errc::no_allocations_left) {
+        std::printf("NO ALLOCATIONS LEFT\n");
+        co_return static_cast<int>(ExitCode::no_allocations);
+      }
+      if (is_etcd_error(claims.error())) co_return etcd_failure(claims.error());
+      if (claiming_) co_await release_all(uuids);  // a claim whose answer was lost may have been made
+      co_return report_failure(claims.error());
+    }
+    spdlog::debug("schedule: claimed {} instance(s)", count);
+
+    specs.clear();
+    records.clear();
+    for (int i = 0; i < count; ++i) {
+      const Claim& claim = (*claims)[size_t(i)];
+      Placed one = instance(spec, uuids[size_t(i)], i, claim.host, claim.allocations.at(claim.host));
+      specs.push_back(std::move(one.work));
+      records.push_back(std::move(one.record));
+    }
+    co_await failpoint::pass("schedule.hand_over");  // claimed, not yet handed over
+    handed = co_await hand_over(specs, records);
+    if (handed.disabled_host.empty() || handed.handed > 0 || round >= config_.schedule.max_claim_attempts) break;
+    spdlog::info("schedule: host {} was disabled before the hand-over; placing again", handed.disabled_host);
+    co_await release_all(uuids);
   }
-  co_await failpoint::pass("schedule.hand_over");  // claimed, not yet handed over
-  HandOver handed = co_await hand_over(specs, records);
   if (handed.error.code) {
     co_await let_go();  // nothing more of this schedule's is on its way
     co_return co_await give_up_hand_over(handed, uuids, specs, records);
@@ -146,6 +156,7 @@ awaitable<void> Scheduler::let_go() {
 }
 
 awaitable<result<PlacementView>> Scheduler::first_look(PlacementQuery query, int limit) {
+  if (hold_lease_) co_return co_await look(std::move(query), limit);  // placed again: the hold stands
   auto [view, held] = co_await (look(std::move(query), limit) && hold_claims());
   if (!held) co_return held.error();
   co_return std::move(view);

@@ -37,6 +37,8 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
       absent.push_back(EtcdCompare::absent(keys_.work(records[i].host, specs[i].uuid)));
       absent.push_back(EtcdCompare::absent(keys_.instance(specs[i].uuid)));
       absent.push_back(EtcdCompare::present(keys_.claim(specs[i].uuid)));  // our hold stands
+      // A host disabled since the look (a drain) takes nothing new: the drain counts on it.
+      absent.push_back(EtcdCompare::absent(keys_.disabled(records[i].host)));
       if (!specs[i].group.empty()) absent.push_back(EtcdCompare::absent(keys_.group_member(specs[i].group, specs[i].uuid)));
     }
     HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), std::move(done), deadline);
@@ -45,7 +47,16 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
         out.revision = txn.revision;
         out.handed = end;
         break;
-      case HandOverResult::Outcome::refused: {  // keys exist that are not ours, or our hold lapsed
+      case HandOverResult::Outcome::refused: {  // keys exist that are not ours, a host was disabled, or our hold lapsed
+        for (size_t i = first; i < end && out.disabled_host.empty(); ++i) {
+          auto disabled = co_await etcd_->range(keys_.disabled(records[i].host));
+          if (disabled && !disabled->kvs.empty()) out.disabled_host = records[i].host;
+        }
+        if (!out.disabled_host.empty()) {
+          out.error = Error(errc::changed, fmt::format("host {} was disabled before the instance(s) reached it",
+                                                       out.disabled_host));
+          co_return out;
+        }
         auto hold = co_await etcd_->range(keys_.claim(specs[first].uuid));
         out.hold_lapsed = hold && hold->kvs.empty();
         out.error = out.hold_lapsed ? Error(errc::timeout, fmt::format("this schedule's hold on its claims lapsed "

@@ -40,6 +40,7 @@ class Scheduler {
     size_t handed = 0;     // the first `handed` instances are in etcd
     size_t in_doubt = 0;   // the next ones may be: etcd did not say
     bool hold_lapsed = false;
+    std::string disabled_host;  // refused: this host was disabled since the look
     Error error;
   };
 

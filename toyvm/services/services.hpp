@@ -64,6 +64,7 @@ struct AuditOptions {
   bool json = false;
   bool fix = false;      // repair what is unambiguous, once seen again after the grace period
   Duration grace = std::chrono::seconds(10);
+  Duration move_deadline = std::chrono::seconds(3600);  // a move in flight longer is a finding
 };
 int run_audit(const Config& config, const AuditOptions& options);
 
@@ -71,6 +72,7 @@ struct MigrateOptions {
   std::string uuid;
   std::string host;  // the destination's name or provider uuid; empty: chosen as a schedule would
   bool cold = false;  // powered off, its disk copied (a stopped instance always is)
+  bool abort = false;  // its move in flight undone instead
   std::string resize_to;  // toyvm resize: its new placement query (cold; its own host allowed)
   bool wait = true;
   Duration wait_timeout = std::chrono::seconds(600);

@@ -7,6 +7,7 @@
 #include "model/image.hpp"
 #include "model/metadata.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,6 +49,8 @@ struct MigrationTarget {
   std::string libvirt_uri;    // e.g. qemu+tcp://host-b/system
   std::string migration_uri;  // e.g. tcp://host-b
   std::string domain_xml;
+  // Not completed by then (from the call's start), the move is aborted: timeout.
+  std::chrono::milliseconds completion_timeout{std::chrono::hours(24)};
 };
 
 // What a live move took, as libvirt tells it.
@@ -83,8 +86,13 @@ class VirtBackend {
   // defined. The domain XML the guest is to have here.
   virtual result<std::string> prepare_incoming(const DomainSpec& spec) = 0;
   // Moves the running guest to another libvirt while it runs, its disk copied along (NBD); once
-  // it runs there, its domain is undefined here and its files removed.
+  // it runs there, its domain is undefined here and its files removed. A move that has not
+  // completed within its timeout, or that abort_migration ends, leaves the guest running here:
+  // timeout, or cancelled.
   virtual result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget& to) = 0;
+  // Ends a migration of the guest that runs now (virDomainAbortJob), from another thread than
+  // the one migrating; done when none runs.
+  virtual result<void> abort_migration(const std::string& uuid) = 0;
   // A cold move: the guest's disk overlay, its domain shut off here, copied into `disk` (the
   // overlay prepare_incoming made there) on the libvirt at `libvirt_uri`, through libvirt's
   // storage volume streams.

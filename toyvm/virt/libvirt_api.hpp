@@ -43,6 +43,7 @@ namespace toyvm {
   X(virDomainMigrateToURI3)        \
   X(virDomainGetJobStats)          \
   X(virDomainGetJobInfo)           \
+  X(virDomainAbortJob)             \
   X(virTypedParamsGetULLong)       \
   X(virTypedParamsFree)            \
   X(virDomainInterfaceAddresses)   \

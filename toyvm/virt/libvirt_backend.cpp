@@ -67,9 +67,15 @@ result<void> LibvirtBackend::create(const DomainSpec& spec) {
     return ms;
   };
   double disk_ms = 0, define_ms = 0;
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, spec.uuid.c_str()));
+  DomainHandle dom(nullptr);
+  const Lookup found = lookup(spec.uuid, dom);
+  if (found == Lookup::failed) return fail(errc::launch_failure);
+  // Defining it would take over another agent's guest (libvirt redefines a domain of that
+  // uuid): never done.
+  if (found == Lookup::foreign)
+    return Error(errc::already_exists, fmt::format("a domain of instance {} on libvirt {} belongs to another agent "
+                                                   "sharing that libvirt", spec.uuid, options_.uri));
   if (!dom) {
-    if (!last_error_is(VIR_ERR_NO_DOMAIN)) return fail(errc::launch_failure);
     if (auto network = ensure_network(); !network) return network;
     since();
     auto xml = make_files(spec);
@@ -110,8 +116,8 @@ result<std::string> LibvirtBackend::make_files(const DomainSpec& spec) {
 
 result<void> LibvirtBackend::start(const std::string& uuid) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail(errc::launch_failure);
+  DomainHandle dom(nullptr);
+  if (Lookup found = lookup(uuid, dom); found != Lookup::mine) return not_mine(uuid, found, "starting it");
   if (api->virDomainIsActive(dom.ptr) == 1) return {};
   if (auto network = ensure_network(); !network) return network;
   if (api->virDomainCreate(dom.ptr) < 0) return fail(errc::launch_failure, "cannot start the domain");
@@ -128,9 +134,11 @@ result<void> LibvirtBackend::stop(const std::string& uuid) {
 
 result<void> LibvirtBackend::destroy(const std::string& uuid) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom && !last_error_is(VIR_ERR_NO_DOMAIN)) return fail(errc::launch_failure);
-  if (dom) {
+  DomainHandle dom(nullptr);
+  const Lookup found = lookup(uuid, dom);
+  if (found == Lookup::failed) return fail(errc::launch_failure);
+  // Another agent's domain of that uuid is left alone; only this agent's files go.
+  if (found == Lookup::mine) {
     if (api->virDomainIsActive(dom.ptr) == 1 && api->virDomainDestroy(dom.ptr) < 0)
       return fail(errc::launch_failure);
     if (api->virDomainUndefine(dom.ptr) < 0 && !last_error_is(VIR_ERR_NO_DOMAIN))
@@ -150,8 +158,8 @@ result<void> LibvirtBackend::remove_files(const std::string& uuid) {
 
 result<void> LibvirtBackend::power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail(errc::not_found);
+  DomainHandle dom(nullptr);
+  if (Lookup found = lookup(uuid, dom); found != Lookup::mine) return not_mine(uuid, found, doing);
   if (api->virDomainIsActive(dom.ptr) != 1 || call(dom.ptr) == 0) return {};
   auto failed = fail(errc::launch_failure, doing);
   if (api->virDomainIsActive(dom.ptr) == 0) return {};  // it went off meanwhile

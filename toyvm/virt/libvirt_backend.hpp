@@ -11,6 +11,7 @@
 #include <atomic>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -66,6 +67,7 @@ class LibvirtBackend final : public VirtBackend {
   result<std::string> prepare_incoming(const DomainSpec& spec) override;
   result<bool> migrating(const std::string& uuid) override;
   result<MigrationStats> migrate(const std::string& uuid, const MigrationTarget& to) override;
+  result<void> abort_migration(const std::string& uuid) override;
   result<void> send_disk(const std::string& uuid, const std::string& libvirt_uri, const std::string& disk) override;
   result<void> receive_disk(const DomainSpec& spec, const std::string& domain_xml) override;
   result<void> resize_in_place(const DomainSpec& spec) override;
@@ -98,10 +100,18 @@ class LibvirtBackend final : public VirtBackend {
                  fmt::format("cannot connect to libvirt {} again: {}", options_.uri, last_virt_error()));
   }
 
+  // The domain of `uuid` in `dom`, when it is this agent's. Every lookup by uuid goes through
+  // here: several agents may share one libvirt, and one must never act on another's guest.
+  enum class Lookup { mine, absent, foreign, failed };  // failed: libvirt's error is the last one
+  Lookup lookup(const std::string& uuid, DomainHandle& dom);
+  // The error for a call on a domain that is not this agent's: not_found, saying whose it is.
+  Error not_mine(const std::string& uuid, Lookup found, std::string_view doing);
+
   // Whether this agent made the domain, as its metadata says. Its own are remembered until
   // it destroys them; others are asked again, as the uuid may come to this agent later (a
   // build moved here from another agent on the same libvirt).
-  bool owned(virDomainPtr domain, const std::string& uuid);
+  // Nothing when libvirt cannot say.
+  std::optional<bool> owned(virDomainPtr domain, const std::string& uuid);
   void forget_owned(const std::string& uuid);
 
   result<void> power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing);
@@ -131,6 +141,8 @@ class LibvirtBackend final : public VirtBackend {
   std::function<void(const std::string&, bool)> lifecycle_;
   std::vector<std::pair<virConnectPtr, int>> event_callbacks_;
   std::set<std::string> mine_;
+  std::mutex aborts_mutex_;
+  std::set<std::string> aborted_;  // migrations abort_migration ended, until migrate() says so
 };
 
 }  // namespace toyvm::libvirt_impl

@@ -10,8 +10,11 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
 namespace toyvm::libvirt_impl {
 namespace {
@@ -28,6 +31,18 @@ virTypedParameter string_parameter(const char* field, const std::string& value) 
 
 result<std::string> LibvirtBackend::prepare_incoming(const DomainSpec& spec) {
   if (!revive()) return unavailable();
+  // The guest is on this libvirt already: the source's agent shares it (or a stale domain of
+  // that uuid is here). A migration to itself would be refused by libvirt at best; files made
+  // here for a second copy would boot the guest afresh. The move is refused instead.
+  DomainHandle there(nullptr);
+  if (Lookup found = lookup(spec.uuid, there); found == Lookup::failed) {
+    return fail(errc::launch_failure, "looking for the guest here");
+  } else if (found != Lookup::absent) {
+    return Error(errc::already_exists,
+                 fmt::format("libvirt {} has a domain of instance {} already: its source shares this host's libvirt "
+                             "(moves between agents of one libvirt are refused), or a stale copy is there",
+                             options_.uri, spec.uuid));
+  }
   if (auto network = ensure_network(); !network) return network.error();
   return make_files(spec);
 }
@@ -55,8 +70,8 @@ MigrationStats LibvirtBackend::completed_migration(const std::string& uuid, cons
 
 result<MigrationStats> LibvirtBackend::migrate(const std::string& uuid, const MigrationTarget& to) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail(errc::not_found, "no domain to migrate");
+  DomainHandle dom(nullptr);
+  if (Lookup found = lookup(uuid, dom); found != Lookup::mine) return not_mine(uuid, found, "migrating it");
   virTypedParameter parameters[] = {string_parameter(VIR_MIGRATE_PARAM_URI, to.migration_uri),
                                     string_parameter(VIR_MIGRATE_PARAM_DEST_XML, to.domain_xml),
                                     string_parameter(VIR_MIGRATE_PARAM_PERSIST_XML, to.domain_xml)};
@@ -65,9 +80,45 @@ result<MigrationStats> LibvirtBackend::migrate(const std::string& uuid, const Mi
   // full copy would write the whole disk, zeros included, into that overlay.
   const unsigned flags = VIR_MIGRATE_LIVE | VIR_MIGRATE_PEER2PEER | VIR_MIGRATE_PERSIST_DEST |
                          VIR_MIGRATE_UNDEFINE_SOURCE | VIR_MIGRATE_NON_SHARED_INC;
+  {
+    std::lock_guard lock(aborts_mutex_);
+    if (aborted_.erase(uuid)) return Error(errc::cancelled, "it was aborted before it began");
+  }
   const auto started = std::chrono::steady_clock::now();
-  if (api->virDomainMigrateToURI3(dom.ptr, to.libvirt_uri.c_str(), parameters, 3, flags) < 0)
+  // A move that does not converge (a guest dirtying its memory faster than the link carries
+  // it) is ended at its deadline by a watchdog; libvirt then leaves the guest running here.
+  std::mutex watch;
+  std::condition_variable ended;
+  bool finished = false, timed_out = false;
+  std::thread watchdog([&] {
+    std::unique_lock lock(watch);
+    if (ended.wait_for(lock, to.completion_timeout, [&] { return finished; })) return;
+    timed_out = true;
+    lock.unlock();
+    api->virDomainAbortJob(dom.ptr);
+  });
+  const int migrated = api->virDomainMigrateToURI3(dom.ptr, to.libvirt_uri.c_str(), parameters, 3, flags);
+  const std::string why = migrated < 0 ? last_virt_error() : "";
+  {
+    std::lock_guard lock(watch);
+    finished = true;
+  }
+  ended.notify_all();
+  watchdog.join();
+  bool asked_to_abort = false;
+  {
+    std::lock_guard lock(aborts_mutex_);
+    asked_to_abort = aborted_.erase(uuid) > 0;
+  }
+  if (migrated < 0) {
+    if (timed_out)
+      return Error(errc::timeout, fmt::format("it did not complete within {} s (live_migration_completion_timeout) "
+                                              "and was aborted: {}",
+                                              std::chrono::duration_cast<std::chrono::seconds>(to.completion_timeout).count(),
+                                              why));
+    if (asked_to_abort) return Error(errc::cancelled, "it was aborted: " + why);
     return fail(errc::launch_failure, "migrating to " + to.libvirt_uri);
+  }
   const auto took = std::chrono::steady_clock::now() - started;
   forget_owned(uuid);
   if (auto removed = remove_files(uuid); !removed)
@@ -109,8 +160,8 @@ struct Stream {
 result<void> LibvirtBackend::send_disk(const std::string& uuid, const std::string& libvirt_uri,
                                        const std::string& disk) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail(errc::not_found, "no domain to copy the disk of");
+  DomainHandle dom(nullptr);
+  if (Lookup found = lookup(uuid, dom); found != Lookup::mine) return not_mine(uuid, found, "copying its disk");
   // A running guest writes its disk: copied only while it is off.
   if (api->virDomainIsActive(dom.ptr) != 0) return Error(errc::launch_failure, "its guest is not off");
   auto found = overlay_volume(uuid);
@@ -187,8 +238,8 @@ result<void> LibvirtBackend::grow_overlay(const DomainSpec& spec) {
 
 result<void> LibvirtBackend::resize_in_place(const DomainSpec& spec) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, spec.uuid.c_str()));
-  if (!dom) return fail(errc::not_found, "no domain to resize");
+  DomainHandle dom(nullptr);
+  if (Lookup found = lookup(spec.uuid, dom); found != Lookup::mine) return not_mine(spec.uuid, found, "resizing it");
   if (api->virDomainIsActive(dom.ptr) != 0) return Error(errc::launch_failure, "its guest is not off");
   if (auto grown = grow_overlay(spec); !grown) return grown;
   const bool has_disk = !spec.image.disk.empty() || spec.disk_gb > 0;
@@ -200,12 +251,32 @@ result<void> LibvirtBackend::resize_in_place(const DomainSpec& spec) {
   return {};
 }
 
+result<void> LibvirtBackend::abort_migration(const std::string& uuid) {
+  if (!revive()) return unavailable();
+  DomainHandle dom(nullptr);
+  if (Lookup found = lookup(uuid, dom); found == Lookup::absent || found == Lookup::foreign) {
+    return {};  // nothing of this agent's to abort
+  } else if (found == Lookup::failed) {
+    return fail(errc::launch_failure, "looking for its migration");
+  }
+  {
+    std::lock_guard lock(aborts_mutex_);
+    aborted_.insert(uuid);
+  }
+  if (api->virDomainAbortJob(dom.ptr) == 0) return {};
+  // No job runs (it ended, or has not begun): nothing to abort.
+  if (last_error_is(VIR_ERR_OPERATION_INVALID)) return {};
+  return fail(errc::launch_failure, "aborting its migration");
+}
+
 result<bool> LibvirtBackend::migrating(const std::string& uuid) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) {
-    if (last_error_is(VIR_ERR_NO_DOMAIN)) return false;
-    return fail(errc::launch_failure);
+  DomainHandle dom(nullptr);
+  switch (lookup(uuid, dom)) {
+    case Lookup::absent:
+    case Lookup::foreign: return false;  // no domain of this agent's
+    case Lookup::failed: return fail(errc::launch_failure);
+    case Lookup::mine: break;
   }
   virDomainJobInfo job{};
   if (api->virDomainGetJobInfo(dom.ptr, &job) == 0 && job.type != VIR_DOMAIN_JOB_NONE) return true;

@@ -14,10 +14,12 @@ namespace toyvm::libvirt_impl {
 
 result<DomainState> LibvirtBackend::state(const std::string& uuid) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) {
-    if (last_error_is(VIR_ERR_NO_DOMAIN)) return DomainState::absent;
-    return fail(errc::launch_failure);
+  DomainHandle dom(nullptr);
+  switch (lookup(uuid, dom)) {
+    case Lookup::absent:
+    case Lookup::foreign: return DomainState::absent;  // none of this agent's
+    case Lookup::failed: return fail(errc::launch_failure);
+    case Lookup::mine: break;
   }
   int active = api->virDomainIsActive(dom.ptr);
   if (active < 0) return fail(errc::launch_failure);
@@ -26,8 +28,8 @@ result<DomainState> LibvirtBackend::state(const std::string& uuid) {
 
 result<DomainUsage> LibvirtBackend::usage(const std::string& uuid) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail(errc::launch_failure);
+  DomainHandle dom(nullptr);
+  if (Lookup found = lookup(uuid, dom); found != Lookup::mine) return not_mine(uuid, found, "reading its usage");
   virDomainInfo info{};
   if (api->virDomainGetInfo(dom.ptr, &info) < 0) return fail(errc::launch_failure);
   DomainUsage usage;
@@ -53,8 +55,8 @@ result<DomainUsage> LibvirtBackend::usage(const std::string& uuid) {
 
 result<StopCause> LibvirtBackend::stop_cause(const std::string& uuid) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail(errc::launch_failure);
+  DomainHandle dom(nullptr);
+  if (Lookup found = lookup(uuid, dom); found != Lookup::mine) return not_mine(uuid, found, "reading why it stopped");
   int state = 0, reason = 0;
   if (api->virDomainGetState(dom.ptr, &state, &reason, 0) < 0) return fail(errc::launch_failure);
   if (state == VIR_DOMAIN_CRASHED) return StopCause::crashed;
@@ -69,8 +71,8 @@ result<StopCause> LibvirtBackend::stop_cause(const std::string& uuid) {
 
 result<std::vector<GuestAddress>> LibvirtBackend::addresses(const std::string& uuid) {
   if (!revive()) return unavailable();
-  DomainHandle dom(api->virDomainLookupByUUIDString(conn_, uuid.c_str()));
-  if (!dom) return fail(errc::launch_failure);
+  DomainHandle dom(nullptr);
+  if (Lookup found = lookup(uuid, dom); found != Lookup::mine) return not_mine(uuid, found, "reading its addresses");
   // dnsmasq's leases on a libvirt network; else the host's neighbour table: on a plain
   // bridge, and on a libvirt network that only bridges (its DHCP server is another's: a second
   // daemon's guests on the first one's network). Read here, not through libvirt's ARP
@@ -113,7 +115,7 @@ result<std::vector<std::string>> LibvirtBackend::list() {
   for (int i = 0; i < count; ++i) {
     const char* name = api->virDomainGetName(domains[i]);
     if (name && api->virDomainGetUUIDString(domains[i], uuid) == 0 && domain_name(uuid) == name &&
-        owned(domains[i], uuid))
+        owned(domains[i], uuid).value_or(false))  // one that cannot be told is left alone
       uuids.emplace_back(uuid);
     api->virDomainFree(domains[i]);
   }
@@ -121,14 +123,36 @@ result<std::vector<std::string>> LibvirtBackend::list() {
   return uuids;
 }
 
-bool LibvirtBackend::owned(virDomainPtr domain, const std::string& uuid) {
+LibvirtBackend::Lookup LibvirtBackend::lookup(const std::string& uuid, DomainHandle& dom) {
+  dom.ptr = api->virDomainLookupByUUIDString(conn_, uuid.c_str());
+  if (!dom) return last_error_is(VIR_ERR_NO_DOMAIN) ? Lookup::absent : Lookup::failed;
+  std::optional<bool> mine = owned(dom.ptr, uuid);
+  if (!mine) return Lookup::failed;
+  return *mine ? Lookup::mine : Lookup::foreign;
+}
+
+Error LibvirtBackend::not_mine(const std::string& uuid, Lookup found, std::string_view doing) {
+  switch (found) {
+    case Lookup::failed: return fail(errc::launch_failure, doing);
+    case Lookup::foreign:
+      return Error(errc::not_found, fmt::format("{}: the domain of instance {} on libvirt {} belongs to another "
+                                                "agent sharing that libvirt", doing, uuid, options_.uri));
+    case Lookup::absent:
+    case Lookup::mine: break;
+  }
+  return Error(errc::not_found, fmt::format("{}: instance {} has no domain on libvirt {}", doing, uuid, options_.uri));
+}
+
+std::optional<bool> LibvirtBackend::owned(virDomainPtr domain, const std::string& uuid) {
   if (options_.owner.empty()) return true;
   {
     std::lock_guard lock(owners_mutex_);
     if (mine_.count(uuid)) return true;
   }
   char* element = api->virDomainGetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, owner_namespace, 0);
-  bool mine = element && std::string_view(element) == "<owner>" + options_.owner + "</owner>";
+  // No element of ours: someone else's. Any other failure says nothing either way.
+  if (!element) return last_error_is(VIR_ERR_NO_DOMAIN_METADATA) ? std::optional<bool>(false) : std::nullopt;
+  bool mine = std::string_view(element) == "<owner>" + options_.owner + "</owner>";
   free(element);
   if (mine) {
     std::lock_guard lock(owners_mutex_);

@@ -74,6 +74,7 @@ class FakeVirt : public VirtBackend {
     return MigrationStats{};
   }
   result<bool> migrating(const std::string&) override { return false; }
+  result<void> abort_migration(const std::string&) override { return {}; }
   result<std::vector<std::string>> network_dns() override { return std::vector<std::string>{}; }
   result<std::vector<GuestAddress>> addresses(const std::string& uuid) override {
     std::lock_guard lock(mutex_);

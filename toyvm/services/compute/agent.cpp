@@ -52,7 +52,8 @@ class ComputeAgent {
       : config_(config),
         placement_(io.get_executor(), config_.placement),
         pool_(size_t(config_.compute.workers)),
-        virt_(pool_),
+        sends_(size_t(config_.compute.max_concurrent_moves)),
+        virt_(pool_, &sends_),
         ctx_{io, config_, KeyLayout(config_.etcd.prefix), EtcdClient::create(config_.etcd), placement_, pool_, virt_, {}, {}, 0, {}},
         placer_(placement_, *ctx_.etcd, config_),
         recorder_(ctx_),
@@ -61,7 +62,10 @@ class ComputeAgent {
         observer_(ctx_, instances_),
         metadata_(ctx_, instances_) {}
 
-  ~ComputeAgent() { pool_.join(); }
+  ~ComputeAgent() {
+    pool_.join();
+    sends_.join();
+  }
 
   awaitable<int> run() {
     asio::signal_set signals(ctx_.io, SIGINT, SIGTERM);
@@ -220,6 +224,7 @@ class ComputeAgent {
   Config config_;
   PlacementClient placement_;
   asio::thread_pool pool_;
+  asio::thread_pool sends_;  // guests sent to other hosts
   VirtCalls virt_;
   AgentContext ctx_;
   Placer placer_;

@@ -1,6 +1,7 @@
 #include "services/compute/builder.hpp"
 
 #include "model/groups.hpp"
+#include "model/moves.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -119,6 +120,18 @@ awaitable<result<bool>> Builder::group_allows_here(WorkSpec spec) {
     auto instance = ctx_.keys.leaf(kv.key, prefix);
     // mod_revision: a member that moved to another host counts from its move.
     if (member && instance) members.push_back(GroupMember{*instance, member->host, kv.mod_revision});
+  }
+  // Members on their way somewhere by a move count there too, from when the move was asked.
+  auto moving = co_await ctx_.etcd->range_prefix(ctx_.keys.moves_prefix());
+  if (!moving) co_return moving.error();
+  for (const KeyValue& kv : moving->kvs) {
+    auto move = decode_move(kv.value);
+    if (!move || move->destination.empty() || move->state == MoveState::reverting) continue;
+    for (GroupMember& member : members) {
+      if (member.instance != move->instance) continue;
+      member.heading = move->destination;
+      member.heading_revision = kv.create_revision;
+    }
   }
   co_return group_allows(*policy, members, spec.uuid, ctx_.host.provider);
 }

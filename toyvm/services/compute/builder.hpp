@@ -49,8 +49,9 @@ class Builder {
   // The domain of `spec` as a guest arriving from another host has it here (its image
   // fetched if need be; `ip` the address it keeps), for VirtBackend::prepare_incoming.
   awaitable<result<DomainSpec>> incoming_domain(WorkSpec spec, std::string ip);
-  // Nova's late check: concurrent schedules may have put members of a hard group against
-  // its policy; the member created later gives way.
+  // Nova's late check: concurrent schedules and moves may have put members of a hard group
+  // against its policy; the member that came later (created, or its move asked) gives way.
+  // Also the destination's check before a move of a member arrives (model/groups.hpp).
   awaitable<result<bool>> group_allows_here(WorkSpec spec);
   // Moves `work` (as of `revision`, its next attempt) to another live host (Placer::relocate).
   awaitable<result<Relocated>> move_elsewhere(WorkSpec work, int64_t revision);

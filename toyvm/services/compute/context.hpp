@@ -22,10 +22,13 @@
 
 namespace toyvm::compute {
 
-// Backend calls on the worker pool, since libvirt blocks.
+// Backend calls on the worker pool, since libvirt blocks. A guest sent to another host blocks
+// its thread for as long as the move takes: those calls run on a pool of their own (`moves`,
+// as many threads as the host sends guests at once), so the other guests never wait behind them.
 class VirtCalls {
  public:
-  explicit VirtCalls(asio::thread_pool& pool) : pool_(pool) {}
+  explicit VirtCalls(asio::thread_pool& pool, asio::thread_pool* moves = nullptr)
+      : pool_(pool), moves_(moves ? *moves : pool) {}
   void attach(std::unique_ptr<VirtBackend> backend) { backend_ = std::move(backend); }
 
   // The lambda is a named local because GCC 12 mishandles capturing lambdas inside co_await
@@ -35,9 +38,15 @@ class VirtCalls {
     auto call = [backend = backend_.get(), method, args...] { return (backend->*method)(args...); };
     co_return co_await run_blocking(pool_, std::move(call));
   }
+  template <class R, class... Params, class... Args>
+  awaitable<R> sending(R (VirtBackend::*method)(Params...), Args... args) {
+    auto call = [backend = backend_.get(), method, args...] { return (backend->*method)(args...); };
+    co_return co_await run_blocking(moves_, std::move(call));
+  }
 
  private:
   asio::thread_pool& pool_;
+  asio::thread_pool& moves_;
   std::unique_ptr<VirtBackend> backend_;
 };
 

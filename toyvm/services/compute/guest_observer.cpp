@@ -60,7 +60,10 @@ void GuestObserver::wake() {
 
 awaitable<void> GuestObserver::find_address(std::string uuid) {
   auto found = co_await ctx_.virt(&VirtBackend::addresses, uuid);
-  if (!found) co_return;
+  if (!found) {
+    spdlog::debug("instance {}: its addresses: {}", uuid, found.error().message());
+    co_return;
+  }
   // It may have gone meanwhile.
   if (auto instance = instances_.find(uuid)) co_await instance->take_addresses(std::move(*found));
 }

@@ -39,6 +39,8 @@ void Instance::take_work(const WatchEvent& event, bool listed) {
   }
   unreadable_ = false;
   if (image_wait_ && cancelled()) image_wait_->cancel();
+  // A guest being sent is stopped or destroyed only once it stays here.
+  if (sending_ && (!desired_ || desired_->power != PowerState::running)) abort_sending("it was stopped or destroyed");
   if (!listed) ++ctx_.activity;
   kick();
 }
@@ -61,6 +63,7 @@ void Instance::take_move(const KeyValue& kv, std::optional<MoveRecord> move) {
     return;
   }
   move_ = std::move(move);
+  if (sending_ && move_->abort) abort_sending("an operator aborted its move");
   kick();
 }
 

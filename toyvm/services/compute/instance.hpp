@@ -109,6 +109,10 @@ class Instance : public std::enable_shared_from_this<Instance> {
   awaitable<bool> advance_move(MoveRecord next, int64_t revision);
   awaitable<bool> revert_move(MoveRecord move, int64_t revision, std::string why);
   awaitable<bool> migrate(MoveRecord move, int64_t revision);
+  // A live send running is ended (an abort asked, or a stop or destroy): the guest stays here.
+  void abort_sending(const char* why);
+  // Whether the move's other host has an agent, or lost it only a moment ago.
+  awaitable<result<bool>> peer_alive(const MoveRecord& move, bool source);
   awaitable<bool> copy_disk(MoveRecord move, int64_t revision, DomainState here);
   awaitable<bool> resize_here(MoveRecord move, int64_t revision, DomainState here);
   // The guest shut down (then its plug pulled) for a cold move or a resize; false: retry.
@@ -141,6 +145,10 @@ class Instance : public std::enable_shared_from_this<Instance> {
   bool move_unreadable_ = false;  // its move record cannot be read: nothing is decided for it
   bool recheck_work_ = false;     // a move ended: the work is read again before anything is decided
   bool prepared_here_ = false;    // a move here ended unseen: what was prepared for it goes unless its work came
+  bool sending_ = false;          // its guest is being sent to another host live (a libvirt job runs)
+  bool abort_asked_ = false;      // and that job was asked to end
+  // Since when the other host of its move has had no agent (nothing: it has one).
+  std::optional<std::chrono::steady_clock::time_point> peer_gone_since_;
   Run run_ = Run::idle;
   asio::steady_timer* image_wait_ = nullptr;  // a build waiting for its image; ended by a destroy
 };

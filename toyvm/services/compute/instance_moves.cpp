@@ -37,32 +37,32 @@ awaitable<std::optional<bool>> Instance::step_move() {
     }
     job = *migrating;
   }
-  // Whether the source's agent is alive matters only to a destination whose move switched.
-  bool source_alive = true;
-  if (!source && move.state == MoveState::switched) {
-    auto alive = co_await ctx_.etcd->range(ctx_.keys.host(move.source));
-    if (!alive) co_return false;
-    source_alive = !alive->kvs.empty();
-  }
+  // Every state waits on one side: a peer gone for good never answers, and this side ends it.
+  auto peer = co_await peer_alive(move, source);
+  if (!peer) co_return false;
   // A live move is of a running guest; a cold one of a guest that is still wanted, on or off.
   const bool cold = move.kind != MoveKind::live;
   const bool wanted = desired_ && (cold ? desired_->power != PowerState::deleted : desired_->power == PowerState::running);
   const auto patience = std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.config.compute.move_prepare_timeout);
   const bool overdue = unix_millis() - move.started_at > patience.count();
-  switch (decide_move(MoveView{source, move.kind, in_place, move.state, *here, job, wanted, overdue, source_alive})) {
+  const MoveView view{source, move.kind, in_place, move.state, *here, job, wanted, overdue, *peer, move.abort};
+  switch (decide_move(view)) {
     case MoveAction::none:
-      // Waiting for the destination to prepare (which may take too long), for a job of
-      // libvirt's to end, or for the source to settle (or die): looked at again in a moment.
-      // Anything else comes as news.
+      // Waiting for the other side (which may take too long, or die), for a job of libvirt's to
+      // end: looked at again in a moment, news or not.
       // (A destination whose work has not come yet decides nothing: it would remove the guest.)
       if (!source && move.state == MoveState::switched && desired_) co_return std::nullopt;
-      co_return !(source && (move.state == MoveState::preparing || move.state == MoveState::claimed)) && !job;
+      co_return false;
     case MoveAction::prepare: {
       spdlog::info("instance {}: preparing for it to arrive from host {}", uuid_, move.source);
       auto ready = co_await steps_.mover.prepare(move);
       if (!ready) {
-        // Tried again; the source gives up after move_prepare_timeout.
         spdlog::error("instance {}: preparing for it: {}", uuid_, ready.error().message());
+        // This host will not take it (its guest is on this libvirt already, the host was
+        // disabled, its server group forbids it): undone at once, saying why. Anything else is
+        // tried again; the source gives up after move_prepare_timeout.
+        if (ready.error() == errc::already_exists || ready.error() == errc::no_valid_host)
+          co_return co_await revert_move(move, revision, ready.error().message());
         co_return false;
       }
       co_return co_await advance_move(std::move(*ready), revision);
@@ -80,7 +80,10 @@ awaitable<std::optional<bool>> Instance::step_move() {
     case MoveAction::unwind: co_return co_await move_ended(move, revision);
     case MoveAction::revert: {
       std::string why = cold ? "its guest is gone from its host" : "its guest is not running";
-      if (!source) why = "its guest is on neither host";
+      const std::string& other = source ? move.destination : move.source;
+      if (!*peer) why = fmt::format("host {} has had no agent for {} s", other, in_seconds(ctx_.config.compute.lease_ttl));
+      else if (move.abort) why = "an operator aborted it";
+      else if (!source) why = "its guest is on neither host";
       else if (!wanted) why = "it was stopped or destroyed before it left";
       else if (overdue && move.state == MoveState::preparing)
         why = fmt::format("no host was claimed for it within {} s", in_seconds(ctx_.config.compute.move_prepare_timeout));
@@ -127,9 +130,40 @@ awaitable<bool> Instance::revert_move(MoveRecord move, int64_t revision, std::st
   co_return co_await advance_move(std::move(move), revision);
 }
 
+awaitable<result<bool>> Instance::peer_alive(const MoveRecord& move, bool source) {
+  const std::string& other = source ? move.destination : move.source;
+  if (other.empty() || other == ctx_.host.provider) co_return true;
+  auto alive = co_await ctx_.etcd->range(ctx_.keys.host(other));
+  if (!alive) co_return alive.error();
+  const auto now = std::chrono::steady_clock::now();
+  if (!alive->kvs.empty()) {
+    peer_gone_since_.reset();
+    co_return true;
+  }
+  // Its lease lapsed (or it stopped cleanly): a restart takes it again within a lease's time.
+  if (!peer_gone_since_) peer_gone_since_ = now;
+  co_return now - *peer_gone_since_ < ctx_.config.compute.lease_ttl;
+}
+
+void Instance::abort_sending(const char* why) {
+  if (abort_asked_) return;
+  abort_asked_ = true;
+  spdlog::warn("instance {}: ending its live move: {}", uuid_, why);
+  auto abort = [](std::shared_ptr<Instance> self) -> awaitable<void> {
+    auto ended = co_await self->ctx_.virt(&VirtBackend::abort_migration, self->uuid_);
+    if (!ended) spdlog::error("instance {}: aborting its live move: {}", self->uuid_, ended.error().message());
+  };
+  spawn_detached(ctx_.io, abort(shared_from_this()), "aborting a live move");
+}
+
 awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
   spdlog::info("instance {}: moving to host {} while it runs", uuid_, move.destination);
-  auto sent = co_await steps_.mover.send(move);
+  const auto patience = completion_timeout(desired_ ? desired_->resources : ResourceAmounts{},
+                                           ctx_.config.compute.live_migration_completion_timeout);
+  sending_ = true;
+  abort_asked_ = false;
+  auto sent = co_await steps_.mover.send(move, patience);
+  sending_ = false;
   steps_.presence.publish(uuid_);
   if (!sent) {
     spdlog::error("instance {}: moving to host {}: {}", uuid_, move.destination, sent.error().message());

@@ -1,5 +1,9 @@
 #include "services/compute/mover.hpp"
 
+#include "model/groups.hpp"
+
+#include <fmt/format.h>
+
 namespace toyvm::compute {
 
 using namespace std::chrono_literals;
@@ -33,14 +37,21 @@ result<WorkSpec> moved_work(const MoveRecord& move, WorkSpec work) {
 }
 }  // namespace
 
-awaitable<result<DomainSpec>> Mover::incoming_spec(const MoveRecord& move) {
+awaitable<result<WorkSpec>> Mover::moving_work(const MoveRecord& move) {
   auto listed = co_await ctx_.etcd->range(ctx_.keys.work(move.source, move.instance));
   if (!listed) co_return listed.error();
   if (listed->kvs.empty()) co_return Error(errc::changed, "its work left its source");
   auto work = decode_work(listed->kvs.front().value);
   if (!work) co_return work.error();
-  auto after = moved_work(move, std::move(*work));
-  if (!after) co_return after.error();
+  co_return moved_work(move, std::move(*work));
+}
+
+awaitable<result<DomainSpec>> Mover::incoming_spec(const MoveRecord& move, std::optional<WorkSpec> work) {
+  if (!work) {
+    auto read = co_await moving_work(move);
+    if (!read) co_return read.error();
+    work = std::move(*read);
+  }
   // Its address goes with it: the guest asks DHCP nothing on arrival, and its filter must let
   // it send from that address at once.
   std::string ip;
@@ -48,11 +59,29 @@ awaitable<result<DomainSpec>> Mover::incoming_spec(const MoveRecord& move) {
   if (!recorded) co_return recorded.error();
   if (!recorded->kvs.empty())
     if (auto record = decode_instance(recorded->kvs.front().value)) ip = record->ip;
-  co_return co_await builder_.incoming_domain(std::move(*after), ip);
+  co_return co_await builder_.incoming_domain(std::move(*work), ip);
 }
 
 awaitable<result<MoveRecord>> Mover::prepare(MoveRecord move) {
-  auto spec = co_await incoming_spec(move);
+  // A host being drained takes nothing new: what heads for it goes back (or elsewhere). A
+  // disable after this read finds the guest here, and the drain moves it on.
+  auto disabled = co_await ctx_.etcd->range(ctx_.keys.disabled(ctx_.host.provider));
+  if (!disabled) co_return disabled.error();
+  if (!disabled->kvs.empty())
+    co_return Error(errc::no_valid_host, fmt::format("host {} was disabled by an operator", ctx_.host.name));
+  auto work = co_await moving_work(move);
+  if (!work) co_return work.error();
+  // Hard group policies hold across moves as across builds: checked here, as a build does.
+  if (!work->group.empty()) {
+    auto allowed = co_await builder_.group_allows_here(*work);
+    if (!allowed) co_return allowed.error();
+    if (!*allowed)
+      co_return Error(errc::no_valid_host,
+                      fmt::format("server group {} ({}) does not allow it on host {}", work->group,
+                                  work->group_policy ? to_string(*work->group_policy) : "no policy", ctx_.host.name));
+  }
+  std::optional<WorkSpec> known = std::move(*work);  // a named local: GCC 12 and temporaries in co_await
+  auto spec = co_await incoming_spec(move, std::move(known));
   if (!spec) co_return spec.error();
   auto xml = co_await ctx_.virt(&VirtBackend::prepare_incoming, *spec);
   if (!xml) co_return xml.error();
@@ -66,13 +95,13 @@ awaitable<result<MoveRecord>> Mover::prepare(MoveRecord move) {
   co_return move;
 }
 
-awaitable<result<MigrationStats>> Mover::send(const MoveRecord& move) {
-  MigrationTarget to{move.libvirt_uri, move.migration_uri, move.domain_xml};
-  co_return co_await ctx_.virt(&VirtBackend::migrate, move.instance, to);
+awaitable<result<MigrationStats>> Mover::send(const MoveRecord& move, std::chrono::milliseconds completion_timeout) {
+  MigrationTarget to{move.libvirt_uri, move.migration_uri, move.domain_xml, completion_timeout};
+  co_return co_await ctx_.virt.sending(&VirtBackend::migrate, move.instance, to);
 }
 
 awaitable<result<void>> Mover::copy(const MoveRecord& move) {
-  co_return co_await ctx_.virt(&VirtBackend::send_disk, move.instance, move.libvirt_uri, move.disk);
+  co_return co_await ctx_.virt.sending(&VirtBackend::send_disk, move.instance, move.libvirt_uri, move.disk);
 }
 
 awaitable<result<void>> Mover::receive(const MoveRecord& move) {

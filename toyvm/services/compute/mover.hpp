@@ -31,8 +31,8 @@ class Mover {
   // Destination: the instance's files made here (its image fetched if need be) from its work
   // and record as etcd has them; `move` filled in with how to reach this host and the guest.
   awaitable<result<MoveRecord>> prepare(MoveRecord move);
-  // Source: the guest sent to the destination while it runs.
-  awaitable<result<MigrationStats>> send(const MoveRecord& move);
+  // Source: the guest sent to the destination while it runs, aborted when not done in time.
+  awaitable<result<MigrationStats>> send(const MoveRecord& move, std::chrono::milliseconds completion_timeout);
   // Source, cold: the disk of the guest, off, copied into the one the destination prepared.
   awaitable<result<void>> copy(const MoveRecord& move);
   // Destination, cold: the copied disk made this host's and the guest defined here, off.
@@ -51,9 +51,11 @@ class Mover {
   awaitable<result<void>> unwind(const MoveRecord& move);
 
  private:
-  // The guest as this host defines it: from its work (at the source, resized as the move says)
-  // and its record's address.
-  awaitable<result<DomainSpec>> incoming_spec(const MoveRecord& move);
+  // Its work as the move leaves it: read at the source, resized as the move says.
+  awaitable<result<WorkSpec>> moving_work(const MoveRecord& move);
+  // The guest as this host defines it: from that work (read when not given) and its record's
+  // address.
+  awaitable<result<DomainSpec>> incoming_spec(const MoveRecord& move, std::optional<WorkSpec> work = std::nullopt);
   // `ops` in one transaction, only while the move record of `instance` is as read at `revision`.
   awaitable<result<std::optional<int64_t>>> guarded(const std::string& instance, int64_t revision,
                                                     std::vector<EtcdOp> ops);
