@@ -41,11 +41,12 @@ esac
 
 # The first daemon under a path that both namespaces share: the second daemon sends guests
 # back to it there, and a cold move's disk goes to it from either side.
+# The first daemon makes /run/libvirt on a fresh machine: it starts first.
 back="qemu+unix:///system?socket=/run/toyvm-first-libvirt/libvirt-sock"
+"$root/contrib/start-libvirtd.sh"
 mkdir -p /run/toyvm-first-libvirt
 mountpoint -q /run/toyvm-first-libvirt || mount --bind /run/libvirt /run/toyvm-first-libvirt
 answers && { echo "$uri"; echo "$back"; exit 0; }
-"$root/contrib/start-libvirtd.sh"
 # A daemon of an earlier run that no longer answers goes. Its virtlogd, still running, stays, as
 # it does on any host (a service of its own): it holds the running guests' console logs, which
 # would end with it.

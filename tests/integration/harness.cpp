@@ -708,6 +708,7 @@ std::pair<std::string, std::string> second_libvirtd_uris() {
   static std::once_flag once;
   static std::pair<std::string, std::string> uris;
   std::call_once(once, [] {
+    ensure_libvirtd();  // the second shares the first one's run dir, which the first makes
     TempDir dir;
     auto started = run_command({source_root() + "/contrib/second-libvirtd.sh", "start"}, dir.path(), 120);
     if (started.exit_code != 0) throw std::runtime_error("contrib/second-libvirtd.sh failed: " + started.err);

@@ -1028,8 +1028,8 @@ TEST_CASE("toyvm host drain moves a host's guests away, the running ones live an
   for (const std::string& uuid : uuids) CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
 }
 
-TEST_CASE("a move between two agents sharing one libvirt is refused before the guest moves: the same QEMU runs on, "
-          "the books are back, audit is clean", "[guests]") {
+TEST_CASE("moves between agents of one libvirt: refused before the guest moves, the same QEMU runs on, the books "
+          "are back, audit is clean", "[guests]") {
   GuestHost host;
   Servers& servers = host.servers;
   const std::string uuid = host.schedule({"--image", "tiny"});
@@ -1069,8 +1069,8 @@ TEST_CASE("a move between two agents sharing one libvirt is refused before the g
   host.expect_nothing_held(uuid);
 }
 
-TEST_CASE("a live move that cannot converge is aborted at its completion timeout, by --abort, or by a stop: the same "
-          "QEMU runs on where it was", "[guests]") {
+TEST_CASE("a live move that cannot converge: aborted at its completion timeout, by --abort or by a stop, the same "
+          "QEMU running on where it was", "[guests]") {
   // 4 s per GiB of memory and disk: 4.5 s for this guest, whose 128 MiB of memory alone take
   // two minutes over a link throttled to 1 MiB/s.
   TwoHosts hosts("live_migration_completion_timeout = 4\n");
@@ -1117,7 +1117,7 @@ TEST_CASE("a live move that cannot converge is aborted at its completion timeout
   CHECK(aborted.exit_code == 0);
   CHECK_THAT(aborted.out, Catch::Contains("ABORTED MOVE OF INSTANCE " + uuid + ": it stays on " + hosts.host.rp));
   CHECK(migrating->wait(60) == 5);
-  CHECK_THAT(migrating->output(), Catch::Contains("it was aborted"));
+  CHECK_THAT(migrating->output(), Catch::Contains("an operator aborted it"));
   stays_here("after --abort");
 
   // A stop asked while it is sent ends the send first, then powers it off where it is.
