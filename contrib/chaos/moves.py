@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""A seeded campaign of moves with real guests: two libvirt daemons on this machine (the
+first on qemu:///system, a second one as a second host, contrib/second-libvirtd.sh), an agent
+on each, a few tiny guests (contrib/tiny-guest.sh) under QEMU, and live and cold moves,
+resizes and host drains racing faults: agents killed -9 or stopped, either libvirtd killed -9
+and started again, a migrate command killed halfway, etcd and Placement restarted, and stops,
+starts, schedules and destroys. Then it lets things settle and requires: every instance runs in
+exactly one domain across both daemons, on the host its record names (ACTIVE: running,
+STOPPED: shut off), no destroyed instance left a domain, `toyvm audit` clean, no move in
+flight; and every live move that completed kept its guest's uptime (its serial console counts
+on over there, and it did not boot again). It prints the moves that completed, by kind, and
+those that were undone.
+The seed fixes the sequence of operations and faults (what they meet depends on timing); it
+is printed first, and `--seed` replays it.
+
+  usage: moves.py --build DIR [--seconds N] [--seed S] [--guests N] [--junit FILE]
+"""
+
+import argparse
+import os
+import pathlib
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "testbed"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from chaos import write_junit  # noqa: E402
+from cloud import ROOT, Cloud, wait_until  # noqa: E402
+
+INVENTORY = "VCPU:8,MEMORY_MB:2048,DISK_GB:40"
+SMALL = "resources=VCPU:1,MEMORY_MB:128,DISK_GB:1"
+BIGGER = ["resources=VCPU:2,MEMORY_MB:128,DISK_GB:1", "resources=VCPU:1,MEMORY_MB:160,DISK_GB:2"]
+SECOND_DIR = pathlib.Path("/var/lib/toyvm-test/libvirtd-b")  # contrib/second-libvirtd.sh's default
+FINAL = {"ACTIVE", "STOPPED", "ERROR"}
+TICK = re.compile(r"toyvm-guest: tick (\d+)")
+
+
+def last_tick(path):
+    try:
+        ticks = TICK.findall(pathlib.Path(path).read_text(errors="replace"))
+    except OSError:
+        return 0
+    return int(ticks[-1]) if ticks else 0
+
+
+def virsh(uri, *args):
+    return subprocess.run(["virsh", "-q", "-c", uri, *args], capture_output=True, text=True, timeout=60)
+
+
+class TwoDaemons(Cloud):
+    """etcd, Placement and two agents: c1 on the first libvirtd, c2 on the second."""
+
+    def __init__(self, build, dir, tiny):
+        subprocess.run([str(ROOT / "contrib" / "start-libvirtd.sh")], check=True)
+        started = subprocess.run([str(ROOT / "contrib" / "second-libvirtd.sh"), "start"], check=True,
+                                 capture_output=True, text=True)
+        self.second_uri, first_from_second = started.stdout.split()[:2]
+        self.uris = {"c1": "qemu:///system", "c2": self.second_uri}
+        super().__init__(build, dir)
+        images = dir / "images" / "tiny"
+        images.mkdir(parents=True)
+        for name in ("kernel", "initrd", "cmdline", "disk.raw"):
+            shutil.copy(tiny / name, images / name)
+        common = ("[compute]\ndomain_type = 'qemu'\nnetwork = 'default'\nstop_timeout = 10\nlease_ttl = 4\n"
+                  f"resync_interval = 5\nmove_prepare_timeout = 60\nimage_dir = '{dir / 'images'}'\n"
+                  "move_address = '127.0.0.1'\n")
+        self.configs = {
+            "c1": common + f"move_libvirt_uri = '{first_from_second}'\n",
+            # Two daemons in one network namespace break each other's ebtables chains when both
+            # change them at once: filters on one side only (as the guests suite does).
+            "c2": common + f"move_libvirt_uri = '{self.second_uri}'\nguest_filter = ''\n",
+        }
+        self.agents = ["c1", "c2"]
+        for name in self.agents:
+            (dir / f"{name}.toml").write_text(self.configs[name])
+            self.start_agent(name)
+        for name in self.agents:
+            self.wait_agent(name, 120)
+
+    def start_agent(self, name, inventory=INVENTORY, config=None):
+        return super().start_agent(name, inventory, config or self.dir / f"{name}.toml", libvirt_uri=self.uris[name])
+
+    def console_log(self, name, uuid):
+        return self.dir / name / "instances" / uuid / "console.log"
+
+    def host_name(self, provider):
+        return next((name for name in self.agents if self.provider(name) == provider), None)
+
+    def domains(self, name):
+        """The toyvm domains the daemon of `name` has: uuid -> 'running' / 'shut off' / ..."""
+        listed = virsh(self.uris[name], "list", "--all", "--uuid")
+        out = {}
+        for uuid in listed.stdout.split():
+            state = virsh(self.uris[name], "domstate", uuid).stdout.strip()
+            out[uuid] = state
+        return out
+
+    def kill_libvirtd(self, name):
+        """The daemon of `name` killed -9, as a host's daemon dies, and started again (its guests'
+        QEMU processes live on, and it finds them again)."""
+        pidfile = SECOND_DIR / "libvirtd.pid" if name == "c2" else pathlib.Path("/run/libvirtd.pid")
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, signal.SIGKILL)
+        wait_until("libvirtd gone", lambda: not pathlib.Path(f"/proc/{pid}").exists(), 30)
+        script = "second-libvirtd.sh" if name == "c2" else "start-libvirtd.sh"
+        subprocess.run([str(ROOT / "contrib" / script), *(["start"] if name == "c2" else [])], check=True,
+                       capture_output=True, timeout=120)
+
+
+class Campaign:
+    def __init__(self, cloud, seed, guests):
+        self.cloud = cloud
+        self.rng = random.Random(seed)
+        self.counts = {}
+        self.log = open(cloud.dir / "campaign.log", "w")
+        self.all = set()      # every instance this campaign made
+        self.pending = {}     # uuid -> (kind, source, destination, ticks before) of a move asked
+        self.problems = []
+        self.wanted = guests
+
+    def note(self, what, detail=""):
+        self.counts[what] = self.counts.get(what, 0) + 1
+        print(f"{time.monotonic():.1f} {what} {detail}", file=self.log, flush=True)
+
+    def instances(self):
+        try:
+            return self.cloud.instances()
+        except Exception:
+            return []
+
+    def schedule(self, count):
+        result = self.cloud.run("schedule", SMALL, "--image", "tiny", "--count", str(count), "--wait", "--timeout",
+                                "300", timeout=360)
+        for line in result.stdout.splitlines():
+            if line.startswith("NOTIFIED TARGET"):
+                self.all.add(line.split()[-1])
+        self.note("schedule", f"exit {result.returncode}")
+        return result.returncode == 0
+
+    def moving(self):
+        out = self.cloud.etcdctl("get", "--prefix", "--keys-only", "/toyvm/v1/moves/").stdout.split()
+        return {key.rsplit("/", 1)[-1] for key in out}
+
+    def follow_moves(self):
+        """Moves asked earlier whose record has gone: completed or undone, and a live one that
+        completed must not have rebooted its guest."""
+        if not self.pending:
+            return
+        in_flight = self.moving()
+        records = {i["uuid"]: i for i in self.instances()}
+        for uuid in [u for u in self.pending if u not in in_flight]:
+            kind, source, destination, ticks, query = self.pending.pop(uuid)
+            record = records.get(uuid)
+            if not record:
+                self.note(f"{kind}_gone")
+                continue
+            moved = record["host"] == destination
+            if kind == "resize":  # in place or not, it holds its new size once resized
+                moved = moved and self.holds(uuid, destination, query)
+            if not moved:
+                self.note(f"{kind}_undone")
+                continue
+            self.note(f"{kind}_completed", uuid)
+            if kind != "live":
+                continue
+            name = self.cloud.host_name(destination)
+            log = self.cloud.console_log(name, uuid) if name else None
+            text = log.read_text(errors="replace") if log and log.exists() else ""
+            # It counts on over there; a guest booted afresh would print its marker again.
+            if "toyvm-guest: booted" in text:
+                self.problems.append(f"live move of {uuid} to {name}: the guest booted again")
+            elif not wait_ticks(log, ticks):
+                self.problems.append(f"live move of {uuid} to {name}: its count did not go on past {ticks}")
+
+    def holds(self, uuid, provider, query):
+        """Whether the instance holds what `query` asks on `provider` in Placement."""
+        wanted = dict(pair.split(":") for pair in query.split("=", 1)[1].split(","))
+        try:
+            held = self.cloud.placement_get(f"/allocations/{uuid}")["allocations"].get(provider, {})
+        except Exception:
+            return False
+        return {k: str(v) for k, v in held.get("resources", {}).items()} == wanted
+
+    def pick(self, states):
+        candidates = [i for i in self.instances() if i["state"] in states and i["uuid"] not in self.pending]
+        return candidates[self.rng.randrange(1 << 30) % len(candidates)] if candidates else None
+
+    def ask_move(self, kind):
+        instance = self.pick({"ACTIVE"} if kind == "live" else {"ACTIVE", "STOPPED"})
+        if not instance:
+            return
+        uuid, source = instance["uuid"], instance["host"]
+        name = self.cloud.host_name(source)
+        ticks = last_tick(self.cloud.console_log(name, uuid)) if name else 0
+        query = self.rng.choice(BIGGER) if kind == "resize" else ""
+        if kind == "resize":
+            args = ["resize", uuid, query, "--no-wait"]
+        else:
+            args = ["migrate", uuid, "--no-wait", *(["--cold"] if kind == "cold" else [])]
+        result = self.cloud.run(*args, timeout=120)
+        self.note(f"ask_{kind}", f"exit {result.returncode} {result.stdout.strip()} {result.stderr.strip()}")
+        if result.returncode == 0:
+            self.pending[uuid] = (kind, source, result.stdout.split()[-1], ticks, query)
+
+    def operation(self):
+        rng, cloud = self.rng, self.cloud
+        kind = rng.choices(["live", "cold", "resize", "drain", "stop", "start", "schedule", "destroy",
+                            "killed_command"], weights=[6, 2, 2, 1, 1, 1, 1, 1, 1])[0]
+        if kind in ("live", "cold", "resize"):
+            self.ask_move(kind)
+        elif kind == "drain":
+            name = rng.choice(cloud.agents)
+            drained = cloud.run("host", "drain", name, "--parallel", "2", "--timeout", "120", timeout=600)
+            lines = drained.stdout.splitlines()
+            moved = sum(line.startswith("MOVED") for line in lines)
+            self.counts["drain_moved"] = self.counts.get("drain_moved", 0) + moved
+            self.note(kind, f"{name} exit {drained.returncode}, {moved} moved, "
+                            f"{sum(line.startswith('STAYED') for line in lines)} stayed")
+            cloud.run("host", "enable", name)
+        elif kind in ("stop", "start"):
+            instance = self.pick({"ACTIVE"} if kind == "stop" else {"STOPPED"})
+            if instance:
+                result = cloud.run(kind, instance["uuid"], "--no-wait")
+                self.note(kind, f"exit {result.returncode}")
+        elif kind == "schedule":
+            if len([i for i in self.instances() if i["state"] != "ERROR"]) < self.wanted + 1:
+                self.schedule(1)
+        elif kind == "destroy":
+            instance = self.pick({"ACTIVE", "STOPPED"})
+            if instance and len(self.instances()) > max(2, self.wanted - 1):
+                result = cloud.run("destroy", instance["uuid"], "--no-wait")
+                self.note(kind, f"exit {result.returncode}")
+        else:
+            # A migrate command killed halfway: the agents finish or undo its move.
+            instance = self.pick({"ACTIVE"})
+            if instance:
+                proc = subprocess.Popen([cloud.toyvm, "migrate", instance["uuid"]], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, env=cloud.env, start_new_session=True)
+                time.sleep(rng.uniform(0, 4))  # the moment it dies: part of the campaign's mix
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                self.note(kind)
+
+    def fault(self):
+        rng, cloud = self.rng, self.cloud
+        kind = rng.choices(["kill_agent", "term_agent", "kill_libvirtd", "restart_etcd", "restart_placement"],
+                           weights=[4, 2, 3, 1, 1])[0]
+        name = rng.choice(cloud.agents)
+        try:
+            if kind in ("kill_agent", "term_agent"):
+                cloud.stop(name, signal.SIGKILL if kind == "kill_agent" else signal.SIGTERM)
+                time.sleep(rng.uniform(0, 3))  # down for a moment, as a restart under systemd
+                cloud.start_agent(name)
+            elif kind == "kill_libvirtd":
+                cloud.kill_libvirtd(name)
+            elif kind == "restart_etcd":
+                cloud.restart_etcd()
+            else:
+                cloud.restart_placement()
+            self.note(kind, name)
+        except (RuntimeError, subprocess.SubprocessError, OSError, ValueError) as e:
+            self.note(kind, f"not done: {e}")
+
+    def run(self, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.rng.random() < 0.25:
+                self.fault()
+            else:
+                self.operation()
+            self.follow_moves()
+            time.sleep(self.rng.uniform(0, 2))
+
+    def settle(self):
+        cloud = self.cloud
+        for name in cloud.agents:
+            if cloud.procs[name].poll() is not None:
+                cloud.start_agent(name)
+        for name in cloud.agents:
+            cloud.wait_agent(name, 120)
+        deadline = time.monotonic() + 300
+        while True:
+            self.follow_moves()
+            instances = self.instances()
+            not_final = [i for i in instances if i["state"] not in FINAL]
+            audit = cloud.run("audit")
+            if (not not_final and not self.moving() and audit.returncode == 0) or time.monotonic() > deadline:
+                break
+            time.sleep(1)  # the polling interval
+        problems = self.problems
+        if audit.returncode != 0:
+            problems.append(f"toyvm audit exit {audit.returncode}: {audit.stdout.strip()} {audit.stderr.strip()}")
+        if not_final:
+            problems.append("not settled: " + ", ".join(f"{i['uuid']} {i['state']}" for i in not_final))
+        if self.moving():
+            problems.append(f"moves still in flight: {' '.join(sorted(self.moving()))}")
+        # Exactly one domain per instance, where its record says, in the state it says.
+        domains = {name: cloud.domains(name) for name in cloud.agents}
+        by_uuid = {i["uuid"]: i for i in instances}
+        for uuid in sorted(self.all):
+            where = [name for name in cloud.agents if uuid in domains[name]]
+            record = by_uuid.get(uuid)
+            if not record or record["state"] == "ERROR":
+                if where:
+                    problems.append(f"{uuid} ({record['state'] if record else 'destroyed'}) has a domain on {where}")
+                continue
+            host = cloud.host_name(record["host"])
+            expected = "running" if record["state"] == "ACTIVE" else "shut off"
+            if where != [host]:
+                problems.append(f"{uuid} ({record['state']} on {host}) has domains on {where}")
+            elif domains[host][uuid] != expected:
+                problems.append(f"{uuid} is {record['state']} on {host}, its domain {domains[host][uuid]}")
+        return problems
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
+    parser.add_argument("--seconds", type=float, default=120)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--guests", type=int, default=3)
+    parser.add_argument("--junit", default="")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    print(f"moves: seed {seed} ({args.seconds:.0f} s, {args.guests} guests); replay with --seed {seed}", flush=True)
+    started = time.monotonic()
+    tiny = args.build / "tiny-guest"
+    subprocess.run([str(ROOT / "contrib" / "tiny-guest.sh"), str(tiny)], check=True, stdout=subprocess.DEVNULL)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-moves-"))
+    workdir.chmod(0o755)  # QEMU runs as its own user and reaches the guests' disks in here
+    cloud, campaign = None, None
+    problems = []
+    try:
+        cloud = TwoDaemons(args.build, workdir, tiny)
+        campaign = Campaign(cloud, seed, args.guests)
+        if not campaign.schedule(args.guests):
+            raise RuntimeError("the first guests did not become ACTIVE")
+        campaign.run(args.seconds)
+        problems = campaign.settle()
+    except Exception as e:  # a server or daemon that never came back is a finding too
+        problems.append(f"{type(e).__name__}: {e}")
+    finally:
+        if cloud:
+            for uuid in campaign.all if campaign else ():
+                cloud.run("destroy", uuid, timeout=120)
+            cloud.shutdown()
+    counts = campaign.counts if campaign else {}
+    print("moves: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    completed = {k: v for k, v in counts.items() if k.endswith("_completed") or k == "drain_moved"}
+    print("moves: completed " + (", ".join(f"{k} {v}" for k, v in sorted(completed.items())) or "none"))
+    for problem in problems:
+        print(f"moves: FAILED: {problem}")
+    if args.junit:
+        write_junit(args.junit, f"moves seed {seed}", problems, time.monotonic() - started)
+    if problems or args.keep:
+        print(f"moves: logs in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(1 if problems else 0)
+
+
+def wait_ticks(log, ticks, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log and last_tick(log) > ticks:
+            return True
+        time.sleep(0.5)  # the console is written as the guest counts
+    return False
+
+
+if __name__ == "__main__":
+    main()
