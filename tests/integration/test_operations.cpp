@@ -755,6 +755,10 @@ TEST_CASE("a destination gone for good after its guest left the source: the sour
   left.started_at = unix_millis();
   servers.etcd_put(KeyLayout().move(uuid), encode(left));
   servers.move_books(uuid, left.migration, b);
+  // Evacuating b now finds nothing of b's to move, and says what is still on its way to it.
+  auto early = servers.toyvm({"evacuate", "b"}, 60);
+  CHECK(early.exit_code == 5);
+  CHECK_THAT(early.err, Catch::Contains("instance " + uuid + " was moving here from host " + rp));
   compute = servers.start_compute("c1", roomy, &rp);
 
   // Nobody but the destination could end that move; now the source does once b stays dead:

@@ -301,6 +301,20 @@ class HostAdmin {
       }
       std::fflush(stdout);
     }
+    // Guests on their way here have their work on their source still: its agent ends each such
+    // move once this host has been dead for a lease (the work follows a guest that left, and
+    // this evacuation, asked again, moves it on), or an evacuation of that host does.
+    auto heading = co_await etcd_->range_prefix(keys_.moves_prefix());
+    if (!heading) co_return etcd_failure(*etcd_, heading.error());
+    for (const KeyValue& kv : heading->kvs) {
+      auto move = decode_move(kv.value);
+      if (!move || move->destination != provider || move->source == provider) continue;
+      std::fprintf(stderr,
+                   "toyvm: instance %s was moving here from host %s; that host's agent ends the move (evacuate "
+                   "again once it has)\n",
+                   move->instance.c_str(), move->source.c_str());
+      ++changed;
+    }
     if (changed > 0) co_return int(ExitCode::failed);
     co_return no_room > 0 ? int(ExitCode::no_allocations) : 0;
   }

@@ -133,6 +133,7 @@ awaitable<bool> Instance::revert_move(MoveRecord move, int64_t revision, std::st
 awaitable<result<bool>> Instance::peer_alive(const MoveRecord& move, bool source) {
   const std::string& other = source ? move.destination : move.source;
   if (other.empty() || other == ctx_.host.provider) co_return true;
+  if (std::exchange(peer_, other) != other) peer_gone_since_.reset();  // another move, another peer
   auto alive = co_await ctx_.etcd->range(ctx_.keys.host(other));
   if (!alive) co_return alive.error();
   const auto now = std::chrono::steady_clock::now();
