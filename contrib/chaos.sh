@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The seeded fault campaign (contrib/chaos/chaos.py): installs what is missing, builds, and
-# runs it with the given arguments, e.g. --seconds 1800 --seed 42.
+# The seeded fault campaigns: installs what is missing, builds, and runs one with the given
+# arguments: contrib/chaos/chaos.py (agents on libvirt's test driver), e.g. --seconds 1800
+# --seed 42, or with --moves first contrib/chaos/moves.py (moves of real guests between two
+# libvirt daemons).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+campaign=chaos
+if [ "${1:-}" = --moves ]; then campaign=moves; shift; fi
 "$root/contrib/install-deps.sh"
 [ -f "$root/build/build.ninja" ] || meson setup "$root/build" --wrap-mode=nodownload >/dev/null
 ninja -C "$root/build" -j2 toyvm/toyvm >/dev/null
-exec /usr/bin/python3 "$root/contrib/chaos/chaos.py" --build "$root/build" "$@"
+exec /usr/bin/python3 "$root/contrib/chaos/$campaign.py" --build "$root/build" "$@"
