@@ -190,6 +190,41 @@ TEST_CASE("host drain waits for a schedule claimed on the host, which meets the 
   CHECK(audit.exit_code == 0);
 }
 
+TEST_CASE("work that reaches a host disabled before it built goes to another host, its attempt unspent",
+          "[operations]") {
+  Servers servers;
+  std::string rp, other;
+  const std::string paused = servers.dir() + "/feed-paused";
+  std::unique_ptr<Process> compute;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "feed.batch=pause(" + paused + ")");
+    compute = servers.start_compute("c1", roomy, &rp);
+  }
+  auto compute2 = servers.start_compute("c2", roomy, &other, {"--trait", "CUSTOM_C2"});
+  REQUIRE(servers.toyvm({"schedule", "resources=VCPU:100,MEMORY_MB:10000&required=CUSTOM_C2"}).exit_code == 0);
+  // c1's agent holds the next work it is handed; meanwhile its host is disabled.
+  std::ofstream(paused) << "";
+  auto placed = servers.toyvm({"schedule", small});
+  auto [target, uuid] = parse_notified(placed.out);
+  REQUIRE(target == rp);
+  REQUIRE(wait_for([&] { return compute->output().find("failpoint feed.batch: paused") != std::string::npos; }, 20));
+  REQUIRE(servers.toyvm({"host", "disable", "c1"}).exit_code == 0);
+  fs::remove(paused);
+  INFO(compute->output());
+  auto record = wait_for_record(servers, uuid, [&](const InstanceRecord& r) {
+    return r.host == other && r.state == InstanceState::active;
+  });
+  REQUIRE(record);
+  CHECK(servers.allocations(uuid) == Allocations{{other, {{"VCPU", 1}, {"MEMORY_MB", 64}}}});
+  auto works = servers.etcd_prefix(KeyLayout().work(other, uuid));
+  REQUIRE(works.size() == 1);
+  CHECK(decode_work(works.front().value)->attempt == 1);
+  CHECK(servers.etcd_prefix(KeyLayout().work_prefix(rp)).empty());
+  auto audit = servers.toyvm({"audit"});
+  INFO(audit.out);
+  CHECK(audit.exit_code == 0);
+}
+
 TEST_CASE("host drain does not call a host empty while something it cannot move holds resources there",
           "[operations]") {
   Servers servers;

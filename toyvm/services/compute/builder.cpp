@@ -108,6 +108,12 @@ awaitable<bool> Builder::take_allocation_back(WorkSpec spec) {
   co_return false;
 }
 
+awaitable<result<bool>> Builder::host_disabled() {
+  auto disabled = co_await ctx_.etcd->range(ctx_.keys.disabled(ctx_.host.provider));
+  if (!disabled) co_return disabled.error();
+  co_return !disabled->kvs.empty();
+}
+
 awaitable<result<bool>> Builder::group_allows_here(WorkSpec spec) {
   const std::optional<GroupPolicy> policy = spec.group_policy;
   if (!policy) co_return true;

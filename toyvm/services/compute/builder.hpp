@@ -53,6 +53,9 @@ class Builder {
   // against its policy; the member that came later (created, or its move asked) gives way.
   // Also the destination's check before a move of a member arrives (model/groups.hpp).
   awaitable<result<bool>> group_allows_here(WorkSpec spec);
+  // An operator took this host out of service (`host disable`, `host drain`): it takes nothing
+  // new, built or moved here.
+  awaitable<result<bool>> host_disabled();
   // Moves `work` (as of `revision`, its next attempt) to another live host (Placer::relocate).
   awaitable<result<Relocated>> move_elsewhere(WorkSpec work, int64_t revision);
   // After a move that did not happen, the instance's allocation comes back to this host,

@@ -32,6 +32,20 @@ awaitable<bool> Instance::build(WorkSpec spec) {
   if (limit > 0 && steps_.presence.instance_count() > size_t(limit))
     co_return co_await fail(spec, Error(errc::host_full,
                                         fmt::format("host {} is full ({} instances)", ctx_.host.name, limit)));
+  // A host being drained builds nothing new: the instance goes to another host with the
+  // attempt it had (this one never tried); with no room elsewhere it is built here, and the
+  // drain moves it on once it runs. A disable after this look finds it here, as that.
+  auto disabled = co_await steps_.builder.host_disabled();
+  if (!disabled) co_return false;
+  if (*disabled) {
+    WorkSpec unspent = spec;
+    unspent.attempt -= 1;
+    auto moved = co_await move_elsewhere(unspent);
+    if (!moved) co_return false;
+    if (*moved) co_return true;
+    spdlog::warn("instance {}: host {} is disabled, and no other host has room: built here", spec.uuid,
+                 ctx_.host.name);
+  }
   if (!spec.group.empty()) {
     auto allowed = co_await steps_.builder.group_allows_here(spec);
     if (!allowed) co_return false;

@@ -65,10 +65,9 @@ awaitable<result<DomainSpec>> Mover::incoming_spec(const MoveRecord& move, std::
 awaitable<result<MoveRecord>> Mover::prepare(MoveRecord move) {
   // A host being drained takes nothing new: what heads for it goes back (or elsewhere). A
   // disable after this read finds the guest here, and the drain moves it on.
-  auto disabled = co_await ctx_.etcd->range(ctx_.keys.disabled(ctx_.host.provider));
+  auto disabled = co_await builder_.host_disabled();
   if (!disabled) co_return disabled.error();
-  if (!disabled->kvs.empty())
-    co_return Error(errc::no_valid_host, fmt::format("host {} was disabled by an operator", ctx_.host.name));
+  if (*disabled) co_return Error(errc::no_valid_host, fmt::format("host {} was disabled by an operator", ctx_.host.name));
   auto work = co_await moving_work(move);
   if (!work) co_return work.error();
   // Hard group policies hold across moves as across builds: checked here, as a build does.
