@@ -127,7 +127,8 @@ LibvirtBackend::Lookup LibvirtBackend::lookup(const std::string& uuid, DomainHan
   dom.ptr = api->virDomainLookupByUUIDString(conn_, uuid.c_str());
   if (!dom) return last_error_is(VIR_ERR_NO_DOMAIN) ? Lookup::absent : Lookup::failed;
   std::optional<bool> mine = owned(dom.ptr, uuid);
-  if (!mine) return Lookup::failed;
+  // Gone between the two calls (moved away, undefined): none.
+  if (!mine) return last_error_is(VIR_ERR_NO_DOMAIN) ? Lookup::absent : Lookup::failed;
   return *mine ? Lookup::mine : Lookup::foreign;
 }
 

@@ -39,8 +39,9 @@ void Instance::take_work(const WatchEvent& event, bool listed) {
   }
   unreadable_ = false;
   if (image_wait_ && cancelled()) image_wait_->cancel();
-  // A guest being sent is stopped or destroyed only once it stays here.
-  if (sending_ && (!desired_ || desired_->power != PowerState::running)) abort_sending("it was stopped or destroyed");
+  // A guest being sent is stopped or destroyed only once it stays here. (Work that left this
+  // host went with the guest: its destination switched it over, and the send is ending.)
+  if (sending_ && desired_ && desired_->power != PowerState::running) abort_sending("it was stopped or destroyed");
   if (!listed) ++ctx_.activity;
   kick();
 }

@@ -277,24 +277,30 @@ awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
   const bool source = move.source == ctx_.host.provider;
   const bool in_place = move.source == move.destination;
   // A cold move leaves the source's copy, off, until the guest is the destination's; undone
-  // (or resized here), the guest powered off for it runs again.
-  if (source && move.kind != MoveKind::live) {
-    const bool left = moved && !in_place;
-    result<void> done;
-    if (left) {
-      done = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
-    } else if (desired_ && desired_->power == PowerState::running) {
-      // Only a guest that is here, off, is started; one that is gone (this host's libvirt lost
-      // it) is the usual steps' to make again once the move is over.
-      auto here = co_await ctx_.virt(&VirtBackend::state, uuid_);
-      if (!here) done = here.error();
-      else if (*here == DomainState::stopped) done = co_await ctx_.virt(&VirtBackend::start, uuid_);
-    }
-    if (!done) {
-      spdlog::error("instance {}: {} after its move: {}", uuid_, left ? "removing its copy" : "starting it again",
-                    done.error().message());
-      co_return false;
-    }
+  // (or resized here), the guest powered off for it runs again. A live move's copy is undefined
+  // by libvirt once the guest runs there, and its files removed by the agent that sent it;
+  // one that died meanwhile left them, and libvirt may not be done with its job yet.
+  const bool left = source && moved && !in_place;
+  const bool restart = source && !left && move.kind != MoveKind::live && desired_ &&
+                       desired_->power == PowerState::running;
+  result<void> done;
+  if (left) {
+    result<bool> job = false;
+    if (move.kind == MoveKind::live) job = co_await ctx_.virt(&VirtBackend::migrating, uuid_);
+    if (!job) done = job.error();
+    else if (*job) co_return false;  // looked at again once libvirt has finished
+    else done = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
+  } else if (restart) {
+    // Only a guest that is here, off, is started; one that is gone (this host's libvirt lost
+    // it) is the usual steps' to make again once the move is over.
+    auto here = co_await ctx_.virt(&VirtBackend::state, uuid_);
+    if (!here) done = here.error();
+    else if (*here == DomainState::stopped) done = co_await ctx_.virt(&VirtBackend::start, uuid_);
+  }
+  if (!done) {
+    spdlog::error("instance {}: {} after its move: {}", uuid_, left ? "removing its copy" : "starting it again",
+                  done.error().message());
+    co_return false;
   }
   // The guest's domain key here goes with the move: once the move is over, what this host
   // publishes says where the guest is.
