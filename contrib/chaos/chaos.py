@@ -13,7 +13,8 @@ instance_without_domain).
 libvirt's test driver can neither migrate a domain nor stream or resize a volume: every move
 and resize here gets as far as its books and the destination's files (a cold one: its guest
 powered off) and is then undone (or meets a fault on the way), which is what it checks;
-the moves that finish are checked on real daemons in the guests suite.
+the moves that finish are checked on real daemons in the guests suite and in
+contrib/chaos/moves.py, the campaign of moves with real guests.
 The seed fixes the sequence of operations and faults (what they meet depends on timing); it
 is printed first, and `--seed` replays it.
 
