@@ -123,19 +123,22 @@ class HostAdmin {
     while (true) {
       auto look = co_await look_at(provider);
       const auto now = std::chrono::steady_clock::now();
-      if (look) {
-        seen = now;
-        blind = false;
-      } else {
+      if (!look) {
+        // Not looked at is not empty: nothing is said gone, and the moves under way go on.
         spdlog::warn("drain: looking at host {}: {}; looking again", options_.host, look.error().message());
-        if (now - seen >= patience) {
+        if (now - seen >= patience && !blind) {
           std::fprintf(stderr, "toyvm: host %s could not be looked at for %g s: %s\n", options_.host.c_str(),
                        in_seconds(options_.move_timeout), look.error().message().c_str());
           blind = true;
         }
-        look = DrainLook{};
+        if (blind && busy.empty()) break;
+        wake.expires_after(std::chrono::seconds(1));
+        co_await wake.async_wait(asio::as_tuple(use_awaitable));
+        continue;
       }
-      DrainStep step = look->host.empty() ? DrainStep{} : plan_drain(*look, busy);
+      seen = now;
+      blind = false;
+      DrainStep step = plan_drain(*look, busy);
       for (const auto& [uuid, why] : step.stay)
         if (stays.insert(uuid).second) std::printf("STAYED INSTANCE %s: %s\n", uuid.c_str(), why.c_str());
       for (const std::string& uuid : step.move) {
@@ -166,7 +169,7 @@ class HostAdmin {
           --workers;
           wake.cancel();
         });
-      if ((look->host == provider && waiting.empty() && busy.empty()) || (blind && busy.empty())) break;
+      if (waiting.empty() && busy.empty()) break;
       wake.expires_after(std::chrono::seconds(1));
       co_await wake.async_wait(asio::as_tuple(use_awaitable));
     }
