@@ -186,9 +186,37 @@ class Campaign:
                 states = {n: virsh(self.cloud.uris[n], "domstate", "--reason", uuid).stdout.strip() or "none"
                           for n in self.cloud.agents}
                 self.uptime.append(f"live move of {uuid} to {name}: its count did not go on past {ticks} "
-                                     f"(domains: {states}; console: {text[-300:]!r})")
+                                     f"(domains: {states}; console: {text[-300:]!r}; {self.diagnose(uuid, name)})")
             else:
                 self.note("live_counted_on", uuid)
+
+    def diagnose(self, uuid, name):
+        """Where the guest's console goes and whether its vCPUs run: the console file, the files
+        its QEMU and the log daemons hold open in its dir, and QEMU's own status."""
+        out = []
+        log = self.cloud.console_log(name, uuid)
+        try:
+            st = log.stat()
+            out.append(f"log inode {st.st_ino} size {st.st_size} mtime {time.time() - st.st_mtime:.0f} s ago")
+        except OSError as e:
+            out.append(f"log: {e}")
+        for pid in subprocess.run(["pgrep", "-f", f"{uuid}|virtlogd"], capture_output=True, text=True).stdout.split():
+            try:
+                cmd = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
+                held = []
+                for fd in pathlib.Path(f"/proc/{pid}/fd").iterdir():
+                    try:
+                        target = os.readlink(fd)
+                    except OSError:
+                        continue
+                    if uuid in target or target.startswith("pipe:"):
+                        held.append(f"{fd.name}->{target}")
+                out.append(f"{cmd}[{pid}] {' '.join(held[:12])}")
+            except OSError:
+                continue
+        status = virsh(self.cloud.uris[name], "qemu-monitor-command", "--hmp", uuid, "info status")
+        out.append(f"qemu: {(status.stdout or status.stderr).strip()}")
+        return "; ".join(out)
 
     def holds(self, uuid, provider, query):
         """Whether the instance holds what `query` asks on `provider` in Placement."""

@@ -313,3 +313,31 @@ TEST_CASE("a cold move undone after this host lost its guest ends, and the guest
   }));
   CHECK(agent.hypervisor().creates() == 2);
 }
+
+TEST_CASE("a switch-over of a resize in place that etcd did not answer is read back by its move record, "
+          "never by the work key it rewrites") {
+  Agent agent;
+  WorkSpec spec;
+  spec.uuid = uuid;
+  spec.query = "resources=VCPU:1";
+  spec.resources = {{"VCPU", 1}};
+  agent.etcd->put_now(agent.work_key(), encode(spec));
+  spec.power = PowerState::stopped;  // a second write: the key has been written before
+  agent.etcd->put_now(agent.work_key(), encode(spec));
+  MoveRecord move{.instance = uuid, .migration = "7387cdc8-291c-4b02-87ce-895f460b7a81", .source = host,
+                  .destination = host, .kind = MoveKind::resize, .state = MoveState::claimed,
+                  .query = "resources=VCPU:2"};
+  const int64_t asked = agent.etcd->put_now(agent.ctx.keys.move(uuid), encode(move)).kv.mod_revision;
+  move.abort = true;  // changed meanwhile (an operator aborted it): the switch-over's guard fails
+  agent.etcd->put_now(agent.ctx.keys.move(uuid), encode(move));
+  const std::string before = agent.etcd->find(agent.work_key())->value;
+  agent.etcd->lost_txns = 1;  // the refusal's answer is lost: what etcd holds tells
+  std::optional<result<std::optional<int64_t>>> switched;
+  auto switch_over = [&]() -> awaitable<void> { switched = co_await agent.mover.switch_over(move, asked, {}); };
+  asio::co_spawn(agent.io, switch_over(), asio::detached);
+  REQUIRE(agent.run_until([&] { return switched.has_value(); }, 20s));
+  REQUIRE(*switched);
+  CHECK_FALSE(switched->value().has_value());  // refused: not taken for committed
+  CHECK(agent.etcd->find(agent.work_key())->value == before);
+  CHECK(decode_move(agent.etcd->find(agent.ctx.keys.move(uuid))->value)->state != MoveState::switched);
+}

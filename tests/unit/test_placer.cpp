@@ -150,6 +150,7 @@ struct Bench {
 // An instance on host A, ready to move.
 struct Moving {
   Relocation move;
+  InstanceRecord record;
   int64_t revision = 0;
   Moving(Bench& bench) {
     WorkSpec work;
@@ -158,10 +159,8 @@ struct Moving {
     work.resources = {{"VCPU", 1}};
     revision = bench.etcd->put_now(bench.keys.work(host_a, uuid), encode(work)).kv.mod_revision;
     move.work = work;
-    InstanceRecord record;
     record.uuid = uuid;
     record.state = InstanceState::scheduled;
-    move.hand_over = record;
     move.from = host_a;
     move.work_revision = revision;
     move.deadline = std::chrono::steady_clock::now();
@@ -210,7 +209,7 @@ TEST_CASE("relocate moves the allocation and the work to another live host") {
   bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
   bench.live({host_a, host_b});
   Moving moving(bench);
-  auto moved = bench.run(bench.placer.relocate(moving.move));
+  auto moved = bench.run(bench.placer.relocate(moving.move, moving.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::moved);
   CHECK(moved->host == host_b);
@@ -232,7 +231,7 @@ TEST_CASE("relocate whose work changed meanwhile hands nothing over and puts the
   WorkSpec stopped = moving.move.work;
   stopped.power = PowerState::stopped;
   bench.etcd->put_now(bench.keys.work(host_a, uuid), encode(stopped));
-  auto moved = bench.run(bench.placer.relocate(moving.move));
+  auto moved = bench.run(bench.placer.relocate(moving.move, moving.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::put_back);
   CHECK(books.held_on == host_a);
@@ -247,7 +246,7 @@ TEST_CASE("relocate with no other live host that fits leaves everything where it
   bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
   bench.live({host_a});  // B offers room but has no live agent
   Moving moving(bench);
-  auto moved = bench.run(bench.placer.relocate(moving.move));
+  auto moved = bench.run(bench.placer.relocate(moving.move, moving.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::no_room);
   CHECK(bench.puts() == 0);
@@ -261,7 +260,7 @@ TEST_CASE("relocate of an instance another move already took is a lost race, and
   bench.live({host_a, host_b});
   Moving moving(bench);
   const int txns = bench.etcd->txns;
-  auto moved = bench.run(bench.placer.relocate(moving.move));
+  auto moved = bench.run(bench.placer.relocate(moving.move, moving.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::lost_race);
   CHECK(bench.puts() == 0);
@@ -284,19 +283,18 @@ struct Asked {
     const int64_t written = bench.etcd->put_now(bench.keys.move(uuid), encode(record)).kv.mod_revision;
     move = moving.move;
     move.also_require = {EtcdCompare::mod_revision_is(bench.keys.move(uuid), written)};
-    move.hand_over = record;
   }
 };
 
 }  // namespace
 
-TEST_CASE("relocate of a move claims the best other host: the migration consumer keeps the source's share") {
+TEST_CASE("claim_move claims the best other host: the migration consumer keeps the source's share") {
   Bench bench;
   PlacementBooks books{host_a, 1, {host_a, host_b}};
   bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
   bench.live({host_a, host_b});
   Asked asked(bench);
-  auto moved = bench.run(bench.placer.relocate(asked.move));
+  auto moved = bench.run(bench.placer.claim_move(asked.move, asked.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::moved);
   CHECK(moved->host == host_b);
@@ -314,7 +312,7 @@ TEST_CASE("relocate of a move claims the best other host: the migration consumer
   CHECK(claimed->destination == host_b);
 }
 
-TEST_CASE("relocate of a move whose record its source undid meanwhile swaps the books back") {
+TEST_CASE("claim_move whose record its source undid meanwhile swaps the books back") {
   Bench bench;
   PlacementBooks books{host_a, 1, {host_b}};
   bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
@@ -323,7 +321,7 @@ TEST_CASE("relocate of a move whose record its source undid meanwhile swaps the 
   MoveRecord undone = asked.record;
   undone.state = MoveState::reverting;
   bench.etcd->put_now(bench.keys.move(uuid), encode(undone));
-  auto moved = bench.run(bench.placer.relocate(asked.move));
+  auto moved = bench.run(bench.placer.claim_move(asked.move, asked.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::put_back);
   CHECK(books.held_on == host_a);
@@ -331,7 +329,7 @@ TEST_CASE("relocate of a move whose record its source undid meanwhile swaps the 
   CHECK(decode_move(bench.etcd->find(bench.keys.move(uuid))->value)->state == MoveState::reverting);
 }
 
-TEST_CASE("relocate to a named host asks Placement for that host only, and a resize may stay") {
+TEST_CASE("claim_move to a named host asks Placement for that host only, and a resize may stay") {
   Bench bench;
   PlacementBooks books{host_a, 1, {host_a}};
   bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
@@ -339,11 +337,11 @@ TEST_CASE("relocate to a named host asks Placement for that host only, and a res
   Asked asked(bench);
   asked.move.to = host_a;
   // Not allowed to stay, its own host is no choice.
-  auto stayed = bench.run(bench.placer.relocate(asked.move));
+  auto stayed = bench.run(bench.placer.claim_move(asked.move, asked.record));
   REQUIRE(stayed);
   CHECK(stayed->outcome == Relocated::Outcome::no_room);
   asked.move.may_stay = true;
-  auto moved = bench.run(bench.placer.relocate(asked.move));
+  auto moved = bench.run(bench.placer.claim_move(asked.move, asked.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::moved);
   CHECK(moved->host == host_a);

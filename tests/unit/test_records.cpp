@@ -278,6 +278,26 @@ TEST_CASE("a move whose other host is gone for good is ended from what this side
   CHECK(destination(S::reverting, D::running) == none);
 }
 
+TEST_CASE("an evacuation stands in for a dead source by the same table: what was not sent is undone") {
+  using enum MoveAction;
+  using S = MoveState;
+  auto evacuating = [](S state, MoveKind kind = MoveKind::live, bool in_place = false) {
+    MoveRecord move{.instance = "i", .migration = "m", .source = "a", .destination = in_place ? "a" : "b",
+                    .kind = kind, .state = state};
+    return decide_move(dead_source_view(move));
+  };
+  CHECK(evacuating(S::preparing) == revert);
+  CHECK(evacuating(S::claimed) == revert);
+  CHECK(evacuating(S::ready) == left);  // it may have left: the destination says whether it runs there
+  CHECK(evacuating(S::ready, MoveKind::cold) == revert);  // its disk was never sent
+  CHECK(evacuating(S::left_source) == none);              // the destination's to answer
+  CHECK(evacuating(S::copied, MoveKind::cold) == none);
+  CHECK(evacuating(S::switched) == settle);
+  CHECK(evacuating(S::reverting) == unwind);
+  CHECK(evacuating(S::claimed, MoveKind::resize, true) == revert);
+  CHECK(evacuating(S::switched, MoveKind::resize, true) == settle);
+}
+
 TEST_CASE("an aborted move reverts until its guest has left; a migration running is aborted, not raced") {
   using enum MoveAction;
   using S = MoveState;

@@ -112,6 +112,18 @@ MoveAction decide_move(const MoveView& view) {
   return none;
 }
 
+MoveView dead_source_view(const MoveRecord& move) {
+  MoveView view;
+  view.source = true;
+  view.kind = move.kind;
+  view.in_place = move.source == move.destination;
+  view.state = move.state;
+  view.here = DomainState::absent;
+  view.still_wanted = false;  // the guest is gone with its host: the move cannot go on
+  view.aborted = move.abort;
+  return view;
+}
+
 std::chrono::milliseconds completion_timeout(const ResourceAmounts& resources, double seconds_per_gib) {
   auto amount = [&](const char* name) {
     auto found = resources.find(name);

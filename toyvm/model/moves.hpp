@@ -4,6 +4,21 @@
 // `show` and `audit` see a move in flight by it, and whoever finds one after a crash knows
 // where the resources are: the books follow Nova's protocol (a migration consumer of its own
 // uuid holds the source's share while the instance claims the destination).
+//
+// The protocol, state by state: who moves it on, and what ends it when that one is gone.
+// decide_move is its one decision table (the agents', and `evacuate` standing in for a dead
+// source through dead_source_view); Placer::claim_move makes the books and the claim.
+//   preparing    asker (Placer::claim_move)  source reverts it after move_prepare_timeout
+//   claimed      destination (prepare)       source reverts after move_prepare_timeout, or
+//                                            once the destination has had no agent for a lease
+//   ready        source (migrate / copy)     live: live_migration_completion_timeout, then
+//                                            aborted; a dead destination: reverted
+//   left_source  destination (switch_over)   a destination dead for a lease: the source hands
+//                                            the work to it, and evacuating it rebuilds it
+//   copied       destination (switch_over)   a dead destination: the source reverts
+//   switched     source (settle)             a dead source: the destination settles
+//   reverting    source (unwind), destination (clean_up) first
+// Anything older than audit's --move-deadline is an audit finding (move_overdue).
 
 #include "core/error.hpp"
 #include "model/domain.hpp"
@@ -87,6 +102,11 @@ struct MoveView {
   bool aborted = false;           // an operator asked the move undone
 };
 MoveAction decide_move(const MoveView& view);
+
+// What the one standing in for the source of `move` sees when the source's host is dead for
+// good (`toyvm evacuate`): its guest gone with the host, nothing more to send, a destination
+// that answers for itself. decide_move over it ends the move as the source would.
+MoveView dead_source_view(const MoveRecord& move);
 std::string_view to_string(MoveAction action) noexcept;
 
 // How long a live move of a guest using `resources` may take before it is aborted: Nova's

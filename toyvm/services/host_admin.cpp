@@ -191,7 +191,7 @@ class HostAdmin {
     for (const KeyValue& kv : works->kvs) {
       auto uuid = keys_.parse_work(kv.key);
       if (!uuid) continue;
-      DrainLook::Guest guest{uuid->instance};
+      DrainLook::Guest guest{.uuid = uuid->instance};
       auto work = decode_work(kv.value);
       guest.readable = work.has_value();
       if (work) guest.power = work->power;
@@ -322,9 +322,10 @@ class HostAdmin {
     co_return no_room > 0 ? int(ExitCode::no_allocations) : 0;
   }
 
-  // A move of a guest whose host died: one that had not sent the guest yet is undone here (the
-  // guest is gone with its host); for one that may have, the destination is asked whether it
-  // runs there (left_source), and the move is left to it. true: no move (any more), evacuate it.
+  // A move of a guest whose host died, ended as its source would (decide_move, standing in for
+  // it): one that had not sent the guest yet is undone (the guest is gone with its host); for one
+  // that may have, the destination is asked whether it runs there (left_source), and the move is
+  // left to it. true: no move (any more), evacuate it.
   awaitable<result<bool>> end_move_of_dead(const WorkSpec& work) {
     const std::string key = keys_.move(work.uuid);
     auto moving = co_await etcd_->range(key);
@@ -337,30 +338,37 @@ class HostAdmin {
       co_return false;
     }
     std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, revision)};
-    // A cold move whose disk had not been copied yet left everything on the dead host.
-    const bool nothing_sent = move->kind != MoveKind::live && move->state == MoveState::ready;
-    switch (nothing_sent ? MoveState::claimed : move->state) {
-      case MoveState::preparing:
-      case MoveState::claimed:
-      case MoveState::reverting: {
+    const char* ended = nullptr;
+    switch (decide_move(dead_source_view(*move))) {
+      // Nothing of the guest is left on its host to run again: undone is unwound at once.
+      case MoveAction::revert:
+      case MoveAction::unwind: {
         auto reverted = co_await placer_.revert_move(work.uuid, move->migration);
         if (!reverted) co_return reverted.error();
-        std::vector<EtcdOp> gone{EtcdOp::erase(key)};
-        auto txn = co_await etcd_->txn(std::move(as_read), std::move(gone));
-        if (!txn) co_return txn.error();
-        if (txn->succeeded) std::fprintf(stderr, "toyvm: instance %s: its move was undone\n", work.uuid.c_str());
-        co_return txn->succeeded;
+        ended = "undone";
+        break;
       }
-      case MoveState::ready: {
+      case MoveAction::settle: {
+        auto settled = co_await placer_.finish_move(move->migration);
+        if (!settled) co_return settled.error();
+        ended = "settled";
+        break;
+      }
+      case MoveAction::left: {
         move->state = MoveState::left_source;
         std::vector<EtcdOp> asked{EtcdOp::put(key, encode(*move))};
         auto txn = co_await etcd_->txn(std::move(as_read), std::move(asked));
         if (!txn) co_return txn.error();
         break;
       }
-      case MoveState::left_source:
-      case MoveState::copied:
-      case MoveState::switched: break;
+      default: break;  // the destination's turn
+    }
+    if (ended) {
+      std::vector<EtcdOp> gone{EtcdOp::erase(key)};
+      auto txn = co_await etcd_->txn(std::move(as_read), std::move(gone));
+      if (!txn) co_return txn.error();
+      if (txn->succeeded) std::fprintf(stderr, "toyvm: instance %s: its move was %s\n", work.uuid.c_str(), ended);
+      co_return txn->succeeded;
     }
     std::fprintf(stderr,
                  "toyvm: instance %s was moving to %s when its host died; that host finishes or undoes the move "
@@ -369,7 +377,7 @@ class HostAdmin {
     co_return false;
   }
 
-  // Off the dead host through the placer's one move engine, guarded by the work's revision
+  // Off the dead host by the placer (relocate), guarded by the work's revision
   // and by the host staying dead (an agent that comes back takes its work up again).
   awaitable<result<Relocated>> evacuate_one(const std::string& provider, WorkSpec work, int64_t revision) {
     Relocation move;
@@ -379,12 +387,11 @@ class HostAdmin {
     record.uuid = move.work.uuid;
     record.name = move.work.name;
     record.updated_at = unix_millis();
-    move.hand_over = std::move(record);
     move.from = provider;
     move.work_revision = revision;
     move.also_require = {EtcdCompare::absent(keys_.host(provider))};
     move.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    co_return co_await placer_.relocate(std::move(move));
+    co_return co_await placer_.relocate(std::move(move), std::move(record));
   }
 
   const HostOptions& options_;

@@ -93,8 +93,7 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
   relocation.work_revision = work_kv.mod_revision;
   relocation.also_require = {EtcdCompare::mod_revision_is(move_key, txn->revision)};
   relocation.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  relocation.hand_over = move;
-  auto relocated = co_await placer_.relocate(std::move(relocation));
+  auto relocated = co_await placer_.claim_move(std::move(relocation), move);
   if (relocated && relocated->outcome == Relocated::Outcome::moved) {
     move.destination = relocated->host;
     move.state = MoveState::claimed;

@@ -84,7 +84,8 @@ awaitable<result<Placer::Move>> Placer::move_allocation(std::string uuid, Consum
 }
 
 awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vector<EtcdCompare> guard,
-                                            std::vector<EtcdOp> also, std::chrono::steady_clock::time_point deadline) {
+                                            std::vector<EtcdOp> also, std::chrono::steady_clock::time_point deadline,
+                                            std::optional<ReadBack> read_back) {
   std::vector<EtcdOp> writes = std::move(also);
   for (const Placed& one : placed) {
     const std::string& uuid = one.work.uuid;
@@ -98,17 +99,18 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
   // acted on it already), is ours; another's change of the guarded keys is not.
   // (`placed` outlives the commit; the value is made only if etcd does not answer, once.)
   const Placed& first = placed.front();
-  Ours ours = [&first, value = std::string()](const KeyValue& kv) mutable -> std::optional<int64_t> {
-    if (value.empty()) value = encode(first.work);
-    if (kv.value == value || kv.version > 1) return kv.create_revision;
-    return std::nullopt;
-  };
-  co_return co_await commit(std::move(guard), std::move(writes), keys_.work(first.record.host, first.work.uuid),
-                            std::move(ours), deadline);
+  if (!read_back) {
+    read_back = ReadBack{keys_.work(first.record.host, first.work.uuid),
+                         [&first, value = std::string()](const KeyValue& kv) mutable -> std::optional<int64_t> {
+                           if (value.empty()) value = encode(first.work);
+                           if (kv.value == value || kv.version > 1) return kv.create_revision;
+                           return std::nullopt;
+                         }};
+  }
+  co_return co_await commit(std::move(guard), std::move(writes), std::move(*read_back), deadline);
 }
 
-awaitable<HandOverResult> Placer::commit(std::vector<EtcdCompare> guard, std::vector<EtcdOp> writes,
-                                         std::string probe, Ours ours,
+awaitable<HandOverResult> Placer::commit(std::vector<EtcdCompare> guard, std::vector<EtcdOp> writes, ReadBack probe,
                                          std::chrono::steady_clock::time_point deadline) {
   Backoff backoff(std::chrono::milliseconds(100), std::chrono::seconds(1));
   while (true) {
@@ -118,9 +120,9 @@ awaitable<HandOverResult> Placer::commit(std::vector<EtcdCompare> guard, std::ve
       co_return HandOverResult{HandOverResult::Outcome::refused, 0, {}};  // etcd said so
     }
     // Failed, or perhaps not: our own write tells.
-    auto now = co_await etcd_.range(probe);
+    auto now = co_await etcd_.range(probe.key);
     if (now && !now->kvs.empty())
-      if (auto revision = ours(now->kvs.front()))
+      if (auto revision = probe.ours(now->kvs.front()))
         co_return HandOverResult{HandOverResult::Outcome::committed, *revision, {}};
     if (std::chrono::steady_clock::now() >= deadline)
       co_return HandOverResult{HandOverResult::Outcome::unknown, 0, txn.error()};
@@ -128,10 +130,9 @@ awaitable<HandOverResult> Placer::commit(std::vector<EtcdCompare> guard, std::ve
   }
 }
 
-awaitable<result<Relocated>> Placer::relocate(Relocation move) {
-  Relocated out;  // no room, unless it moves
-  const std::string uuid = move.work.uuid;
-  const MoveRecord* claim = std::get_if<MoveRecord>(&move.hand_over);
+awaitable<result<Placer::Homes>> Placer::homes(const Relocation& move) {
+  Homes out;
+  const std::string& uuid = move.work.uuid;
   auto query = parse_placement_query(move.work.query);
   if (!query) co_return out;
   // Within the zone it was scheduled into; a named host only (Placement's own filter: it is
@@ -139,73 +140,117 @@ awaitable<result<Relocated>> Placer::relocate(Relocation move) {
   if (!move.work.availability_zone.empty())
     query->params.emplace_back("member_of", availability_zone_aggregate(move.work.availability_zone));
   if (!move.to.empty()) query->params.emplace_back("in_tree", move.to);
-  // What it holds, read once: every write below is guarded by this reading, so of two moves
+  // What it holds, read once: every write after is guarded by this reading, so of two moves
   // of one instance (two evacuations, an evacuation and a destroy --force) one wins.
   auto held = co_await placement_.consumer_allocations(uuid);
   if (!held) co_return held.error();
   if (!held->allocations.count(move.from)) {
-    out.outcome = Relocated::Outcome::lost_race;
+    out.lost_race = true;
     co_return out;
   }
+  out.held = std::move(*held);
   auto view = co_await look(std::move(*query), move.work.group, uuid);
   if (!view) co_return view.error();
-  if (!move.may_stay) view->live.erase(move.from);
-  std::optional<GroupPolicy> policy;
-  if (!move.work.group.empty()) policy = move.work.group_policy;
-  for (const Choice& choice : rank(*view, weigh_policy(), 0.0, policy)) {
-    // (If and else, not ?: : GCC 12 destroys a conditional's temporary inside co_await twice.)
-    result<Move> moved = Move::changed;
-    if (claim) moved = co_await begin_move(uuid, claim->migration, *held, *choice.allocations);
-    else moved = co_await move_allocation(uuid, *held, *choice.allocations);
+  out.view = std::move(*view);
+  if (!move.may_stay) out.view.live.erase(move.from);
+  co_return out;
+}
+
+std::vector<Choice> Placer::Homes::choices(const Relocation& move, const WeighPolicy& policy) const {
+  std::optional<GroupPolicy> group;
+  if (!move.work.group.empty()) group = move.work.group_policy;
+  return rank(view, policy, 0.0, group);
+}
+
+std::vector<EtcdCompare> Placer::relocation_guard(const Relocation& move, const std::string& host) const {
+  std::vector<EtcdCompare> guard = move.also_require;
+  guard.push_back(EtcdCompare::mod_revision_is(keys_.work(move.from, move.work.uuid), move.work_revision));
+  // A host disabled since the look (a drain) takes nothing new: the drain counts on it.
+  guard.push_back(EtcdCompare::absent(keys_.disabled(host)));
+  return guard;
+}
+
+awaitable<result<Relocated>> Placer::relocate(Relocation move, InstanceRecord record) {
+  Relocated out;  // no room, unless it moves
+  const std::string uuid = move.work.uuid;
+  auto homes_found = co_await homes(move);
+  if (!homes_found) co_return homes_found.error();
+  Homes& found = *homes_found;
+  if (found.lost_race) out.outcome = Relocated::Outcome::lost_race;
+  for (const Choice& choice : found.choices(move, weigh_policy())) {
+    // 1. Its allocation, whole, to the chosen host.
+    auto moved = co_await move_allocation(uuid, found.held, *choice.allocations);
     if (!moved) co_return moved.error();
     if (*moved == Move::no_room) continue;  // no room there after all
     if (*moved == Move::changed) {
       out.outcome = Relocated::Outcome::lost_race;
       co_return out;
     }
+    // 2. Its work and record to that host, off `from`.
     out.host = choice.host;
-    std::vector<EtcdCompare> guard = move.also_require;
-    guard.push_back(EtcdCompare::mod_revision_is(keys_.work(move.from, uuid), move.work_revision));
-    // A host disabled since the look (a drain) takes nothing new: the drain counts on it.
-    guard.push_back(EtcdCompare::absent(keys_.disabled(choice.host)));
-    HandOverResult txn;
-    if (claim) {
-      MoveRecord claimed = *claim;
-      claimed.destination = choice.host;
-      claimed.state = MoveState::claimed;
-      std::vector<EtcdOp> writes{EtcdOp::put(keys_.move(uuid), encode(claimed))};
-      // Read back: this move, claimed for this host, at this or a later state.
-      Ours ours = [claimed](const KeyValue& kv) -> std::optional<int64_t> {
-        auto now = decode_move(kv.value);
-        if (now && now->migration == claimed.migration && now->destination == claimed.destination) return kv.mod_revision;
-        return std::nullopt;
-      };
-      txn = co_await commit(std::move(guard), std::move(writes), keys_.move(uuid), std::move(ours), move.deadline);
-    } else {
-      WorkSpec next = move.work;
-      next.resources = choice.allocations->at(choice.host);
-      InstanceRecord record = std::get<InstanceRecord>(move.hand_over);
-      record.host = choice.host;
-      std::vector<EtcdOp> leave{EtcdOp::erase(keys_.work(move.from, uuid))};
-      std::vector<Placed> placed{Placed{std::move(next), std::move(record)}};
-      txn = co_await hand_over(std::move(placed), std::move(guard), std::move(leave), move.deadline);
-    }
+    WorkSpec next = move.work;
+    next.resources = choice.allocations->at(choice.host);
+    record.host = choice.host;
+    std::vector<EtcdOp> leave{EtcdOp::erase(keys_.work(move.from, uuid))};
+    std::vector<Placed> placed{Placed{std::move(next), record}};
+    HandOverResult txn =
+        co_await hand_over(std::move(placed), relocation_guard(move, choice.host), std::move(leave), move.deadline);
     if (txn.outcome == HandOverResult::Outcome::committed) {
       out.outcome = Relocated::Outcome::moved;
       out.revision = txn.revision;
       co_return out;
     }
+    // 3. Or its allocation back to `from`.
     if (txn.outcome == HandOverResult::Outcome::unknown) out.unknown = txn.error;
-    if (!claim) {
-      out.outcome = co_await put_back(uuid, move.from, move.work.resources, *choice.allocations);
+    out.outcome = co_await put_back(uuid, move.from, move.work.resources, *choice.allocations);
+    co_return out;
+  }
+  co_return out;
+}
+
+awaitable<result<Relocated>> Placer::claim_move(Relocation move, MoveRecord record) {
+  Relocated out;  // no room, unless it is claimed
+  const std::string uuid = move.work.uuid;
+  auto homes_found = co_await homes(move);
+  if (!homes_found) co_return homes_found.error();
+  Homes& found = *homes_found;
+  if (found.lost_race) out.outcome = Relocated::Outcome::lost_race;
+  for (const Choice& choice : found.choices(move, weigh_policy())) {
+    // 1. The books: the instance claims the chosen host, its migration consumer keeps `from`'s share.
+    auto moved = co_await begin_move(uuid, record.migration, found.held, *choice.allocations);
+    if (!moved) co_return moved.error();
+    if (*moved == Move::no_room) continue;  // no room there after all
+    if (*moved == Move::changed) {
+      out.outcome = Relocated::Outcome::lost_race;
       co_return out;
     }
-    // A move record that changed (its source's agent undid the move) takes back the books only
-    // this claim moved; one etcd did not tell of is left to that agent, which undoes a move
-    // still preparing once it is overdue.
+    // 2. The move record claimed, naming that host its destination.
+    out.host = choice.host;
+    MoveRecord claimed = record;
+    claimed.destination = choice.host;
+    claimed.state = MoveState::claimed;
+    std::vector<EtcdOp> writes{EtcdOp::put(keys_.move(uuid), encode(claimed))};
+    // Read back: this move, claimed for this host, at this or a later state.
+    ReadBack ours{keys_.move(uuid), [claimed](const KeyValue& kv) -> std::optional<int64_t> {
+                    auto now = decode_move(kv.value);
+                    if (now && now->migration == claimed.migration && now->destination == claimed.destination)
+                      return kv.mod_revision;
+                    return std::nullopt;
+                  }};
+    HandOverResult txn =
+        co_await commit(relocation_guard(move, choice.host), std::move(writes), std::move(ours), move.deadline);
+    if (txn.outcome == HandOverResult::Outcome::committed) {
+      out.outcome = Relocated::Outcome::moved;
+      out.revision = txn.revision;
+      co_return out;
+    }
+    // 3. Or the books swapped back, only those this claim moved, once the record changed (its
+    // source's agent undid the move); one etcd did not tell of is left to that agent, which
+    // undoes a move still preparing once it is overdue.
+    if (txn.outcome == HandOverResult::Outcome::unknown) out.unknown = txn.error;
     out.outcome = Relocated::Outcome::stranded;
     if (txn.outcome == HandOverResult::Outcome::refused)
-      if (auto back = co_await revert_move(uuid, claim->migration)) out.outcome = Relocated::Outcome::put_back;
+      if (auto back = co_await revert_move(uuid, record.migration)) out.outcome = Relocated::Outcome::put_back;
     co_return out;
   }
   co_return out;

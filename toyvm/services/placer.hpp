@@ -21,7 +21,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <variant>
 #include <vector>
 
 namespace toyvm {
@@ -56,10 +55,11 @@ struct HandOverResult {
   Error error;           // unknown: why etcd did not tell
 };
 
-// An instance to move off `from`: a failed build or an evacuation (its work goes to the chosen
-// host at once, its allocation whole), or a guest that moves while its source keeps a share
-// (`toyvm migrate`, `resize`, `host drain`: its move record names the chosen host, the
-// migration consumer holds `from`'s share, and the two hosts' agents move the guest).
+// An instance to move off `from`: a failed build or an evacuation (Placer::relocate: its work
+// goes to the chosen host at once, its allocation whole), or a guest that moves while its source
+// keeps a share (Placer::claim_move, for `toyvm migrate`, `resize`, `host drain`: its move
+// record names the chosen host, the migration consumer holds `from`'s share, and the two hosts'
+// agents move the guest).
 struct Relocation {
   WorkSpec work;               // as its new host gets it (a resize's new size): its query and group
                                // choose where, its resources become the chosen host's
@@ -69,10 +69,6 @@ struct Relocation {
   int64_t work_revision = 0;   // of its work on `from`, as read when deciding: the hand-over requires it
   std::vector<EtcdCompare> also_require;  // more the hand-over requires (a dead host staying dead, the move as read)
   std::chrono::steady_clock::time_point deadline;  // for an etcd that does not answer the hand-over
-  // What the hand-over writes: its work and this record (`host` becomes the chosen host) on
-  // the new host, its work on `from` erased; or this move record, claimed, naming the chosen
-  // host as its destination (its `migration` is the consumer that keeps `from`'s share).
-  std::variant<InstanceRecord, MoveRecord> hand_over;
 };
 
 struct Relocated {
@@ -126,17 +122,31 @@ class Placer {
   // by its own write (the first work key holding exactly the value written here, not merely
   // another's change), and one that did not commit is made again until etcd answers or
   // `deadline` passes (then the outcome is unknown).
+  // `read_back` replaces that reading where the first work key may have existed before (a
+  // resize on its own host rewrites it): a key that tells this write from any other.
+  struct ReadBack {
+    std::string key;
+    // The revision to report when what `key` holds is this write's (or a later one that
+    // follows from it), nothing otherwise.
+    std::function<std::optional<int64_t>(const KeyValue&)> ours;
+  };
   awaitable<HandOverResult> hand_over(std::vector<Placed> placed, std::vector<EtcdCompare> guard,
-                                      std::vector<EtcdOp> also, std::chrono::steady_clock::time_point deadline);
+                                      std::vector<EtcdOp> also, std::chrono::steady_clock::time_point deadline,
+                                      std::optional<ReadBack> read_back = std::nullopt);
 
-  // The one move engine: candidates for the instance's own query and group (its source left
-  // out unless it may stay, only `to` when named), its allocation moved to the best that has
-  // room under the consumer generation read first (whole, or with the migration consumer
-  // taking `from`'s share in the same request), then handed over under `work_revision` and
-  // `also_require`; when etcd refuses, the allocation goes back to `from`, and only from where
-  // this move put it, while the work (or the move) is still as it was.
+  // The two ways off `from`, one protocol each, over the same candidates: those of the
+  // instance's own query and group (its source left out unless it may stay, only `to` when
+  // named), tried best first under the consumer generation read first; every hand-over is
+  // guarded by `work_revision`, `also_require` and the chosen host not being disabled.
   // Errors: Placement or etcd did not answer before anything was written.
-  awaitable<result<Relocated>> relocate(Relocation move);
+  //
+  // relocate: its allocation moved whole, then its work and `record` (`host` becomes the chosen
+  // host) written there and its work on `from` erased; when etcd refuses, the allocation goes
+  // back to `from`, and only from where this put it, while the work is still there.
+  awaitable<result<Relocated>> relocate(Relocation move, InstanceRecord record);
+  // claim_move: the books begun as Nova's (begin_move), then `record` written claimed with the
+  // chosen host as its destination; when etcd refuses, the books are swapped back.
+  awaitable<result<Relocated>> claim_move(Relocation move, MoveRecord record);
 
   // After a move that did not happen, the allocation goes back to `from` while the work is
   // still there: only from `put` (where the move put it), or from wherever it is when `put`
@@ -163,12 +173,22 @@ class Placer {
   WeighPolicy weigh_policy(const std::string& policy_name = {}) const;
 
  private:
+  // Where a relocation may go, best first, and what the instance held when that was read
+  // (lost_race: nothing on `from` any more).
+  struct Homes {
+    ConsumerAllocations held;
+    PlacementView view;  // its source left out unless it may stay
+    bool lost_race = false;
+    // Best first; they point into `view`.
+    std::vector<Choice> choices(const Relocation& move, const WeighPolicy& policy) const;
+  };
+  awaitable<result<Homes>> homes(const Relocation& move);
+  std::vector<EtcdCompare> relocation_guard(const Relocation& move, const std::string& host) const;
+
   // What hand_over says of `writes` under `guard`, the transaction's outcome told by reading
-  // `probe` back when etcd does not answer: `ours` gives the revision to report when what it
-  // holds is this write's (or a later one that follows from it), nothing otherwise.
-  using Ours = std::function<std::optional<int64_t>(const KeyValue&)>;
-  awaitable<HandOverResult> commit(std::vector<EtcdCompare> guard, std::vector<EtcdOp> writes, std::string probe,
-                                   Ours ours, std::chrono::steady_clock::time_point deadline);
+  // `probe` back when etcd does not answer.
+  awaitable<HandOverResult> commit(std::vector<EtcdCompare> guard, std::vector<EtcdOp> writes, ReadBack probe,
+                                   std::chrono::steady_clock::time_point deadline);
 
   PlacementClient& placement_;
   EtcdClient& etcd_;

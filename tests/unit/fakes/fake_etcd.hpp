@@ -14,6 +14,7 @@ class FakeEtcd : public EtcdClient {
   bool down = false;           // every call fails as an etcd out of reach does
   int unanswered = 0;          // calls failed so, while down
   int txns = 0;                // transactions answered
+  int lost_txns = 0;           // the next transactions fail as unanswered, not applied
   std::vector<WatchEvent> history;  // every change, in revision order
 
   int64_t revision() const { return revision_; }
@@ -50,6 +51,10 @@ class FakeEtcd : public EtcdClient {
   awaitable<result<TxnResult>> txn(std::vector<EtcdCompare> compare, std::vector<EtcdOp> success,
                                    std::vector<EtcdOp> failure) override {
     if (down) co_return unavailable();
+    if (lost_txns > 0) {
+      --lost_txns;
+      co_return unavailable();
+    }
     ++txns;
     TxnResult done;
     done.succeeded = std::all_of(compare.begin(), compare.end(), [this](const EtcdCompare& c) { return holds(c); });

@@ -93,11 +93,11 @@ awaitable<result<Relocated>> Builder::move_elsewhere(WorkSpec work, int64_t revi
   Relocation move;
   move.work = std::move(work);
   move.work.attempt += 1;
-  move.hand_over = parts_.recorder.make(move.work, InstanceState::scheduled);
   move.from = ctx_.host.provider;
   move.work_revision = revision;
   move.deadline = std::chrono::steady_clock::now();  // one try: a failed step is retried as a whole
-  co_return co_await parts_.placer.relocate(std::move(move));
+  InstanceRecord record = parts_.recorder.make(move.work, InstanceState::scheduled);
+  co_return co_await parts_.placer.relocate(std::move(move), std::move(record));
 }
 
 // Only if its work is still here (a move that committed unseen, or a destroy, took the work away).

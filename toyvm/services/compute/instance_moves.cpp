@@ -172,10 +172,17 @@ awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
     // guest gone from here, or a job still running, is looked at again.
     auto here = co_await ctx_.virt(&VirtBackend::state, uuid_);
     auto job = co_await ctx_.virt(&VirtBackend::migrating, uuid_);
-    if (here && *here == DomainState::running && job && !*job)
+    if (here && *here == DomainState::running && job && !*job) {
+      // A libvirt daemon that has just started refuses migrations until it has probed QEMU
+      // ("could not get preferred machine"): a send libvirt refused is asked again a few times,
+      // a moment apart, before the move is undone. One aborted or overdue is undone at once.
+      if (sent.error() == errc::launch_failure && ++send_refusals_ < max_send_refusals) co_return false;
+      send_refusals_ = 0;
       co_return co_await revert_move(std::move(move), revision, sent.error().message());
+    }
     co_return false;
   }
+  send_refusals_ = 0;
   spdlog::info("instance {}: runs on host {} after {} ms (paused {} ms, {} MiB sent)", uuid_, move.destination,
                sent->total_ms, sent->downtime_ms, sent->bytes >> 20);
   metrics::observe("toyvm_move_seconds", double(sent->total_ms) / 1000.0);

@@ -145,8 +145,16 @@ awaitable<result<std::optional<int64_t>>> Mover::switch_over(MoveRecord move, in
   if (move.destination != move.source) also.push_back(EtcdOp::erase(source_work));  // else rewritten in place
   also.push_back(EtcdOp::put(move_key, encode(move)));
   std::vector<Placed> placed{Placed{std::move(*work), std::move(record)}};
+  // Read back by the move record, switched by this write: a resize in place rewrites a work key
+  // that was there before, and could not tell this write from an earlier one.
+  Placer::ReadBack ours{move_key, [migration = move.migration](const KeyValue& kv) -> std::optional<int64_t> {
+                          auto now = decode_move(kv.value);
+                          if (now && now->migration == migration && now->state == MoveState::switched)
+                            return kv.mod_revision;
+                          return std::nullopt;
+                        }};
   auto handed = co_await placer_.hand_over(std::move(placed), std::move(as_read), std::move(also),
-                                           std::chrono::steady_clock::now() + 10s);
+                                           std::chrono::steady_clock::now() + 10s, std::move(ours));
   switch (handed.outcome) {
     case HandOverResult::Outcome::committed: co_return handed.revision;
     case HandOverResult::Outcome::refused: co_return std::nullopt;
