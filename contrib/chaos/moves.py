@@ -231,13 +231,21 @@ class Campaign:
         candidates = [i for i in self.instances() if i["state"] in states and i["uuid"] not in self.pending]
         return candidates[self.rng.randrange(1 << 30) % len(candidates)] if candidates else None
 
+    def ticks(self, instance):
+        name = self.cloud.host_name(instance["host"])
+        return last_tick(self.cloud.console_log(name, instance["uuid"])) if name else 0
+
     def ask_move(self, kind):
         instance = self.pick({"ACTIVE"} if kind == "live" else {"ACTIVE", "STOPPED"})
+        if kind == "live":  # a guest counting already, when there is one: its uptime is checked
+            counting = [i for i in self.instances()
+                        if i["state"] == "ACTIVE" and i["uuid"] not in self.pending and self.ticks(i) > 0]
+            if counting:
+                instance = counting[self.rng.randrange(1 << 30) % len(counting)]
         if not instance:
             return
         uuid, source = instance["uuid"], instance["host"]
-        name = self.cloud.host_name(source)
-        ticks = last_tick(self.cloud.console_log(name, uuid)) if name else 0
+        ticks = self.ticks(instance)
         query = self.rng.choice(BIGGER) if kind == "resize" else ""
         if kind == "resize":
             args = ["resize", uuid, query, "--no-wait"]
@@ -259,6 +267,13 @@ class Campaign:
             drained = cloud.run("host", "drain", name, "--parallel", "2", "--timeout", "120", timeout=600)
             lines = drained.stdout.splitlines()
             moved = sum(line.startswith("MOVED") for line in lines)
+            # A guest the drain moved (or asked again, cold) is the drain's: a move of it asked
+            # earlier ended before, and is not the one that took it there.
+            for line in lines:
+                if line.startswith(("MOVED INSTANCE", "UNDONE INSTANCE")):
+                    uuid = line.split()[2].rstrip(":")
+                    if self.pending.pop(uuid, None):
+                        self.note("superseded_by_drain", uuid)
             self.counts["drain_moved"] = self.counts.get("drain_moved", 0) + moved
             self.note(kind, f"{name} exit {drained.returncode}, {moved} moved, "
                             f"{sum(line.startswith('STAYED') for line in lines)} stayed")

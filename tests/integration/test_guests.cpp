@@ -1075,7 +1075,9 @@ TEST_CASE("a live move that cannot converge: aborted at its completion timeout, 
   // two minutes over a link throttled to 1 MiB/s.
   TwoHosts hosts("live_migration_completion_timeout = 4\n");
   Servers& servers = hosts.host.servers;
-  const std::string uuid = hosts.guest_on_first();
+  const auto guests = hosts.guests_on_first(2);
+  const std::string& uuid = guests[0];
+  const std::string& other = guests[1];  // the host's other guest, which never waits behind a send
   const pid_t qemu = qemu_pid(uuid);
   REQUIRE(qemu > 0);
   auto throttle = [&] { REQUIRE(virsh({"migrate-setspeed", domain_name(uuid), "1"}).exit_code == 0); };
@@ -1112,6 +1114,16 @@ TEST_CASE("a live move that cannot converge: aborted at its completion timeout, 
   throttle();
   auto migrating = servers.spawn_toyvm({"migrate", uuid, "--timeout", "120"}, "migrate.log");
   REQUIRE(sending());
+  // Sends run on threads of their own: the host's other guest stops and starts meanwhile.
+  auto other_stopped = servers.toyvm({"stop", other, "--timeout", "60"}, 90);
+  auto other_started = servers.toyvm({"start", other, "--timeout", "60"}, 90);
+  {
+    INFO(other_stopped.err << other_started.err << hosts.output());
+    CHECK(other_stopped.exit_code == 0);
+    CHECK(other_started.exit_code == 0);
+    auto job = hosts.host.libvirt->migrating(uuid);
+    CHECK((job && *job));  // the send ran on all along
+  }
   auto aborted = servers.toyvm({"migrate", uuid, "--abort"}, 120);
   INFO(aborted.out << aborted.err << migrating->output());
   CHECK(aborted.exit_code == 0);
@@ -1132,7 +1144,7 @@ TEST_CASE("a live move that cannot converge: aborted at its completion timeout, 
   CHECK(hosts.state2(uuid) == DomainState::absent);
   CHECK(record_of(servers, uuid).state == InstanceState::stopped);
   hosts.expect_books_on(uuid, hosts.host.rp);
-  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  for (const std::string& guest : guests) CHECK(servers.toyvm({"destroy", guest}).exit_code == 0);
 }
 
 TEST_CASE("a move whose destination's agent died before it prepared is undone: the guest runs on, the books "

@@ -38,6 +38,7 @@ class Category final : public boost::system::error_category {
       case errc::timeout: return "timed out";
       case errc::cancelled: return "cancelled";
       case errc::changed: return "changed meanwhile";
+      case errc::not_ready: return "not ready";
     }
     return "unknown toyvm error";
   }

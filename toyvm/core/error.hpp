@@ -41,6 +41,7 @@ enum class errc {
   timeout,
   cancelled,
   changed,                // what a guarded write was decided on changed meanwhile
+  not_ready,              // refused for now by a peer that may take it a moment later
 };
 
 const boost::system::error_category& toyvm_category() noexcept;

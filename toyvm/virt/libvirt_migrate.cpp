@@ -98,6 +98,9 @@ result<MigrationStats> LibvirtBackend::migrate(const std::string& uuid, const Mi
     api->virDomainAbortJob(dom.ptr);
   });
   const int migrated = api->virDomainMigrateToURI3(dom.ptr, to.libvirt_uri.c_str(), parameters, 3, flags);
+  // A driver that cannot migrate at all never will; anything else (a daemon that has just
+  // started and not yet probed QEMU, a peer out of reach) may take the guest a moment later.
+  const bool never = migrated < 0 && (last_error_is(VIR_ERR_NO_SUPPORT) || last_error_is(VIR_ERR_ARGUMENT_UNSUPPORTED));
   const std::string why = migrated < 0 ? last_virt_error() : "";
   {
     std::lock_guard lock(watch);
@@ -117,7 +120,7 @@ result<MigrationStats> LibvirtBackend::migrate(const std::string& uuid, const Mi
                                               std::chrono::duration_cast<std::chrono::seconds>(to.completion_timeout).count(),
                                               why));
     if (asked_to_abort) return Error(errc::cancelled, "it was aborted: " + why);
-    return fail(errc::launch_failure, "migrating to " + to.libvirt_uri);
+    return fail(never ? errc::launch_failure : errc::not_ready, "migrating to " + to.libvirt_uri);
   }
   const auto took = std::chrono::steady_clock::now() - started;
   forget_owned(uuid);

@@ -147,8 +147,8 @@ class Instance : public std::enable_shared_from_this<Instance> {
   bool prepared_here_ = false;    // a move here ended unseen: what was prepared for it goes unless its work came
   bool sending_ = false;          // its guest is being sent to another host live (a libvirt job runs)
   bool abort_asked_ = false;      // and that job was asked to end
-  int send_refusals_ = 0;         // libvirt refused to begin sending it, in a row
-  static constexpr int max_send_refusals = 10;
+  // Since when libvirt has refused to begin sending it (for now), in a row.
+  std::optional<std::chrono::steady_clock::time_point> send_refused_since_;
   // The other host of its move, and since when it has had no agent (nothing: it has one).
   std::string peer_;
   std::optional<std::chrono::steady_clock::time_point> peer_gone_since_;

@@ -174,15 +174,19 @@ awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
     auto job = co_await ctx_.virt(&VirtBackend::migrating, uuid_);
     if (here && *here == DomainState::running && job && !*job) {
       // A libvirt daemon that has just started refuses migrations until it has probed QEMU
-      // ("could not get preferred machine"): a send libvirt refused is asked again a few times,
-      // a moment apart, before the move is undone. One aborted or overdue is undone at once.
-      if (sent.error() == errc::launch_failure && ++send_refusals_ < max_send_refusals) co_return false;
-      send_refusals_ = 0;
+      // ("could not get preferred machine"): a send refused for now is asked again, a moment
+      // apart, for up to move_prepare_timeout before the move is undone. One aborted, timed
+      // out or that this libvirt can never make is undone at once.
+      const auto now = std::chrono::steady_clock::now();
+      if (!send_refused_since_) send_refused_since_ = now;
+      if (sent.error() == errc::not_ready && now - *send_refused_since_ < ctx_.config.compute.move_prepare_timeout)
+        co_return false;
+      send_refused_since_.reset();
       co_return co_await revert_move(std::move(move), revision, sent.error().message());
     }
     co_return false;
   }
-  send_refusals_ = 0;
+  send_refused_since_.reset();
   spdlog::info("instance {}: runs on host {} after {} ms (paused {} ms, {} MiB sent)", uuid_, move.destination,
                sent->total_ms, sent->downtime_ms, sent->bytes >> 20);
   metrics::observe("toyvm_move_seconds", double(sent->total_ms) / 1000.0);
