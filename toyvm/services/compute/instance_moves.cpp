@@ -124,6 +124,7 @@ awaitable<bool> Instance::advance_move(MoveRecord next, int64_t revision) {
 
 awaitable<bool> Instance::revert_move(MoveRecord move, int64_t revision, std::string why) {
   spdlog::warn("instance {}: its move to host {} does not happen: {}", uuid_, move.destination, why);
+  send_refused_since_.reset();
   move.state = MoveState::reverting;
   move.error = std::move(why);
   move.domain_xml.clear();
@@ -181,7 +182,6 @@ awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
       if (!send_refused_since_) send_refused_since_ = now;
       if (sent.error() == errc::not_ready && now - *send_refused_since_ < ctx_.config.compute.move_prepare_timeout)
         co_return false;
-      send_refused_since_.reset();
       co_return co_await revert_move(std::move(move), revision, sent.error().message());
     }
     co_return false;
