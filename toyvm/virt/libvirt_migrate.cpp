@@ -98,9 +98,12 @@ result<MigrationStats> LibvirtBackend::migrate(const std::string& uuid, const Mi
     api->virDomainAbortJob(dom.ptr);
   });
   const int migrated = api->virDomainMigrateToURI3(dom.ptr, to.libvirt_uri.c_str(), parameters, 3, flags);
-  // A driver that cannot migrate at all never will; anything else (a daemon that has just
-  // started and not yet probed QEMU, a peer out of reach) may take the guest a moment later.
-  const bool never = migrated < 0 && (last_error_is(VIR_ERR_NO_SUPPORT) || last_error_is(VIR_ERR_ARGUMENT_UNSUPPORTED));
+  // A driver that cannot migrate at all, a CPU or configuration the destination cannot run and
+  // credentials it refuses never will; anything else (a daemon that has just started and not
+  // yet probed QEMU, a peer out of reach) may take the guest a moment later.
+  const bool never = migrated < 0 && (last_error_is(VIR_ERR_NO_SUPPORT) || last_error_is(VIR_ERR_ARGUMENT_UNSUPPORTED) ||
+                                      last_error_is(VIR_ERR_CPU_INCOMPATIBLE) ||
+                                      last_error_is(VIR_ERR_CONFIG_UNSUPPORTED) || last_error_is(VIR_ERR_AUTH_FAILED));
   const std::string why = migrated < 0 ? last_virt_error() : "";
   {
     std::lock_guard lock(watch);

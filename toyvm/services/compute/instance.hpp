@@ -147,8 +147,13 @@ class Instance : public std::enable_shared_from_this<Instance> {
   bool prepared_here_ = false;    // a move here ended unseen: what was prepared for it goes unless its work came
   bool sending_ = false;          // its guest is being sent to another host live (a libvirt job runs)
   bool abort_asked_ = false;      // and that job was asked to end
-  // Since when libvirt has refused to begin sending it (for now), in a row.
-  std::optional<std::chrono::steady_clock::time_point> send_refused_since_;
+  // Since when libvirt has refused to begin sending it (for now) in the move of this migration
+  // consumer, in a row.
+  struct SendRefused {
+    std::string migration;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::optional<SendRefused> send_refused_;
   // The other host of its move, and since when it has had no agent (nothing: it has one).
   std::string peer_;
   std::optional<std::chrono::steady_clock::time_point> peer_gone_since_;

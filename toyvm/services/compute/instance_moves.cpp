@@ -124,7 +124,6 @@ awaitable<bool> Instance::advance_move(MoveRecord next, int64_t revision) {
 
 awaitable<bool> Instance::revert_move(MoveRecord move, int64_t revision, std::string why) {
   spdlog::warn("instance {}: its move to host {} does not happen: {}", uuid_, move.destination, why);
-  send_refused_since_.reset();
   move.state = MoveState::reverting;
   move.error = std::move(why);
   move.domain_xml.clear();
@@ -179,14 +178,14 @@ awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
       // apart, for up to move_prepare_timeout before the move is undone. One aborted, timed
       // out or that this libvirt can never make is undone at once.
       const auto now = std::chrono::steady_clock::now();
-      if (!send_refused_since_) send_refused_since_ = now;
-      if (sent.error() == errc::not_ready && now - *send_refused_since_ < ctx_.config.compute.move_prepare_timeout)
+      if (!send_refused_ || send_refused_->migration != move.migration) send_refused_ = SendRefused{move.migration, now};
+      if (sent.error() == errc::not_ready && now - send_refused_->since < ctx_.config.compute.move_prepare_timeout)
         co_return false;
       co_return co_await revert_move(std::move(move), revision, sent.error().message());
     }
     co_return false;
   }
-  send_refused_since_.reset();
+  send_refused_.reset();
   spdlog::info("instance {}: runs on host {} after {} ms (paused {} ms, {} MiB sent)", uuid_, move.destination,
                sent->total_ms, sent->downtime_ms, sent->bytes >> 20);
   metrics::observe("toyvm_move_seconds", double(sent->total_ms) / 1000.0);
