@@ -191,7 +191,8 @@ class HostAdmin {
     for (const KeyValue& kv : works->kvs) {
       auto uuid = keys_.parse_work(kv.key);
       if (!uuid) continue;
-      DrainLook::Guest guest{.uuid = uuid->instance};
+      DrainLook::Guest guest;
+      guest.uuid = uuid->instance;
       auto work = decode_work(kv.value);
       guest.readable = work.has_value();
       if (work) guest.power = work->power;
