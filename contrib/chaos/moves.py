@@ -158,7 +158,7 @@ class Campaign:
         in_flight = self.moving()
         records = {i["uuid"]: i for i in self.instances()}
         for uuid in [u for u in self.pending if u not in in_flight]:
-            kind, source, destination, ticks, query = self.pending.pop(uuid)
+            kind, source, destination, ticks, query, mark = self.pending.pop(uuid)
             record = records.get(uuid)
             if not record:
                 self.note(f"{kind}_gone")
@@ -177,11 +177,19 @@ class Campaign:
                 continue
             name = self.cloud.host_name(destination)
             log = self.cloud.console_log(name, uuid) if name else None
-            text = log.read_text(errors="replace") if log and log.exists() else ""
+            data = log.read_bytes() if log and log.exists() else b""
+            # Only what the destination's log gained since the move was asked: a log left there
+            # by an earlier stay holds that stay's boot.
+            if mark and mark[0] == self.log_mark(destination, uuid, inode_only=True):
+                data = data[mark[1]:]
+            text = data.decode(errors="replace")
             # A guest that was counting when it left counts on there; one booted afresh would
             # print its marker again.
             if "toyvm-guest: booted" in text:
-                self.uptime.append(f"live move of {uuid} to {name}: the guest booted again")
+                states = {n: virsh(self.cloud.uris[n], "domstate", "--reason", uuid).stdout.strip() or "none"
+                          for n in self.cloud.agents}
+                self.uptime.append(f"live move of {uuid} to {name}: the guest booted again (domains: {states}; "
+                                   f"console: {text[-300:]!r}; {self.diagnose(uuid, name)})")
             elif not wait_ticks(log, ticks):
                 states = {n: virsh(self.cloud.uris[n], "domstate", "--reason", uuid).stdout.strip() or "none"
                           for n in self.cloud.agents}
@@ -189,6 +197,30 @@ class Campaign:
                                      f"(domains: {states}; console: {text[-300:]!r}; {self.diagnose(uuid, name)})")
             else:
                 self.note("live_counted_on", uuid)
+
+    def files_left(self):
+        """Instance dirs on a host other than the one its record names (printed, not judged: an
+        earlier stay's files, which a guest moved back there would find)."""
+        where = {i["uuid"]: self.cloud.host_name(i["host"]) for i in self.instances()}
+        left = []
+        for name in self.cloud.agents:
+            instances = self.cloud.dir / name / "instances"
+            for entry in sorted(instances.iterdir()) if instances.exists() else []:
+                uuid = entry.name.split(".")[0]
+                if uuid in self.all and where.get(uuid) != name:
+                    left.append(f"{entry} ({'destroyed' if uuid not in where else 'on ' + str(where[uuid])})")
+        return left
+
+    def log_mark(self, provider, uuid, inode_only=False):
+        """The destination's console log as it is now: (inode, size), or None without one."""
+        name = self.cloud.host_name(provider)
+        try:
+            st = self.cloud.console_log(name, uuid).stat() if name else None
+        except OSError:
+            st = None
+        if inode_only:
+            return st.st_ino if st else None
+        return (st.st_ino, st.st_size) if st else None
 
     def diagnose(self, uuid, name):
         """Where the guest's console goes and whether its vCPUs run: the console file, the files
@@ -254,7 +286,8 @@ class Campaign:
         result = self.cloud.run(*args, timeout=120)
         self.note(f"ask_{kind}", f"exit {result.returncode} {result.stdout.strip()} {result.stderr.strip()}")
         if result.returncode == 0:
-            self.pending[uuid] = (kind, source, result.stdout.split()[-1], ticks, query)
+            destination = result.stdout.split()[-1]
+            self.pending[uuid] = (kind, source, destination, ticks, query, self.log_mark(destination, uuid))
 
     def operation(self):
         rng, cloud = self.rng, self.cloud
@@ -403,6 +436,8 @@ def main():
         problems = campaign.settle()
         for finding in campaign.uptime:
             print(f"moves: uptime: {finding}")
+        for left in campaign.files_left():
+            print(f"moves: files left: {left}")
         if not args.uptime_not_fatal:
             problems += campaign.uptime
     except Exception as e:  # a server or daemon that never came back is a finding too
