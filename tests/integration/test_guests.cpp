@@ -336,6 +336,26 @@ TEST_CASE("a guest that powers itself off stays STOPPED; one whose QEMU dies is 
   host.expect_nothing_left(uuid);
 }
 
+TEST_CASE("a guest paused for a reason libvirt does not know runs on; one a user paused stays paused", "[guests]") {
+  GuestHost host;
+  std::string uuid = host.schedule({"--image", "tiny"});
+  REQUIRE(host.console_shows(uuid, "toyvm-guest: address"));
+  const pid_t qemu = qemu_pid(uuid);
+  auto state = [&] { return virsh({"domstate", "--reason", domain_name(uuid)}).out; };
+  // QEMU stopped behind libvirt's back, as the end of a migration stops it: libvirt does not
+  // know why, and resumes such a guest itself only as it recovers a migration. Its agent does.
+  REQUIRE(virsh({"qemu-monitor-command", domain_name(uuid), "--hmp", "stop"}).exit_code == 0);
+  CHECK(wait_for([&] { return state() == "running (unpaused)\n"; }, 30));  // resumed, not booted again
+  CHECK(qemu_pid(uuid) == qemu);
+  CHECK(record_of(host.servers, uuid).state == InstanceState::active);
+  // Paused by a user (virsh suspend): theirs to resume.
+  REQUIRE(virsh({"suspend", domain_name(uuid)}).exit_code == 0);
+  CHECK_FALSE(wait_for([&] { return state() != "paused (user)\n"; }, 5));
+  REQUIRE(virsh({"resume", domain_name(uuid)}).exit_code == 0);
+  CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
+  host.expect_nothing_left(uuid);
+}
+
 TEST_CASE("with on_guest_crash = \"error\" a guest whose QEMU dies is ERROR launch_failure and holds nothing", "[guests]") {
   GuestHost host("on_guest_crash = 'error'\n");
   std::string uuid = host.schedule({"--image", "tiny"});

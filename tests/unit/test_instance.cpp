@@ -314,6 +314,52 @@ TEST_CASE("a cold move undone after this host lost its guest ends, and the guest
   CHECK(agent.hypervisor().creates() == 2);
 }
 
+TEST_CASE("a guest a move left paused runs again") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  agent.hypervisor().set(uuid, FakeVirt::Domain{DomainState::paused, StopCause::unknown, {}});
+  agent.instances.observe(uuid, false);
+  REQUIRE(agent.run_until([&] { return agent.hypervisor().domain(uuid)->state == DomainState::running; }));
+  CHECK(agent.hypervisor().creates() == 1);
+}
+
+TEST_CASE("a live send libvirt could not finish asks the destination, and the guest runs again when it is undone") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  agent.placement_server.answer = [](const fakes::PlacementRequest& r) {
+    if (r.method == "GET") return fakes::PlacementAnswer{200, R"({"allocations": {}, "consumer_generation": 1})"};
+    return fakes::PlacementAnswer{};
+  };
+  // Its libvirt died after sending the guest, before it knew whether the destination runs it.
+  agent.hypervisor().set(uuid, FakeVirt::Domain{DomainState::paused, StopCause::unknown, {}});
+  const std::string destination = "5b9c3e5e-8d7e-4a57-9d36-2f0d4a9c0002";
+  agent.etcd->put_now(agent.ctx.keys.host(destination), "{}");
+  MoveRecord move{.instance = uuid, .migration = "11111111-2222-4333-8444-555555555555", .source = host,
+                  .destination = destination, .kind = MoveKind::live, .state = MoveState::ready,
+                  .started_at = unix_millis(), .libvirt_uri = "qemu+tcp://b/system",
+                  .migration_uri = "tcp://b", .domain_xml = "<domain/>"};
+  agent.etcd->put_now(agent.ctx.keys.move(uuid), encode(move));
+  auto state = [&] {
+    auto found = agent.etcd->find(agent.ctx.keys.move(uuid));
+    auto move = found ? decode_move(found->value) : result<MoveRecord>(Error(errc::not_found, "gone"));
+    return move ? std::optional(move->state) : std::nullopt;
+  };
+  auto domain = [&] {
+    auto found = agent.hypervisor().domain(uuid);
+    return found ? std::optional(found->state) : std::nullopt;
+  };
+  REQUIRE(agent.run_until([&] { return state() == MoveState::left_source; }));
+  CHECK(domain() == DomainState::paused);  // nothing runs until it is known where
+  // The destination has no copy: it undoes the move.
+  move.state = MoveState::reverting;
+  move.error = "its guest is on neither host";
+  agent.etcd->put_now(agent.ctx.keys.move(uuid), encode(move));
+  REQUIRE(agent.run_until([&] { return !state() && domain() == DomainState::running; }));
+  CHECK(agent.hypervisor().creates() == 1);
+}
+
 TEST_CASE("a switch-over of a resize in place that etcd did not answer is read back by its move record, "
           "never by the work key it rewrites") {
   Agent agent;

@@ -38,6 +38,15 @@ TEST_CASE("stopped work stops a running domain and records it once") {
   CHECK(decide(stopped, D::stopped, P::stopped) == A::none);
 }
 
+TEST_CASE("a guest a move left paused is resumed if it is to run, stopped if not") {
+  CHECK(decide(running, D::paused, P::active) == A::start);
+  CHECK(decide(running, D::paused, P::unrecorded) == A::start);
+  CHECK(decide(stopped, D::paused, P::active) == A::stop);
+  CHECK(decide(stopped, D::paused, P::stopped) == A::stop);
+  CHECK(decide(gone, D::paused, P::active) == A::remove_domain);
+  CHECK(decide(running, D::paused, P::failed) == A::remove_domain);
+}
+
 TEST_CASE("deleted work is removed whatever the domain's state") {
   CHECK(decide(deleted, D::absent, P::unrecorded) == A::remove);
   CHECK(decide(deleted, D::running, P::active) == A::remove);
@@ -74,7 +83,7 @@ TEST_CASE("a guest that stopped without toyvm stays stopped; a crash follows the
 // and a settled instance is left alone.
 TEST_CASE("every combination keeps the rules") {
   const std::vector<Desired> desires{gone, running, stopped, deleted};
-  const std::vector<D> domains{D::absent, D::running, D::stopped};
+  const std::vector<D> domains{D::absent, D::running, D::paused, D::stopped};
   const std::vector<P> phases{P::unrecorded, P::building, P::active, P::stopped, P::failed, P::released};
   const std::vector<StopCause> causes{StopCause::unknown, StopCause::shutdown, StopCause::destroyed,
                                       StopCause::crashed};
@@ -102,8 +111,10 @@ TEST_CASE("every combination keeps the rules") {
             CHECK(action != A::remove_domain);
             if (action == A::build) CHECK(actual == D::absent);
             if (actual == D::absent) CHECK(action == A::build);
-            if (action == A::start) CHECK((desired == running && actual == D::stopped));
-            if (action == A::stop) CHECK((desired == stopped && actual == D::running));
+            if (action == A::start) CHECK((desired == running && (actual == D::stopped || actual == D::paused)));
+            if (action == A::stop) CHECK((desired == stopped && (actual == D::running || actual == D::paused)));
+            // A guest left paused never stays so, whatever was recorded.
+            if (actual == D::paused) CHECK(action == (desired == running ? A::start : A::stop));
             if (action == A::adopt_stop || action == A::record_crash)
               CHECK((desired == running && actual == D::stopped && phase == P::active));
             if (action == A::record_crash) CHECK((policy == CrashPolicy::error && cause == StopCause::crashed));
@@ -111,5 +122,5 @@ TEST_CASE("every combination keeps the rules") {
             if (desired == running && actual == D::running) CHECK(action == (phase == P::active ? A::none : A::record_active));
             if (desired == stopped && actual == D::stopped) CHECK(action == (phase == P::stopped ? A::none : A::record_stopped));
           }
-  CHECK(combinations == 4 * 3 * 6 * 4 * 2);
+  CHECK(combinations == 4 * 4 * 6 * 4 * 2);
 }

@@ -215,6 +215,19 @@ TEST_CASE("a move: its asker claims, the destination prepares, the source migrat
   CHECK(destination(S::reverting, D::stopped) == clean_up);
   // Never removed on a guess: a guest running at the destination while the move reverts stays.
   CHECK(destination(S::reverting, D::running) == none);
+
+  // libvirt's daemon died between sending the guest and hearing whether the destination runs
+  // it: the guest is paused on the source with no job. Only the destination can tell: asked,
+  // it switches over what runs there (the source then removes its copy) or undoes the move
+  // (the source then resumes it). A copy paused at the destination is libvirt's to finish.
+  CHECK(source(S::ready, D::paused) == left);
+  CHECK(source(S::ready, D::paused, true) == none);  // the send's own last moments
+  CHECK(source(S::left_source, D::paused) == none);
+  CHECK(destination(S::left_source, D::paused) == none);
+  CHECK(destination(S::ready, D::paused) == none);
+  CHECK(destination(S::reverting, D::paused) == none);
+  CHECK(source(S::switched, D::paused) == settle);
+  CHECK(source(S::reverting, D::paused) == unwind);
 }
 
 TEST_CASE("a cold move: the source copies the disk of its guest, off, and the destination takes it") {
@@ -263,6 +276,8 @@ TEST_CASE("a move whose other host is gone for good is ended from what this side
   CHECK(source(S::ready, D::running, MoveKind::live, true) == none);  // a job still running ends first
   CHECK(source(S::ready, D::absent) == left);
   CHECK(source(S::left_source, D::absent) == switch_over);
+  CHECK(source(S::ready, D::paused) == left);  // a send libvirt could not finish: the same
+  CHECK(source(S::left_source, D::paused) == switch_over);
   CHECK(source(S::ready, D::running, MoveKind::cold) == revert);
   CHECK(source(S::copied, D::stopped, MoveKind::cold) == revert);
   CHECK(source(S::switched, D::absent) == settle);

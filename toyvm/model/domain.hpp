@@ -6,7 +6,11 @@
 
 namespace toyvm {
 
-enum class DomainState { absent, running, stopped };
+// paused: its vCPUs stopped by a migration that ended without resuming it. libvirt leaves such
+// a guest to whoever asked for the move: its daemon died between sending the guest and hearing
+// whether the destination runs it, or it could not resume the guest after a failed send. A
+// guest paused by anyone else (virsh suspend, an I/O error) counts as running: theirs to resume.
+enum class DomainState { absent, running, paused, stopped };
 
 // Why a domain is shut off, as libvirt tells it.
 enum class StopCause {

@@ -71,8 +71,9 @@ MoveAction decide_move(const MoveView& view) {
           return view.here != DomainState::absent && view.still_wanted && !view.aborted && view.peer_alive ? copy
                                                                                                            : revert;
         // Once it is not here, only the destination can tell whether it runs there: asked,
-        // after this look.
-        if (view.here == DomainState::absent) return left;
+        // after this look. So too for a guest that a send libvirt could not finish left
+        // paused here (it is resumed if the move is undone, removed if it ran there).
+        if (view.here == DomainState::absent || view.here == DomainState::paused) return left;
         return view.here == DomainState::running && view.still_wanted && !view.aborted && view.peer_alive ? migrate
                                                                                                           : revert;
       // The guest left here: it runs on the destination or nowhere. A destination gone for good
@@ -99,11 +100,14 @@ MoveAction decide_move(const MoveView& view) {
     // Its disk is here, the guest off on the source: defined here, then its work follows.
     case MoveState::copied: return switch_over;
     // The source has not had it since before this look: here, or nowhere.
+    // A copy paused here is libvirt's to resume or remove first.
     case MoveState::left_source:
-      if (view.job) return none;
+      if (view.job || view.here == DomainState::paused) return none;
       return view.here == DomainState::absent ? revert : switch_over;
-    // A guest running here is never removed on a guess: it cannot be while the move reverts.
-    case MoveState::reverting: return view.here == DomainState::running ? none : clean_up;
+    // A guest running here is never removed on a guess: it cannot be while the move reverts
+    // (a paused copy goes once the move is over and its work is not here).
+    case MoveState::reverting:
+      return view.here == DomainState::running || view.here == DomainState::paused ? none : clean_up;
     // The source ends a move once its guest has left it (its files and its domain's key go
     // with the record); the destination does when the source died before it could.
     case MoveState::switched: return view.peer_alive ? none : settle;

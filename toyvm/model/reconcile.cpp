@@ -79,9 +79,11 @@ ReconcileAction decide(Desired desired, DomainState actual, Phase phase, StopCau
       }
       return A::start;
     }
+    // Paused by a move that ended without resuming it: no one else will.
+    if (actual == DomainState::paused) return A::start;
     return phase == Phase::active ? A::none : A::record_active;
   }
-  if (actual == DomainState::running) return A::stop;
+  if (actual == DomainState::running || actual == DomainState::paused) return A::stop;
   return phase == Phase::stopped ? A::none : A::record_stopped;
 }
 

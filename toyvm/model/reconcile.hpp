@@ -34,7 +34,7 @@ using Desired = std::optional<PowerState>;
 enum class ReconcileAction {
   none,
   build,          // define and start, record BUILDING then ACTIVE
-  start,          // start a stopped domain, record ACTIVE
+  start,          // start a stopped domain (resume one a move left paused), record ACTIVE
   stop,           // stop a running domain, record STOPPED
   record_active,  // the domain runs but etcd does not say so (after a restart)
   record_stopped,

@@ -74,6 +74,7 @@ class VirtBackend {
   // Makes the disk overlay, defines and starts the domain (unless the spec says not to); a
   // domain that already exists is started if needed.
   virtual result<void> create(const DomainSpec& spec) = 0;
+  // Makes a defined domain run: started when off, resumed when a move left it paused.
   virtual result<void> start(const std::string& uuid) = 0;
   // Asks the guest to power off (ACPI); stop() pulls the plug.
   virtual result<void> shutdown(const std::string& uuid) = 0;
@@ -104,7 +105,9 @@ class VirtBackend {
   // domain defined again with its CPUs and memory).
   virtual result<void> resize_in_place(const DomainSpec& spec) = 0;
   // A move of the guest is under way here: a migration job runs on its domain (the source's),
-  // or it is the destination's paused copy still being filled. false when there is no domain.
+  // or it is the destination's paused copy still being filled. false when there is no domain,
+  // and for a guest a migration left paused with no job (DomainState::paused): libvirt has
+  // stopped, and leaves it to toyvm.
   virtual result<bool> migrating(const std::string& uuid) = 0;
   // The configured libvirt network exists and is active (started if it is not).
   virtual result<void> ensure_network() = 0;
@@ -118,7 +121,8 @@ class VirtBackend {
   // For a shut-off domain: why.
   virtual result<StopCause> stop_cause(const std::string& uuid) = 0;
   // `changed(uuid, started)` is called, on libvirt's event thread, whenever one of this
-  // agent's domains starts, stops, crashes or goes away.
+  // agent's domains starts, stops, crashes, is paused (not by a migration as it ends) or goes
+  // away.
   virtual void on_lifecycle(std::function<void(const std::string& uuid, bool started)> changed) = 0;
   // The uuids of the domains this agent manages: named toyvm-<uuid> and, with an owner set,
   // made by that owner (several agents may share one libvirt).

@@ -33,6 +33,7 @@ namespace toyvm {
   X(virConnectDomainEventRegisterAny)   \
   X(virConnectDomainEventDeregisterAny) \
   X(virDomainCreate)               \
+  X(virDomainResume)               \
   X(virDomainDestroy)              \
   X(virDomainUndefine)             \
   X(virDomainFree)                 \

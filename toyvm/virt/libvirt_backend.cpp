@@ -118,9 +118,27 @@ result<void> LibvirtBackend::start(const std::string& uuid) {
   if (!revive()) return unavailable();
   DomainHandle dom(nullptr);
   if (Lookup found = lookup(uuid, dom); found != Lookup::mine) return not_mine(uuid, found, "starting it");
-  if (api->virDomainIsActive(dom.ptr) == 1) return {};
+  auto now = state_of(dom.ptr);
+  if (!now) return now.error();
+  if (*now == DomainState::paused) return resume(dom.ptr, uuid);
+  if (*now == DomainState::running) return {};
   if (auto network = ensure_network(); !network) return network;
   if (api->virDomainCreate(dom.ptr) < 0) return fail(errc::launch_failure, "cannot start the domain");
+  return {};
+}
+
+result<void> LibvirtBackend::resume(virDomainPtr dom, const std::string& uuid) {
+  spdlog::warn("instance {}: a move left its guest paused; resuming it", uuid);
+  if (api->virDomainResume(dom) == 0) return {};
+  auto refused = fail(errc::launch_failure, "resuming it");
+  if (refused == errc::virt_unavailable) return refused;
+  // A job of libvirt's may hold it still: asked again later, never pulled from under it.
+  virDomainJobInfo job{};
+  if (api->virDomainGetJobInfo(dom, &job) < 0 || job.type != VIR_DOMAIN_JOB_NONE) return refused;
+  spdlog::error("instance {}: {}; restarting it", uuid, refused.message());
+  if (api->virDomainDestroy(dom) < 0 && api->virDomainIsActive(dom) != 0) return fail(errc::launch_failure, "stopping it");
+  if (auto network = ensure_network(); !network) return network;
+  if (api->virDomainCreate(dom) < 0) return fail(errc::launch_failure, "cannot start the domain");
   return {};
 }
 

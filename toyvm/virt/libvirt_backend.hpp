@@ -85,7 +85,7 @@ class LibvirtBackend final : public VirtBackend {
 
   // Each connection needs its own registration; libvirt calls back on its event thread.
   void watch_lifecycle(virConnectPtr conn);
-  static int lifecycle_event(virConnectPtr, virDomainPtr domain, int event, int, void* opaque);
+  static int lifecycle_event(virConnectPtr, virDomainPtr domain, int event, int detail, void* opaque);
 
   // A failure carrying libvirt's own words, after what toyvm was doing when it has a say. A
   // connection that died meanwhile says nothing about the instance: virt_unavailable.
@@ -115,6 +115,11 @@ class LibvirtBackend final : public VirtBackend {
   void forget_owned(const std::string& uuid);
 
   result<void> power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing);
+  // The state of a domain of this agent's (DomainState::paused: a move left it paused).
+  result<DomainState> state_of(virDomainPtr dom);
+  // Its guest running again after a move left it paused; restarted when libvirt cannot
+  // resume it (it tried already, as the move failed) and no job of libvirt's holds it.
+  result<void> resume(virDomainPtr dom, const std::string& uuid);
   // A copy-on-write qcow2 over the base disk (or a blank one), as big as the instance's disk.
   result<std::string> make_overlay(const DomainSpec& spec);
   // The instance's dir, overlay and config drive; the domain's XML over them.

@@ -21,9 +21,25 @@ result<DomainState> LibvirtBackend::state(const std::string& uuid) {
     case Lookup::failed: return fail(errc::launch_failure);
     case Lookup::mine: break;
   }
-  int active = api->virDomainIsActive(dom.ptr);
+  return state_of(dom.ptr);
+}
+
+result<DomainState> LibvirtBackend::state_of(virDomainPtr dom) {
+  int active = api->virDomainIsActive(dom);
   if (active < 0) return fail(errc::launch_failure);
-  return active == 1 ? DomainState::running : DomainState::stopped;
+  if (active == 0) return DomainState::stopped;
+  int state = 0, reason = 0;
+  if (api->virDomainGetState(dom, &state, &reason, 0) < 0) return fail(errc::launch_failure);
+  if (state != VIR_DOMAIN_PAUSED) return DomainState::running;
+  // Paused by a migration (its last moments, or one that ended without resuming it), or for a
+  // reason libvirt does not know (its own recovery after a failed migration resumes those
+  // too). Any other pause is someone else's: a user's, an I/O error's.
+  switch (reason) {
+    case VIR_DOMAIN_PAUSED_MIGRATION:
+    case VIR_DOMAIN_PAUSED_POSTCOPY_FAILED:
+    case VIR_DOMAIN_PAUSED_UNKNOWN: return DomainState::paused;
+    default: return DomainState::running;
+  }
 }
 
 result<DomainUsage> LibvirtBackend::usage(const std::string& uuid) {
@@ -189,10 +205,12 @@ void LibvirtBackend::watch_lifecycle(virConnectPtr conn) {
   event_callbacks_.emplace_back(conn, id);
 }
 
-int LibvirtBackend::lifecycle_event(virConnectPtr, virDomainPtr domain, int event, int, void* opaque) {
-  // Defined, suspended, resumed and the like change nothing toyvm acts on.
+int LibvirtBackend::lifecycle_event(virConnectPtr, virDomainPtr domain, int event, int detail, void* opaque) {
+  // Defined, resumed and the like change nothing toyvm acts on; a pause may be one a move
+  // left (not a migration's own last moments, which its move is busy with).
+  const bool paused = event == VIR_DOMAIN_EVENT_SUSPENDED && detail != VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED;
   if (event != VIR_DOMAIN_EVENT_STARTED && event != VIR_DOMAIN_EVENT_STOPPED && event != VIR_DOMAIN_EVENT_CRASHED &&
-      event != VIR_DOMAIN_EVENT_UNDEFINED)
+      event != VIR_DOMAIN_EVENT_UNDEFINED && !paused)
     return 0;
   auto* self = static_cast<LibvirtBackend*>(opaque);
   const char* name = api->virDomainGetName(domain);

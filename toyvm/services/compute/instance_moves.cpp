@@ -223,8 +223,8 @@ awaitable<bool> Instance::resize_here(MoveRecord move, int64_t revision, DomainS
 }
 
 awaitable<bool> Instance::power_off_to_move(DomainState here) {
-  if (here != DomainState::running) co_return true;
-  co_await shut_down_gracefully();
+  if (here == DomainState::stopped) co_return true;
+  if (here == DomainState::running) co_await shut_down_gracefully();  // a paused guest cannot hear it
   if (auto off = co_await ctx_.virt(&VirtBackend::stop, uuid_); !off) {
     spdlog::error("instance {}: powering it off to move it: {}", uuid_, off.error().message());
     co_return false;
