@@ -91,6 +91,9 @@ awaitable<void> Instances::apply_move_listing(RangeResult listed) {
 }
 
 void Instances::observe(const std::string& uuid, bool started) {
+  // What this host publishes follows its libvirt as the events come: a destination's copy
+  // that libvirt dropped with an aborted send has no instance here any more to say so.
+  if (steps_) steps_->presence.publish(uuid);
   if (auto found = find(uuid)) found->domain_changed(started);  // others are the resync's business
 }
 
