@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <sys/stat.h>
 
 using namespace toyvm;
@@ -16,6 +18,28 @@ TEST_CASE("an empty file gives the documented defaults") {
   CHECK(config->placement.token == "admin");
   CHECK(config->compute.policy.reserved_memory_mb == 512);
   CHECK(config->compute.policy.cpu_allocation_ratio == 4.0);
+}
+
+TEST_CASE("the packaged configuration file is the README's list, every key commented out at its default") {
+  auto read = [](const char* path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string file = read(TOYVM_SOURCE_ROOT "/contrib/toyvm.toml");
+  REQUIRE_FALSE(file.empty());
+  // Its opening comment dropped and each key uncommented: the README's block, to the byte.
+  std::istringstream lines(file);
+  std::string line, keys;
+  bool opened = false;
+  while (std::getline(lines, line)) {
+    opened = opened || line.starts_with("[");
+    if (!opened) continue;
+    if (line.size() > 1 && line[0] == '#' && line[1] >= 'a' && line[1] <= 'z') line.erase(0, 1);
+    keys += line + "\n";
+  }
+  CHECK(read(TOYVM_SOURCE_ROOT "/README.md").find("```toml\n" + keys + "```") != std::string::npos);
+  auto config = parse_config(keys);
+  CHECK(config);
 }
 
 TEST_CASE("every section is read") {
