@@ -40,7 +40,7 @@ echo "package: building (dpkg-buildpackage -b)" >&2
 deb=$(ls "$work"/toyvm_*.deb)
 
 # lintian's errors fail the test; its warnings are printed.
-lintian --fail-on error --suppress-tags running-lintian-as-root "$deb" ||
+lintian --fail-on error "$deb" ||
   fail "lintian found errors in $deb"
 
 dpkg -i "$deb" >/dev/null
@@ -53,10 +53,12 @@ echo "package: /usr/bin/toyvm --version: $version" >&2
 
 units=(/lib/systemd/system/toyvm-compute.service /lib/systemd/system/toyvm-mdserver.service)
 for unit in "${units[@]}"; do [ -f "$unit" ] || fail "$unit is not installed"; done
-# Offline: no systemd need run here; any complaint about a unit fails the test.
+# Offline: no systemd need run here. Any complaint about toyvm's units fails the test (it
+# also reads the machine's other units, and may say what it thinks of them).
 said=$(SYSTEMD_LOG_LEVEL=warning systemd-analyze verify --man=no "${units[@]}" 2>&1) ||
   fail "systemd-analyze verify: $said"
-[ -z "$said" ] || fail "systemd-analyze verify: $said"
+ours=$(grep -i toyvm <<<"$said" || true)
+[ -z "$ours" ] || fail "systemd-analyze verify: $ours"
 # Installed, not enabled or started: each needs the host's configuration first.
 for unit in "${units[@]}"; do
   [ ! -e "/etc/systemd/system/multi-user.target.wants/$(basename "$unit")" ] || fail "$unit was enabled on install"
