@@ -6,10 +6,11 @@
 
 namespace toyvm {
 
-// paused: its vCPUs stopped by a migration that ended without resuming it. libvirt leaves such
-// a guest to whoever asked for the move: its daemon died between sending the guest and hearing
-// whether the destination runs it, or it could not resume the guest after a failed send. A
-// guest paused by anyone else (virsh suspend, an I/O error) counts as running: theirs to resume.
+// paused: its vCPUs stopped by a migration: in its last moments, or one that ended without
+// resuming it, which libvirt leaves to whoever asked for the move (its daemon died between
+// sending the guest and hearing whether the destination runs it, or it could not resume the
+// guest after a failed send); or for a reason libvirt does not know. A guest paused by anyone
+// else (virsh suspend, an I/O error) counts as running: theirs to resume.
 enum class DomainState { absent, running, paused, stopped };
 
 // Why a domain is shut off, as libvirt tells it.

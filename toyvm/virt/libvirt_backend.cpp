@@ -128,7 +128,8 @@ result<void> LibvirtBackend::start(const std::string& uuid) {
 }
 
 result<void> LibvirtBackend::resume(virDomainPtr dom, const std::string& uuid) {
-  spdlog::warn("instance {}: a move left its guest paused; resuming it", uuid);
+  spdlog::warn("instance {}: its guest was left paused (by a move, or for a reason libvirt does not know); "
+               "resuming it", uuid);
   if (api->virDomainResume(dom) == 0) return {};
   auto refused = fail(errc::launch_failure, "resuming it");
   if (refused == errc::virt_unavailable) return refused;
