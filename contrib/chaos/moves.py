@@ -43,13 +43,30 @@ TICK = re.compile(r"toyvm-guest: tick (\d+)")
 
 def last_tick(path):
     """The guest's count in this boot: 0 until a guest that booted again (a resize, a cold move,
-    a stop and start) counts, though its log still holds the boot before."""
+    a stop and start) counts, though its log still holds the boot before. A boot begins with
+    the kernel's first line, before the guest's own marker."""
     try:
         text = pathlib.Path(path).read_text(errors="replace")
     except OSError:
         return 0
-    ticks = TICK.findall(text[text.rfind("toyvm-guest: booted"):] if "toyvm-guest: booted" in text else text)
+    boot = max(text.rfind("toyvm-guest: booted"), text.rfind("] Linux version "), 0)
+    ticks = TICK.findall(text[boot:])
     return int(ticks[-1]) if ticks else 0
+
+
+def qemu_started(uuid):
+    """When the newest QEMU running the guest started (seconds since the epoch), or None."""
+    booted = time.time() - float(pathlib.Path("/proc/uptime").read_text().split()[0])
+    newest = None
+    found = subprocess.run(["pgrep", "-f", f"guest=toyvm-{uuid}"], capture_output=True, text=True).stdout.split()
+    for pid in found:
+        try:  # starttime, the 22nd field, in clock ticks since boot; the name may hold spaces
+            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            started = booted + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            continue
+        newest = started if newest is None else max(newest, started)
+    return newest
 
 
 def virsh(uri, *args):
@@ -267,8 +284,21 @@ class Campaign:
         return candidates[self.rng.randrange(1 << 30) % len(candidates)] if candidates else None
 
     def ticks(self, instance):
+        """The guest's count now, 0 unless it counts in this boot: a guest started again (a stop
+        and start, a resize, a cold move) prints nothing for seconds (its kernel is quiet), and
+        its log ends with the boot before's count, written before its QEMU started."""
         name = self.cloud.host_name(instance["host"])
-        return last_tick(self.cloud.console_log(name, instance["uuid"])) if name else 0
+        if not name:
+            return 0
+        log = self.cloud.console_log(name, instance["uuid"])
+        count = last_tick(log)
+        started = qemu_started(instance["uuid"])
+        try:
+            if count and started and started > log.stat().st_mtime:
+                return 0
+        except OSError:
+            return 0
+        return count
 
     def ask_move(self, kind):
         instance = self.pick({"ACTIVE"} if kind == "live" else {"ACTIVE", "STOPPED"})
