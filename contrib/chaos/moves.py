@@ -473,7 +473,10 @@ def main():
     finally:
         if cloud:
             for uuid in campaign.all if campaign else ():
-                cloud.run("destroy", uuid, timeout=120)
+                try:
+                    cloud.run("destroy", uuid, timeout=120)
+                except subprocess.TimeoutExpired:
+                    problems.append(f"destroy {uuid} did not end within 120 s")
             cloud.shutdown()
     counts = campaign.counts if campaign else {}
     print("moves: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))

@@ -135,7 +135,7 @@ result<void> LibvirtBackend::resume(virDomainPtr dom, const std::string& uuid) {
   if (refused == errc::virt_unavailable) return refused;
   // A job of libvirt's may hold it still: asked again later, never pulled from under it.
   virDomainJobInfo job{};
-  if (api->virDomainGetJobInfo(dom, &job) < 0 || job.type != VIR_DOMAIN_JOB_NONE) return refused;
+  if (api->virDomainGetJobInfo(dom, &job) < 0 || job_runs(job)) return refused;
   spdlog::error("instance {}: {}; restarting it", uuid, refused.message());
   if (api->virDomainDestroy(dom) < 0 && api->virDomainIsActive(dom) != 0) return fail(errc::launch_failure, "stopping it");
   if (auto network = ensure_network(); !network) return network;

@@ -115,6 +115,11 @@ class LibvirtBackend final : public VirtBackend {
   void forget_owned(const std::string& uuid);
 
   result<void> power_off(const std::string& uuid, int (*call)(virDomainPtr), const char* doing);
+  // A job runs on the domain. libvirt goes on reporting one that ended (completed, failed,
+  // cancelled) as its current job: a send it could not finish reads "failed" for good.
+  static bool job_runs(const virDomainJobInfo& job) {
+    return job.type == VIR_DOMAIN_JOB_BOUNDED || job.type == VIR_DOMAIN_JOB_UNBOUNDED;
+  }
   // The state of a domain of this agent's (DomainState::paused: a move left it paused).
   result<DomainState> state_of(virDomainPtr dom);
   // Its guest running again after a move left it paused; restarted when libvirt cannot

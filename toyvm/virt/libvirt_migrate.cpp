@@ -287,7 +287,7 @@ result<bool> LibvirtBackend::migrating(const std::string& uuid) {
   // Readable job information is the answer; the destination's copy has none to read while it
   // is being filled, and says so by its state.
   virDomainJobInfo job{};
-  if (api->virDomainGetJobInfo(dom.ptr, &job) == 0) return job.type != VIR_DOMAIN_JOB_NONE;
+  if (api->virDomainGetJobInfo(dom.ptr, &job) == 0) return job_runs(job);
   int state = 0, reason = 0;
   if (api->virDomainGetState(dom.ptr, &state, &reason, 0) < 0) return fail(errc::launch_failure);
   return state == VIR_DOMAIN_PAUSED && (reason == VIR_DOMAIN_PAUSED_MIGRATION || reason == VIR_DOMAIN_PAUSED_STARTING_UP ||
