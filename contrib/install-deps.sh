@@ -8,8 +8,9 @@ build_pkgs=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsimdjson-dev libcli11-dev libtomlplusplus-dev catch2 libspdlog-dev libfmt-dev
   libvirt-dev libisofs-dev libssl-dev libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
-  # The Debian package (debian/), built and checked by the package suite.
-  dpkg-dev debhelper lintian
+  # The Debian package (debian/), built and checked by the package suite; dpkg-buildpackage
+  # requires build-essential as every package's implicit build dependency.
+  dpkg-dev build-essential debhelper lintian
 )
 # Real servers the integration tests and the quick start run on loopback.
 service_pkgs=(
