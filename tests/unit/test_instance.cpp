@@ -285,15 +285,19 @@ TEST_CASE("a domain without work is destroyed") {
   REQUIRE(agent.run_until([&] { return !agent.instances.find(uuid); }));
 }
 
-TEST_CASE("a cold move undone after this host lost its guest ends, and the guest is made again") {
-  Agent agent;
-  agent.put_work(PowerState::running);
-  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
-  // Placement: the migration consumer holds nothing any more (the books are back).
+// Placement: the migration consumer holds nothing any more (the books are back).
+void books_already_back(Agent& agent) {
   agent.placement_server.answer = [](const fakes::PlacementRequest& r) {
     if (r.method == "GET") return fakes::PlacementAnswer{200, R"({"allocations": {}, "consumer_generation": 1})"};
     return fakes::PlacementAnswer{};
   };
+}
+
+TEST_CASE("a cold move undone after this host lost its guest ends, and the guest is made again") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  books_already_back(agent);
   // Its libvirt lost the domain (a restart of the test driver, a host that lost its disks)
   // while a cold move of it was being undone.
   agent.hypervisor().destroy(uuid);
@@ -328,10 +332,7 @@ TEST_CASE("a live send libvirt could not finish asks the destination, and the gu
   Agent agent;
   agent.put_work(PowerState::running);
   REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
-  agent.placement_server.answer = [](const fakes::PlacementRequest& r) {
-    if (r.method == "GET") return fakes::PlacementAnswer{200, R"({"allocations": {}, "consumer_generation": 1})"};
-    return fakes::PlacementAnswer{};
-  };
+  books_already_back(agent);
   // Its libvirt died after sending the guest, before it knew whether the destination runs it.
   agent.hypervisor().set(uuid, FakeVirt::Domain{DomainState::paused, StopCause::unknown, {}});
   const std::string destination = "5b9c3e5e-8d7e-4a57-9d36-2f0d4a9c0002";
