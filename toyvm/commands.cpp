@@ -193,13 +193,12 @@ CommandEntry host(CLI::App& command) {
 }
 
 CommandEntry evacuate(CLI::App& command) {
-  auto o = owned<HostOptions>();
-  o->action = HostOptions::Action::evacuate;
-  command.add_option("host", o->host, "host name or provider uuid")->required();
+  auto host = owned<std::string>();
+  command.add_option("host", *host, "host name or provider uuid")->required();
   command.footer("Only for a host whose agent is down, and which will not run its guests meanwhile (powered off\n"
                  "or cut off): each instance is rebuilt elsewhere from its image with a fresh disk.\n"
                  "Example: toyvm evacuate compute-3");
-  return [o](const Config& c) { return run_host(c, *o); };
+  return [host](const Config& c) { return run_evacuate(c, *host); };
 }
 
 CommandEntry mdserver(CLI::App& command) {

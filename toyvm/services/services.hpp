@@ -81,7 +81,7 @@ struct MigrateOptions {
 int run_migrate(const Config& config, const MigrateOptions& options);
 
 struct HostOptions {
-  enum class Action { disable, enable, evacuate, drain };
+  enum class Action { disable, enable, drain };
   std::string host;     // its name or provider uuid
   Action action = Action::disable;
   std::string reason;   // why it is disabled, shown by `show --hosts`
@@ -89,6 +89,9 @@ struct HostOptions {
   Duration move_timeout = std::chrono::seconds(600);  // drain: for each move
 };
 int run_host(const Config& config, const HostOptions& options);
+
+// toyvm evacuate: a dead host's instances rebuilt elsewhere.
+int run_evacuate(const Config& config, const std::string& host);
 
 struct MdserverOptions {
   std::vector<std::string> listen;  // ADDRESS:PORT; empty: config's
