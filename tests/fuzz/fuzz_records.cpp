@@ -25,7 +25,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)toyvm::decode_group_member(text);
   toyvm::GuestView guest;
   (void)toyvm::route_metadata("GET", text, &guest);
-  std::string decoded;
-  if (toyvm::base64_decode(text, decoded) && toyvm::base64_encode(decoded) != text) __builtin_trap();
+  if (auto decoded = toyvm::base64_decode(text); decoded && toyvm::base64_encode(*decoded) != text) __builtin_trap();
   return 0;
 }

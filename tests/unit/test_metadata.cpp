@@ -163,24 +163,24 @@ TEST_CASE("base64 round-trips every byte and refuses garbage") {
   std::string all;
   for (int i = 0; i < 256; ++i) all.push_back(char(i));
   for (size_t n : {0, 1, 2, 3, 4, 255, 256}) {
-    std::string part = all.substr(0, n), back;
-    REQUIRE(base64_decode(base64_encode(part), back));
-    CHECK(back == part);
+    std::string part = all.substr(0, n);
+    CHECK(base64_decode(base64_encode(part)) == part);
   }
   CHECK(base64_encode("hi") == "aGk=");
-  std::string out;
-  CHECK_FALSE(base64_decode("abc", out));
-  CHECK_FALSE(base64_decode("ab!d", out));
-  CHECK_FALSE(base64_decode("a===", out));
-  CHECK_FALSE(base64_decode("aGk=aGk=", out));
+  CHECK(base64_decode("aGk=") == "hi");
+  CHECK_FALSE(base64_decode("abc"));
+  CHECK_FALSE(base64_decode("ab!d"));
+  CHECK_FALSE(base64_decode("a==="));
+  CHECK_FALSE(base64_decode("aGk=aGk="));
+  CHECK_FALSE(base64_decode(" aGk"));  // OpenSSL's decoder forgives spaces around the text
+  CHECK_FALSE(base64_decode("aGk=\n\n\n\n"));
 }
 
 TEST_CASE("base64 refuses non-canonical padding bits") {
-  std::string out;
-  CHECK_FALSE(base64_decode("++==", out));  // found by fuzz_records
-  CHECK(base64_decode("+w==", out));
-  CHECK_FALSE(base64_decode("aGl=", out));
-  CHECK(base64_decode("aGk=", out));
+  CHECK_FALSE(base64_decode("++=="));  // found by fuzz_records
+  CHECK(base64_decode("+w=="));
+  CHECK_FALSE(base64_decode("aGl="));
+  CHECK(base64_decode("aGk="));
 }
 
 #include "model/rate_limit.hpp"

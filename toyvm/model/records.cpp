@@ -292,7 +292,10 @@ result<WorkSpec> decode_work(std::string_view text) {
     if (key == "resources") return read_amounts(v, s.resources);
     if (key == "user_data") {
       std::string encoded;
-      return read_string(v, encoded) && base64_decode(encoded, s.user_data);
+      if (!read_string(v, encoded)) return false;
+      auto decoded = base64_decode(encoded);
+      if (decoded) s.user_data = std::move(*decoded);
+      return decoded.has_value();
     }
     if (key == "keys") {
       od::array keys;
