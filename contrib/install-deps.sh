@@ -8,6 +8,7 @@ build_pkgs=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsimdjson-dev libcli11-dev libtomlplusplus-dev catch2 libspdlog-dev libfmt-dev
   libvirt-dev libisofs-dev libssl-dev libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
+  prometheus-cpp-dev libxml2-dev
   # The Debian package (debian/), built and checked by the package suite; dpkg-buildpackage
   # requires build-essential as every package's implicit build dependency.
   dpkg-dev build-essential debhelper lintian

@@ -1,10 +1,15 @@
 #include "core/metrics.hpp"
 
-#include <fmt/format.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
-#include <algorithm>
 #include <map>
 #include <mutex>
+#include <variant>
 
 namespace toyvm::metrics {
 namespace {
@@ -17,6 +22,9 @@ struct Family {
   const char* help;
   std::vector<double> buckets;  // histograms: upper bounds, ascending
 };
+
+using Registered = std::variant<prometheus::Family<prometheus::Counter>*, prometheus::Family<prometheus::Gauge>*,
+                                prometheus::Family<prometheus::Histogram>*>;
 
 const std::vector<double> request_buckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 const std::vector<double> build_buckets{0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300};
@@ -51,17 +59,29 @@ const std::vector<Family>& families() {
   return all;
 }
 
-struct Series {
-  double value = 0;                  // counters and gauges
-  std::vector<uint64_t> bucket_hits; // histograms: per bucket, not cumulative
-  double sum = 0;
-  uint64_t count = 0;
-};
-
+// Each family registered once, in the order above; a series is made the first time its labels
+// are used.
 struct Registry {
-  std::mutex mutex;
-  std::map<std::string, std::map<Labels, Series>, std::less<>> series;
+  prometheus::Registry registry;
+  std::map<std::string_view, std::pair<const Family*, Registered>> by_name;
+  std::mutex mutex;  // the refreshers
   std::vector<std::function<void()>> refreshers;
+
+  Registry() {
+    for (const Family& family : families()) {
+      Registered made;
+      switch (family.type) {
+        case Type::counter:
+          made = &prometheus::BuildCounter().Name(family.name).Help(family.help).Register(registry);
+          break;
+        case Type::gauge: made = &prometheus::BuildGauge().Name(family.name).Help(family.help).Register(registry); break;
+        case Type::histogram:
+          made = &prometheus::BuildHistogram().Name(family.name).Help(family.help).Register(registry);
+          break;
+      }
+      by_name.emplace(family.name, std::pair{&family, made});
+    }
+  }
 };
 
 Registry& registry() {
@@ -69,68 +89,31 @@ Registry& registry() {
   return r;
 }
 
-const Family* find(std::string_view name) {
-  for (const Family& family : families())
-    if (family.name == name) return &family;
-  return nullptr;
-}
+prometheus::Labels as_map(const Labels& labels) { return {labels.begin(), labels.end()}; }
 
-Labels sorted(Labels labels) {
-  std::sort(labels.begin(), labels.end());
-  return labels;
-}
-
-// A label value or help text as the text format wants it escaped.
-std::string escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
-  }
-  return out;
-}
-
-std::string label_text(const Labels& labels, const std::string& extra = {}) {
-  std::string text;
-  for (const auto& [key, value] : labels) text += fmt::format("{}{}=\"{}\"", text.empty() ? "" : ",", key, escape(value));
-  if (!extra.empty()) text += (text.empty() ? "" : ",") + extra;
-  return text.empty() ? "" : "{" + text + "}";
-}
-
-std::string number(double value) {
-  if (value == double(int64_t(value))) return fmt::format("{}", int64_t(value));
-  return fmt::format("{}", value);
+template <typename Metric>
+prometheus::Family<Metric>* family_of(std::string_view name) {
+  auto found = registry().by_name.find(name);
+  if (found == registry().by_name.end()) return nullptr;
+  auto* family = std::get_if<prometheus::Family<Metric>*>(&found->second.second);
+  return family ? *family : nullptr;
 }
 
 }  // namespace
 
 void count(std::string_view name, const Labels& labels, double by) {
-  if (!find(name)) return;
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  r.series[std::string(name)][sorted(labels)].value += by;
+  if (auto* family = family_of<prometheus::Counter>(name)) family->Add(as_map(labels)).Increment(by);
 }
 
 void set(std::string_view name, double value, const Labels& labels) {
-  if (!find(name)) return;
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  r.series[std::string(name)][sorted(labels)].value = value;
+  if (auto* family = family_of<prometheus::Gauge>(name)) family->Add(as_map(labels)).Set(value);
 }
 
 void observe(std::string_view name, double value, const Labels& labels) {
-  const Family* family = find(name);
-  if (!family || family->type != Type::histogram) return;
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  Series& s = r.series[std::string(name)][sorted(labels)];
-  s.bucket_hits.resize(family->buckets.size());
-  auto bound = std::lower_bound(family->buckets.begin(), family->buckets.end(), value);
-  if (bound != family->buckets.end()) ++s.bucket_hits[size_t(bound - family->buckets.begin())];
-  s.sum += value;
-  s.count += 1;
+  auto* family = family_of<prometheus::Histogram>(name);
+  if (!family) return;
+  const Family& declared = *registry().by_name.find(name)->second.first;
+  family->Add(as_map(labels), declared.buckets).Observe(value);
 }
 
 void on_render(std::function<void()> refresh) {
@@ -147,30 +130,7 @@ std::string render() {
     refreshers = r.refreshers;
   }
   for (auto& refresh : refreshers) refresh();
-  std::lock_guard lock(r.mutex);
-  std::string out;
-  for (const Family& family : families()) {
-    auto found = r.series.find(std::string_view(family.name));
-    if (found == r.series.end()) continue;
-    const char* type = family.type == Type::counter ? "counter" : family.type == Type::gauge ? "gauge" : "histogram";
-    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", family.name, escape(family.help), family.name, type);
-    for (const auto& [labels, s] : found->second) {
-      if (family.type != Type::histogram) {
-        out += fmt::format("{}{} {}\n", family.name, label_text(labels), number(s.value));
-        continue;
-      }
-      uint64_t cumulative = 0;
-      for (size_t i = 0; i < family.buckets.size(); ++i) {
-        cumulative += i < s.bucket_hits.size() ? s.bucket_hits[i] : 0;
-        out += fmt::format("{}_bucket{} {}\n", family.name,
-                           label_text(labels, fmt::format("le=\"{}\"", number(family.buckets[i]))), cumulative);
-      }
-      out += fmt::format("{}_bucket{} {}\n", family.name, label_text(labels, "le=\"+Inf\""), s.count);
-      out += fmt::format("{}_sum{} {}\n", family.name, label_text(labels), number(s.sum));
-      out += fmt::format("{}_count{} {}\n", family.name, label_text(labels), s.count);
-    }
-  }
-  return out;
+  return prometheus::TextSerializer().Serialize(r.registry.Collect());
 }
 
 }  // namespace toyvm::metrics

@@ -1,8 +1,8 @@
 #pragma once
-// Prometheus metrics: counters, gauges and histograms with labels, one registry per process,
-// written out in Prometheus' text exposition format (0.0.4). Every metric toyvm has is listed
-// in metrics.cpp, with its help text and buckets; a name that is not there is a programming
-// error and is ignored.
+// Prometheus metrics: counters, gauges and histograms with labels, one registry per process
+// (prometheus-cpp's), written out in Prometheus' text exposition format (0.0.4). Every metric
+// toyvm has is listed in metrics.cpp, with its help text and buckets; a name that is not there
+// is a programming error and is ignored.
 
 #include <functional>
 #include <string>
