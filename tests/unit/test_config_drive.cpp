@@ -79,6 +79,7 @@ TEST_CASE("a libvirt network's DNS is its IPv4 address, unless its DNS is off") 
   CHECK(network_dns_addresses(nat) == std::vector<std::string>{"192.168.122.1"});
   CHECK(network_dns_addresses("<network><dns enable='no'/><ip address='10.0.0.1'/></network>").empty());
   CHECK(network_dns_addresses("<network><forward mode='bridge'/><bridge name='br0'/></network>").empty());
+  CHECK(network_dns_addresses("<network><ip address='10.0.0.1'").empty());  // cut short: nothing taken
 }
 
 #include "virt/host_network.hpp"

@@ -1,5 +1,6 @@
 #include "model/image.hpp"
 #include "virt/backend.hpp"
+#include "virt/libvirt_xml.hpp"
 
 #include "catch_result.hpp"
 
@@ -211,6 +212,11 @@ TEST_CASE("domain XML: kernel boot, overlay disk, NIC, serial log and SMBIOS") {
   xml = domain_xml(spec, options, "");
   CHECK(xml.find("<metadata><toyvm:owner xmlns:toyvm='urn:toyvm:owner:1'>853557e9-7dc3-438c-9239-f54b9673f509"
                  "</toyvm:owner></metadata>") != std::string::npos);
+  // Read back as libvirt gives the element (its own namespace, or none), escapes undone.
+  CHECK(owner_in_metadata("<owner>853557e9-7dc3-438c-9239-f54b9673f509</owner>") == options.owner);
+  CHECK(owner_in_metadata("<owner xmlns=\"urn:toyvm:owner:1\">a&amp;b</owner>") == "a&b");
+  CHECK_FALSE(owner_in_metadata("<other>a</other>"));
+  CHECK_FALSE(owner_in_metadata("<owner>a"));
 
   spec.image = BootImage{};
   options.network.clear();

@@ -3,6 +3,7 @@
 
 #include "virt/host_network.hpp"
 #include "virt/libvirt_backend.hpp"
+#include "virt/libvirt_xml.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -169,7 +170,7 @@ std::optional<bool> LibvirtBackend::owned(virDomainPtr domain, const std::string
   char* element = api->virDomainGetMetadata(domain, VIR_DOMAIN_METADATA_ELEMENT, owner_namespace, 0);
   // No element of ours: someone else's. Any other failure says nothing either way.
   if (!element) return last_error_is(VIR_ERR_NO_DOMAIN_METADATA) ? std::optional<bool>(false) : std::nullopt;
-  bool mine = std::string_view(element) == "<owner>" + options_.owner + "</owner>";
+  bool mine = owner_in_metadata(element) == options_.owner;
   free(element);
   if (mine) {
     std::lock_guard lock(owners_mutex_);

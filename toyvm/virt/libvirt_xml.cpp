@@ -1,12 +1,16 @@
 // What toyvm tells libvirt, as XML: the domain, the storage pool and the disk overlays, with
-// the names and paths an instance gets; and the one thing it reads back from libvirt's XML,
-// a network's DNS addresses. No libvirt call here: all of it is unit tested.
+// the names and paths an instance gets; and what it reads back from libvirt's XML, a
+// network's DNS addresses and a domain's owner. No libvirt call here: all of it is unit tested.
 
 #include "virt/libvirt_xml.hpp"
 
 #include "core/sha256.hpp"
 
 #include <fmt/format.h>
+#include <libxml/parser.h>
+#include <libxml/tree.h>
+
+#include <memory>
 
 namespace toyvm {
 
@@ -61,22 +65,53 @@ std::string config_drive_path(const std::string& instance_dir, const std::string
   return instance_path(instance_dir, uuid) + "/config-drive.iso";
 }
 
+namespace {
+
+// libvirt's XML read whole by libxml2 (loaded with libvirt anyway), never searched as text.
+using XmlDocument = std::unique_ptr<xmlDoc, decltype(&xmlFreeDoc)>;
+
+XmlDocument parse_xml(std::string_view xml) {
+  return {xmlReadMemory(xml.data(), int(xml.size()), nullptr, nullptr,
+                        XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING),
+          xmlFreeDoc};
+}
+
+bool named(const xmlNode* node, const char* name) {
+  return node->type == XML_ELEMENT_NODE && xmlStrEqual(node->name, BAD_CAST name);
+}
+
+std::optional<std::string> attribute(const xmlNode* node, const char* name) {
+  xmlChar* value = xmlGetProp(node, BAD_CAST name);
+  if (!value) return std::nullopt;
+  std::string text(reinterpret_cast<const char*>(value));
+  xmlFree(value);
+  return text;
+}
+
+}  // namespace
+
 std::vector<std::string> network_dns_addresses(std::string_view xml) {
-  // libvirt writes its XML itself, attributes in single quotes; only <ip> elements of the
-  // network carry an address attribute and, for IPv6, family='ipv6'.
   std::vector<std::string> addresses;
-  if (xml.find("<dns enable='no'") != std::string_view::npos) return addresses;
-  for (size_t at = xml.find("<ip "); at != std::string_view::npos; at = xml.find("<ip ", at + 1)) {
-    std::string_view element = xml.substr(at, xml.find('>', at) - at);
-    if (element.find("family='ipv6'") != std::string_view::npos) continue;
-    constexpr std::string_view attribute = "address='";
-    size_t start = element.find(attribute);
-    if (start == std::string_view::npos) continue;
-    start += attribute.size();
-    size_t end = element.find('\'', start);
-    if (end != std::string_view::npos) addresses.emplace_back(element.substr(start, end - start));
+  XmlDocument document = parse_xml(xml);
+  const xmlNode* network = document ? xmlDocGetRootElement(document.get()) : nullptr;
+  if (!network || !named(network, "network")) return addresses;
+  for (const xmlNode* child = network->children; child; child = child->next) {
+    if (named(child, "dns") && attribute(child, "enable") == "no") return {};
+    if (!named(child, "ip") || attribute(child, "family") == "ipv6") continue;
+    if (auto address = attribute(child, "address")) addresses.push_back(std::move(*address));
   }
   return addresses;
+}
+
+std::optional<std::string> owner_in_metadata(std::string_view element) {
+  XmlDocument document = parse_xml(element);
+  const xmlNode* owner = document ? xmlDocGetRootElement(document.get()) : nullptr;
+  if (!owner || !named(owner, "owner")) return std::nullopt;
+  xmlChar* text = xmlNodeGetContent(owner);
+  if (!text) return std::nullopt;
+  std::string name(reinterpret_cast<const char*>(text));
+  xmlFree(text);
+  return name;
 }
 
 std::string instance_mac(const std::string& uuid) {

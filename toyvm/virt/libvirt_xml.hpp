@@ -5,6 +5,7 @@
 #include "virt/backend.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -21,5 +22,9 @@ std::string overlay_volume_xml(const std::string& uuid, uint64_t capacity, const
 
 // The overlay's volume name in the pool.
 std::string overlay_name(const std::string& uuid);
+
+// The agent named in a domain's toyvm metadata element, as virDomainGetMetadata gives it;
+// nothing when it is not such an element.
+std::optional<std::string> owner_in_metadata(std::string_view element);
 
 }  // namespace toyvm
