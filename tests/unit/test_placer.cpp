@@ -1,13 +1,12 @@
-// The placer against Placement's HTTP face and etcd in memory: first-fit claims through
-// conflicts, and the one move engine's outcomes, without servers.
+// The placer against Placement (its HTTP face, or in memory) and etcd in memory: first-fit
+// claims through conflicts, and the one move engine's outcomes, without servers.
 #include "fakes/fake_etcd.hpp"
 #include "fakes/fake_placement.hpp"
+#include "fakes/memory_placement.hpp"
 
 #include "services/placer.hpp"
 
 #include "catch_result.hpp"
-
-#include <boost/json.hpp>
 
 #include <boost/asio/executor_work_guard.hpp>
 
@@ -15,6 +14,7 @@ using namespace toyvm;
 using namespace std::chrono_literals;
 using fakes::FakeEtcd;
 using fakes::FakePlacement;
+using fakes::MemoryPlacement;
 using fakes::PlacementAnswer;
 using fakes::PlacementRequest;
 
@@ -28,96 +28,13 @@ PlacementAnswer conflict(const std::string& code, const std::string& detail) {
   return {409, R"({"errors": [{"status": 409, "code": ")" + code + R"(", "detail": ")" + detail + R"("}]})"};
 }
 
-std::string allocations_json(const std::string& host) {
-  return R"({")" + host + R"(": {"resources": {"VCPU": 1}}})";
-}
-
 const std::string migration = "11111111-2222-4333-8444-555555555555";
 
-// A Placement holding one consumer's allocation on one host at a generation (and its
-// migration consumer's, while it moves), offering the hosts in `offered` as candidates.
-struct PlacementBooks {
-  std::string held_on;  // empty: the consumer holds nothing
-  int generation = 1;
-  std::vector<std::string> offered;
-  std::string migration_on{};  // where the migration consumer holds the source's share
-  int migration_generation = 0;
-
-  // The one host a consumer's allocations in a request body name (empty: none).
-  static std::string host_of(const boost::json::value& consumer) {
-    const auto& allocations = consumer.at("allocations").as_object();
-    return allocations.empty() ? "" : std::string(allocations.begin()->key());
-  }
-
-  PlacementAnswer answer(const PlacementRequest& request) {
-    if (request.method == "GET" && request.target == "/allocations/" + migration) {
-      std::string body = R"({"allocations": )" +
-                         (migration_on.empty() ? std::string("{}") : allocations_json(migration_on)) +
-                         R"(, "consumer_generation": )" + std::to_string(migration_generation) + "}";
-      return {200, body};
-    }
-    if (request.method == "GET" && request.target.starts_with("/allocations/")) {
-      std::string body = R"({"allocations": )" + (held_on.empty() ? std::string("{}") : allocations_json(held_on)) +
-                         R"(, "consumer_generation": )" + std::to_string(generation) + "}";
-      return {200, body};
-    }
-    // Both consumers at once, each under the generation it was read at.
-    if (request.method == "POST" && request.target == "/allocations") {
-      auto body = boost::json::parse(request.body).as_object();
-      const auto& instance = body.at(uuid);
-      const auto& moving = body.at(migration);
-      if (instance.at("consumer_generation") != boost::json::value(generation) ||
-          (!moving.at("consumer_generation").is_null() &&
-           moving.at("consumer_generation") != boost::json::value(migration_generation)))
-        return conflict("placement.concurrent_update", "consumer generation conflict");
-      held_on = host_of(instance);
-      migration_on = host_of(moving);
-      ++generation;
-      ++migration_generation;
-      return {204, ""};
-    }
-    if (request.method == "GET" && request.target.starts_with("/allocation_candidates")) {
-      std::string requests, summaries;
-      for (const std::string& host : offered) {
-        requests += std::string(requests.empty() ? "" : ",") + R"({"allocations": )" + allocations_json(host) + "}";
-        summaries += std::string(summaries.empty() ? "" : ",") + "\"" + host +
-                     R"(": {"resources": {"VCPU": {"capacity": 8, "used": 0}}})";
-      }
-      return {200, R"({"allocation_requests": [)" + requests + R"(], "provider_summaries": {)" + summaries + "}}"};
-    }
-    if (request.method == "PUT" && request.target == "/allocations/" + uuid) {
-      const std::string expected = R"("consumer_generation":)" + std::to_string(generation);
-      if (request.body.find(expected) == std::string::npos)
-        return conflict("placement.concurrent_update", "consumer generation conflict");
-      held_on = request.body.find(host_a) != std::string::npos ? host_a : host_b;
-      ++generation;
-      return {204, ""};
-    }
-    return {404, R"({"errors": [{"status": 404, "detail": "not here"}]})"};
-  }
-};
-
-struct Bench {
+// An event loop for the placer's coroutines, run to each one's end.
+struct Loop {
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> busy = asio::make_work_guard(io);
-  FakePlacement placement_server{io};
-  Config config = [this] {
-    Config c;
-    c.placement.endpoint = placement_server.endpoint();
-    return c;
-  }();
-  std::shared_ptr<FakeEtcd> etcd = std::make_shared<FakeEtcd>();
-  PlacementClient placement{io.get_executor(), config.placement};
-  Placer placer{placement, *etcd, config};
-  KeyLayout keys{config.etcd.prefix};
 
-  ~Bench() {
-    placement_server.close();
-    busy.reset();
-    io.run_for(2s);
-  }
-
-  // Runs `task` on the loop to its end.
   template <class T>
   T run(awaitable<T> task) {
     std::optional<T> out;
@@ -130,6 +47,24 @@ struct Bench {
     REQUIRE(out);
     return std::move(*out);
   }
+};
+
+// The placer over Placement and etcd in memory: hosts A and B with room for two instances
+// each, and the instance holding VCPU:1 on A.
+struct Bench : Loop {
+  Config config;
+  std::shared_ptr<FakeEtcd> etcd = std::make_shared<FakeEtcd>();
+  MemoryPlacement placement;
+  Placer placer{placement, *etcd, config};
+  KeyLayout keys{config.etcd.prefix};
+
+  Bench() {
+    for (const std::string& host : {host_a, host_b}) {
+      placement.add_provider(host, host.substr(0, 8), {{"VCPU", 2}});
+      placement.providers_by_uuid[host].traits.insert(config.placement.provider_trait);  // toyvm's hosts
+    }
+    placement.consumers[uuid] = {{{host_a, {{"VCPU", 1}}}}, 1};
+  }
 
   void live(const std::vector<std::string>& hosts) {
     for (const std::string& host : hosts) {
@@ -140,10 +75,30 @@ struct Bench {
       etcd->put_now(keys.host(host), encode(record));
     }
   }
-  int puts() const {
-    int n = 0;
-    for (const PlacementRequest& r : placement_server.requests) n += r.method == "PUT";
-    return n;
+  // Placement's books, as a count of allocation writes.
+  int writes() const { return generation(uuid) + generation(migration) - 1; }
+  int generation(const std::string& consumer) const {
+    auto found = placement.consumers.find(consumer);
+    return found == placement.consumers.end() ? 0 : int(found->second.generation);
+  }
+};
+
+// The placer over Placement's HTTP face, for what its requests must be.
+struct HttpBench : Loop {
+  FakePlacement placement_server{io};
+  Config config = [this] {
+    Config c;
+    c.placement.endpoint = placement_server.endpoint();
+    return c;
+  }();
+  std::shared_ptr<FakeEtcd> etcd = std::make_shared<FakeEtcd>();
+  PlacementClient placement{io.get_executor(), config.placement};
+  Placer placer{placement, *etcd, config};
+
+  ~HttpBench() {
+    placement_server.close();
+    busy.reset();
+    io.run_for(2s);
   }
 };
 
@@ -170,7 +125,7 @@ struct Moving {
 }  // namespace
 
 TEST_CASE("a first-fit claim retries a host whose generation moved and passes one that is full") {
-  Bench bench;
+  HttpBench bench;
   std::vector<PlacementAnswer> answers{conflict("placement.concurrent_update", "resource provider generation conflict"),
                                        conflict("placement.undefined_code", "Unable to allocate inventory"),
                                        PlacementAnswer{204, ""}};
@@ -192,7 +147,7 @@ TEST_CASE("a first-fit claim retries a host whose generation moved and passes on
 }
 
 TEST_CASE("a first-fit claim with no host that fits says no allocations left") {
-  Bench bench;
+  HttpBench bench;
   bench.placement_server.answer = [](const PlacementRequest&) {
     return conflict("placement.undefined_code", "would exceed the capacity");
   };
@@ -205,15 +160,13 @@ TEST_CASE("a first-fit claim with no host that fits says no allocations left") {
 
 TEST_CASE("relocate moves the allocation and the work to another live host") {
   Bench bench;
-  PlacementBooks books{host_a, 1, {host_a, host_b}};
-  bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
   bench.live({host_a, host_b});
   Moving moving(bench);
   auto moved = bench.run(bench.placer.relocate(moving.move, moving.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::moved);
   CHECK(moved->host == host_b);
-  CHECK(books.held_on == host_b);
+  CHECK(bench.placement.held_on(uuid) == host_b);
   CHECK(bench.etcd->find(bench.keys.work(host_b, uuid)));
   CHECK_FALSE(bench.etcd->find(bench.keys.work(host_a, uuid)));
   auto record = decode_instance(bench.etcd->find(bench.keys.instance(uuid))->value);
@@ -223,8 +176,6 @@ TEST_CASE("relocate moves the allocation and the work to another live host") {
 
 TEST_CASE("relocate whose work changed meanwhile hands nothing over and puts the allocation back") {
   Bench bench;
-  PlacementBooks books{host_a, 1, {host_b}};
-  bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
   bench.live({host_a, host_b});
   Moving moving(bench);
   // A stop lands after the move read the work.
@@ -234,36 +185,33 @@ TEST_CASE("relocate whose work changed meanwhile hands nothing over and puts the
   auto moved = bench.run(bench.placer.relocate(moving.move, moving.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::put_back);
-  CHECK(books.held_on == host_a);
-  CHECK(bench.puts() == 2);  // there, and back
+  CHECK(bench.placement.held_on(uuid) == host_a);
+  CHECK(bench.writes() == 2);  // there, and back
   CHECK_FALSE(bench.etcd->find(bench.keys.work(host_b, uuid)));
   CHECK(decode_work(bench.etcd->find(bench.keys.work(host_a, uuid))->value)->power == PowerState::stopped);
 }
 
 TEST_CASE("relocate with no other live host that fits leaves everything where it was") {
   Bench bench;
-  PlacementBooks books{host_a, 1, {host_a, host_b}};
-  bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
   bench.live({host_a});  // B offers room but has no live agent
   Moving moving(bench);
   auto moved = bench.run(bench.placer.relocate(moving.move, moving.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::no_room);
-  CHECK(bench.puts() == 0);
-  CHECK(books.held_on == host_a);
+  CHECK(bench.writes() == 0);
+  CHECK(bench.placement.held_on(uuid) == host_a);
 }
 
 TEST_CASE("relocate of an instance another move already took is a lost race, and writes nothing") {
   Bench bench;
-  PlacementBooks books{host_b, 3, {host_a, host_b}};  // the allocation is on B already
-  bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
+  bench.placement.consumers[uuid] = {{{host_b, {{"VCPU", 1}}}}, 3};  // the allocation is on B already
   bench.live({host_a, host_b});
   Moving moving(bench);
   const int txns = bench.etcd->txns;
   auto moved = bench.run(bench.placer.relocate(moving.move, moving.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::lost_race);
-  CHECK(bench.puts() == 0);
+  CHECK(bench.generation(uuid) == 3);
   CHECK(bench.etcd->txns == txns);
 }
 
@@ -290,16 +238,14 @@ struct Asked {
 
 TEST_CASE("claim_move claims the best other host: the migration consumer keeps the source's share") {
   Bench bench;
-  PlacementBooks books{host_a, 1, {host_a, host_b}};
-  bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
   bench.live({host_a, host_b});
   Asked asked(bench);
   auto moved = bench.run(bench.placer.claim_move(asked.move, asked.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::moved);
   CHECK(moved->host == host_b);
-  CHECK(books.held_on == host_b);
-  CHECK(books.migration_on == host_a);
+  CHECK(bench.placement.held_on(uuid) == host_b);
+  CHECK(bench.placement.held_on(migration) == host_a);
   // The work stays with its source until the guest has moved; the record names where it goes.
   CHECK(bench.etcd->find(bench.keys.work(host_a, uuid)));
   CHECK_FALSE(bench.etcd->find(bench.keys.work(host_b, uuid)));
@@ -314,8 +260,6 @@ TEST_CASE("claim_move claims the best other host: the migration consumer keeps t
 
 TEST_CASE("claim_move whose record its source undid meanwhile swaps the books back") {
   Bench bench;
-  PlacementBooks books{host_a, 1, {host_b}};
-  bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
   bench.live({host_a, host_b});
   Asked asked(bench);
   MoveRecord undone = asked.record;
@@ -324,15 +268,13 @@ TEST_CASE("claim_move whose record its source undid meanwhile swaps the books ba
   auto moved = bench.run(bench.placer.claim_move(asked.move, asked.record));
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::put_back);
-  CHECK(books.held_on == host_a);
-  CHECK(books.migration_on.empty());
+  CHECK(bench.placement.held_on(uuid) == host_a);
+  CHECK(bench.placement.held_on(migration).empty());
   CHECK(decode_move(bench.etcd->find(bench.keys.move(uuid))->value)->state == MoveState::reverting);
 }
 
 TEST_CASE("claim_move to a named host asks Placement for that host only, and a resize may stay") {
   Bench bench;
-  PlacementBooks books{host_a, 1, {host_a}};
-  bench.placement_server.answer = [&](const PlacementRequest& r) { return books.answer(r); };
   bench.live({host_a, host_b});
   Asked asked(bench);
   asked.move.to = host_a;
@@ -345,10 +287,24 @@ TEST_CASE("claim_move to a named host asks Placement for that host only, and a r
   REQUIRE(moved);
   CHECK(moved->outcome == Relocated::Outcome::moved);
   CHECK(moved->host == host_a);
-  CHECK(books.held_on == host_a);
-  CHECK(books.migration_on == host_a);
+  CHECK(bench.placement.held_on(uuid) == host_a);
+  CHECK(bench.placement.held_on(migration) == host_a);
   int named = 0;
-  for (const PlacementRequest& r : bench.placement_server.requests)
-    named += r.target.starts_with("/allocation_candidates") && r.target.find("in_tree=" + host_a) != std::string::npos;
+  for (const std::string& query : bench.placement.queries) named += query.find("in_tree=" + host_a) != std::string::npos;
   CHECK(named == 2);
+}
+
+TEST_CASE("claim_move with Placement down says so, and writes nothing anywhere") {
+  Bench bench;
+  bench.live({host_a, host_b});
+  Asked asked(bench);
+  const int txns = bench.etcd->txns;
+  bench.placement.down = true;
+  auto moved = bench.run(bench.placer.claim_move(asked.move, asked.record));
+  REQUIRE_FALSE(moved);
+  CHECK(moved.error() == errc::placement_unavailable);
+  CHECK(bench.etcd->txns == txns);
+  CHECK(decode_move(bench.etcd->find(bench.keys.move(uuid))->value)->state == MoveState::preparing);
+  CHECK(bench.placement.held_on(uuid) == host_a);
+  CHECK(bench.placement.held_on(migration).empty());
 }

@@ -1,5 +1,5 @@
 #pragma once
-// A thin client for the OpenStack Placement API. Every call pins its own microversion.
+// The OpenStack Placement API as toyvm uses it, and a thin client for it.
 
 #include "clients/http.hpp"
 #include "core/config.hpp"
@@ -24,57 +24,87 @@ struct ConsumerWrite {
   ConsumerType type = ConsumerType::instance;
 };
 
-class PlacementClient {
+// Placement as the services use it: the HTTP client below, or an in-memory one in unit tests.
+class Placement {
  public:
-  PlacementClient(asio::any_io_executor executor, const PlacementConfig& config);
+  virtual ~Placement() = default;
 
   // GET /allocation_candidates?<query>
-  awaitable<result<Candidates>> allocation_candidates(std::string query);
+  virtual awaitable<result<Candidates>> allocation_candidates(std::string query) = 0;
   // PUT /allocations/{consumer} for a new consumer (consumer_generation null).
-  awaitable<result<void>> claim(std::string consumer, Allocations allocations);
+  virtual awaitable<result<void>> claim(std::string consumer, Allocations allocations) = 0;
   // POST /allocations for new consumers: all of them or none, in one request under each
   // provider's generation (Placement retries its own generation conflicts).
-  awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> consumers);
+  virtual awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> consumers) = 0;
   // POST /allocations: every consumer's allocations replaced at once, or none if any
   // consumer's generation moved (placement_consumer_changed) or a provider lacks room. Nova's
   // move: the instance's share of the source handed to a migration consumer, and back.
-  awaitable<result<void>> write_together(std::vector<ConsumerWrite> writes);
+  virtual awaitable<result<void>> write_together(std::vector<ConsumerWrite> writes) = 0;
   // PUT /allocations/{consumer} for one that holds allocations: replaces them all in one
   // step (a move to another provider) unless the consumer changed since `generation`
   // (placement_concurrent_update).
-  awaitable<result<void>> replace(std::string consumer, Allocations allocations, int64_t generation);
+  virtual awaitable<result<void>> replace(std::string consumer, Allocations allocations, int64_t generation) = 0;
   // GET /allocations/{consumer}, with the consumer's generation.
-  awaitable<result<ConsumerAllocations>> consumer_allocations(std::string consumer);
+  virtual awaitable<result<ConsumerAllocations>> consumer_allocations(std::string consumer) = 0;
   // DELETE /allocations/{consumer}; releasing what is already gone succeeds.
-  awaitable<result<void>> release(std::string consumer);
-  awaitable<result<Allocations>> allocations_of(std::string consumer);
-  awaitable<result<ResourceAmounts>> usages(std::string provider);
+  virtual awaitable<result<void>> release(std::string consumer) = 0;
+  virtual awaitable<result<Allocations>> allocations_of(std::string consumer) = 0;
+  virtual awaitable<result<ResourceAmounts>> usages(std::string provider) = 0;
   // The uuid of the provider named `name`, if there is one.
-  awaitable<result<std::optional<std::string>>> provider_named(std::string name);
+  virtual awaitable<result<std::optional<std::string>>> provider_named(std::string name) = 0;
   // The uuids of the providers that carry `trait`, and what each consumer holds of one
   // provider (consumer -> amounts).
-  awaitable<result<std::vector<std::string>>> providers(std::string trait);
-  awaitable<result<std::map<std::string, ResourceAmounts>>> provider_allocations(std::string provider);
-  awaitable<result<Inventory>> inventory(std::string provider);
-  awaitable<result<std::vector<std::string>>> traits(std::string provider);
+  virtual awaitable<result<std::vector<std::string>>> providers(std::string trait) = 0;
+  virtual awaitable<result<std::map<std::string, ResourceAmounts>>> provider_allocations(std::string provider) = 0;
+  virtual awaitable<result<Inventory>> inventory(std::string provider) = 0;
+  virtual awaitable<result<std::vector<std::string>>> traits(std::string provider) = 0;
 
   // Creates the provider if it does not exist (idempotent).
-  awaitable<result<void>> ensure_provider(std::string uuid, std::string name);
+  virtual awaitable<result<void>> ensure_provider(std::string uuid, std::string name) = 0;
   // Replaces the provider's inventory, retrying on generation conflicts.
-  awaitable<result<void>> set_inventory(std::string uuid, Inventory inventory);
+  virtual awaitable<result<void>> set_inventory(std::string uuid, Inventory inventory) = 0;
   // The traits Placement knows whose names start with `prefix`.
-  awaitable<result<std::vector<std::string>>> known_traits(std::string prefix);
+  virtual awaitable<result<std::vector<std::string>>> known_traits(std::string prefix) = 0;
   // Sets the provider's aggregates to exactly these uuids.
-  awaitable<result<void>> set_aggregates(std::string uuid, std::vector<std::string> aggregates);
+  virtual awaitable<result<void>> set_aggregates(std::string uuid, std::vector<std::string> aggregates) = 0;
   // Creates custom traits as needed and sets the provider's traits to exactly these.
-  awaitable<result<void>> set_traits(std::string uuid, std::vector<std::string> traits);
+  virtual awaitable<result<void>> set_traits(std::string uuid, std::vector<std::string> traits) = 0;
   // Adds one standard trait and leaves the others as they are when it is written: the list
   // and its generation are read together and written back under that generation.
-  awaitable<result<void>> add_trait(std::string uuid, std::string trait);
+  virtual awaitable<result<void>> add_trait(std::string uuid, std::string trait) = 0;
+
+  // A connection opened ahead of the next request (see HttpClient::preconnect).
+  virtual awaitable<void> preconnect() = 0;
+};
+
+// The Placement API over HTTP. Every call pins its own microversion.
+class PlacementClient final : public Placement {
+ public:
+  PlacementClient(asio::any_io_executor executor, const PlacementConfig& config);
+
+  awaitable<result<Candidates>> allocation_candidates(std::string query) override;
+  awaitable<result<void>> claim(std::string consumer, Allocations allocations) override;
+  awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> consumers) override;
+  awaitable<result<void>> write_together(std::vector<ConsumerWrite> writes) override;
+  awaitable<result<void>> replace(std::string consumer, Allocations allocations, int64_t generation) override;
+  awaitable<result<ConsumerAllocations>> consumer_allocations(std::string consumer) override;
+  awaitable<result<void>> release(std::string consumer) override;
+  awaitable<result<Allocations>> allocations_of(std::string consumer) override;
+  awaitable<result<ResourceAmounts>> usages(std::string provider) override;
+  awaitable<result<std::optional<std::string>>> provider_named(std::string name) override;
+  awaitable<result<std::vector<std::string>>> providers(std::string trait) override;
+  awaitable<result<std::map<std::string, ResourceAmounts>>> provider_allocations(std::string provider) override;
+  awaitable<result<Inventory>> inventory(std::string provider) override;
+  awaitable<result<std::vector<std::string>>> traits(std::string provider) override;
+  awaitable<result<void>> ensure_provider(std::string uuid, std::string name) override;
+  awaitable<result<void>> set_inventory(std::string uuid, Inventory inventory) override;
+  awaitable<result<std::vector<std::string>>> known_traits(std::string prefix) override;
+  awaitable<result<void>> set_aggregates(std::string uuid, std::vector<std::string> aggregates) override;
+  awaitable<result<void>> set_traits(std::string uuid, std::vector<std::string> traits) override;
+  awaitable<result<void>> add_trait(std::string uuid, std::string trait) override;
+  awaitable<void> preconnect() override { return http_.preconnect(); }
 
   const std::string& endpoint() const { return http_.url(); }
-  // A connection opened ahead of the next request (see HttpClient::preconnect).
-  awaitable<void> preconnect() { return http_.preconnect(); }
 
  private:
   awaitable<result<void>> put_allocations(std::string consumer, Allocations allocations,

@@ -7,7 +7,7 @@
 
 namespace toyvm {
 
-awaitable<result<std::string>> resolve_host(PlacementClient& placement, std::string host) {
+awaitable<result<std::string>> resolve_host(Placement& placement, std::string host) {
   auto named = co_await placement.provider_named(host);
   if (!named) co_return named.error();
   if (*named) co_return **named;

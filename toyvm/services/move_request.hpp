@@ -16,7 +16,7 @@
 namespace toyvm {
 
 // A host named by its agent's name or its provider uuid: its provider uuid.
-awaitable<result<std::string>> resolve_host(PlacementClient& placement, std::string host);
+awaitable<result<std::string>> resolve_host(Placement& placement, std::string host);
 
 struct MoveAsked {
   MoveRecord move;

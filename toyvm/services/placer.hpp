@@ -90,7 +90,7 @@ struct Relocated {
 
 class Placer {
  public:
-  Placer(PlacementClient& placement, EtcdClient& etcd, const Config& config)
+  Placer(Placement& placement, EtcdClient& etcd, const Config& config)
       : placement_(placement), etcd_(etcd), keys_(config.etcd.prefix), config_(config) {}
 
   // Candidates, live hosts and the group's members, asked of Placement and etcd at once.
@@ -190,7 +190,7 @@ class Placer {
   awaitable<HandOverResult> commit(std::vector<EtcdCompare> guard, std::vector<EtcdOp> writes, ReadBack probe,
                                    std::chrono::steady_clock::time_point deadline);
 
-  PlacementClient& placement_;
+  Placement& placement_;
   EtcdClient& etcd_;
   KeyLayout keys_;
   const Config& config_;

@@ -61,7 +61,7 @@ struct AgentContext {
   const Config& config;
   KeyLayout keys;
   std::shared_ptr<EtcdClient> etcd;
-  PlacementClient& placement;
+  Placement& placement;
   asio::thread_pool& pool;
   VirtCalls& virt;
   HostIdentity host;

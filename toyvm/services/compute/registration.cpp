@@ -90,7 +90,7 @@ awaitable<void> ProviderRegistration::register_until_done() {
 
 // The provider, its inventory, traits and zone, each call idempotent.
 awaitable<result<void>> ProviderRegistration::register_once() {
-  PlacementClient& placement = ctx_.placement;
+  Placement& placement = ctx_.placement;
   const std::string& provider = ctx_.host.provider;
   auto created = co_await placement.ensure_provider(provider, ctx_.host.name);
   if (!created) co_return created;
