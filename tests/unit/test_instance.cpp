@@ -1,7 +1,7 @@
 // The agent's instances against etcd, libvirt and Placement fakes: each decision path of an
 // Instance, driven by the news it gets, without servers.
 #include "fakes/fake_etcd.hpp"
-#include "fakes/fake_placement.hpp"
+#include "fakes/memory_placement.hpp"
 #include "fakes/fake_virt.hpp"
 
 #include "services/compute/instances.hpp"
@@ -14,7 +14,7 @@ using namespace toyvm;
 using namespace toyvm::compute;
 using namespace std::chrono_literals;
 using fakes::FakeEtcd;
-using fakes::FakePlacement;
+using fakes::MemoryPlacement;
 using fakes::FakeVirt;
 
 namespace {
@@ -22,9 +22,8 @@ namespace {
 const std::string host = "5b9c3e5e-8d7e-4a57-9d36-2f0d4a9c0001";
 const std::string uuid = "7387cdc8-291c-4b02-87ce-895f460b7a80";
 
-Config test_config(const std::string& placement) {
+Config test_config() {
   Config config;
-  config.placement.endpoint = placement;
   config.compute.network.clear();  // no NIC: no address to look for
   config.compute.max_build_attempts = 1;
   return config;
@@ -34,11 +33,10 @@ Config test_config(const std::string& placement) {
 struct Agent {
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> busy = asio::make_work_guard(io);
-  FakePlacement placement_server{io};
-  Config config = test_config(placement_server.endpoint());
+  Config config = test_config();
   std::shared_ptr<FakeEtcd> etcd = std::make_shared<FakeEtcd>();
   FakeVirt* virt_backend = nullptr;
-  PlacementClient placement{io.get_executor(), config.placement};
+  MemoryPlacement placement;
   asio::thread_pool pool{1};
   VirtCalls virt{pool};
   AgentContext ctx{io, config, KeyLayout(config.etcd.prefix), etcd, placement, pool, virt,
@@ -60,7 +58,6 @@ struct Agent {
   }
   ~Agent() {
     ctx.stop.request();
-    placement_server.close();
     busy.reset();
     io.run_for(2s);
     pool.join();
@@ -101,6 +98,8 @@ struct Agent {
     spec.power = power;
     spec.group = group;
     etcd->put_now(work_key(), encode(spec));
+    // What its schedule claimed for it.
+    placement.consumers.try_emplace(uuid, MemoryPlacement::Consumer{{{host, spec.resources}}, 1});
   }
   std::optional<InstanceRecord> record() const {
     const KeyValue* kv = etcd->find(ctx.keys.instance(uuid));
@@ -109,7 +108,6 @@ struct Agent {
     return decoded ? std::optional<InstanceRecord>(*decoded) : std::nullopt;
   }
   bool recorded(InstanceState state) const { return record() && record()->state == state; }
-  // As a listing after a restart finds it.
   // As a listing after a restart (or a resync) finds it; the loop turns until it is applied.
   bool list() {
     bool applied = false;
@@ -182,7 +180,8 @@ TEST_CASE("work that cannot be read leaves its guest as it is until it can") {
   agent.put_work(PowerState::deleted);
   REQUIRE(agent.run_until([&] { return !agent.instances.find(uuid); }));
   CHECK_FALSE(agent.hypervisor().domain(uuid));
-  CHECK(agent.placement_server.count("DELETE", "/allocations/" + uuid) == 1);
+  CHECK(agent.placement.releases[uuid] == 1);
+  CHECK(agent.placement.held_on(uuid).empty());
   CHECK_FALSE(agent.etcd->find(agent.work_key()));
   CHECK_FALSE(agent.record());
 }
@@ -213,7 +212,7 @@ TEST_CASE("an ERROR recorded before a restart is never built again; what it hold
   REQUIRE(agent.list());
   REQUIRE(agent.run_until([&] { return agent.instances.find(uuid) && agent.instances.find(uuid)->phase() == Phase::released && agent.settled(); }));
   CHECK(agent.hypervisor().creates() == 0);
-  CHECK(agent.placement_server.count("DELETE", "/allocations/" + uuid) == 1);
+  CHECK(agent.placement.releases[uuid] == 1);
   REQUIRE(agent.record());
   CHECK(agent.record()->state == InstanceState::error);
   CHECK_FALSE(agent.record()->releasing);
@@ -225,7 +224,7 @@ TEST_CASE("a build libvirt refuses, with no attempts left, ends in ERROR holding
   agent.put_work(PowerState::running);
   REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::error) && !agent.record()->releasing && agent.settled(); }));
   CHECK(agent.record()->error_code == "no_valid_host");
-  CHECK(agent.placement_server.count("DELETE", "/allocations/" + uuid) == 1);
+  CHECK(agent.placement.releases[uuid] == 1);
   CHECK_FALSE(agent.hypervisor().domain(uuid));
   CHECK(agent.instances.find(uuid)->phase() == Phase::released);
 }
@@ -234,16 +233,14 @@ TEST_CASE("a release Placement refuses is retried; the keys stay until it is don
   Agent agent;
   agent.put_work(PowerState::running);
   REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
-  int refusals = 1;
-  agent.placement_server.answer = [&](const fakes::PlacementRequest&) {
-    return refusals-- > 0 ? fakes::PlacementAnswer{503, R"({"errors": [{"status": 503, "title": "down"}]})"}
-                          : fakes::PlacementAnswer{};
-  };
+  agent.placement.down = true;
+  const int calls = agent.placement.calls;
   agent.put_work(PowerState::deleted);
-  REQUIRE(agent.run_until([&] { return agent.placement_server.requests.size() == 1; }));
+  REQUIRE(agent.run_until([&] { return agent.placement.calls > calls; }));
   CHECK(agent.etcd->find(agent.work_key()));  // nothing removed while the allocation is held
+  agent.placement.down = false;
   REQUIRE(agent.run_until([&] { return !agent.instances.find(uuid); }));
-  CHECK(agent.placement_server.count("DELETE", "/allocations/" + uuid) == 2);
+  CHECK(agent.placement.releases[uuid] == 1);
   CHECK_FALSE(agent.etcd->find(agent.work_key()));
 }
 
@@ -286,12 +283,7 @@ TEST_CASE("a domain without work is destroyed") {
 }
 
 // Placement: the migration consumer holds nothing any more (the books are back).
-void books_already_back(Agent& agent) {
-  agent.placement_server.answer = [](const fakes::PlacementRequest& r) {
-    if (r.method == "GET") return fakes::PlacementAnswer{200, R"({"allocations": {}, "consumer_generation": 1})"};
-    return fakes::PlacementAnswer{};
-  };
-}
+void books_already_back(Agent& agent) { agent.placement.consumers.clear(); }
 
 TEST_CASE("a cold move undone after this host lost its guest ends, and the guest is made again") {
   Agent agent;
@@ -386,5 +378,7 @@ TEST_CASE("a switch-over of a resize in place that etcd did not answer is read b
   REQUIRE(*switched);
   CHECK_FALSE(switched->value().has_value());  // refused: not taken for committed
   CHECK(agent.etcd->find(agent.work_key())->value == before);
-  CHECK(decode_move(agent.etcd->find(agent.ctx.keys.move(uuid))->value)->state != MoveState::switched);
+  // The aborted move is undone by the instance meanwhile, or still there: never switched.
+  const KeyValue* left = agent.etcd->find(agent.ctx.keys.move(uuid));
+  CHECK((!left || decode_move(left->value)->state != MoveState::switched));
 }

@@ -35,7 +35,8 @@ class MemoryPlacement final : public Placement {
   std::map<std::string, Consumer> consumers;
   bool down = false;
   int calls = 0;
-  std::vector<std::string> queries;  // of allocation_candidates, as asked
+  std::vector<std::string> queries;        // of allocation_candidates, as asked
+  std::map<std::string, int> releases;     // consumer -> times released
 
   // A provider with room for `amounts` (totals, nothing reserved).
   void add_provider(const std::string& uuid, const std::string& name, const ResourceAmounts& amounts) {
@@ -141,6 +142,7 @@ class MemoryPlacement final : public Placement {
   awaitable<result<void>> release(std::string consumer) override {
     if (auto e = unreachable()) co_return *e;
     consumers.erase(consumer);
+    ++releases[consumer];
     co_return result<void>{};
   }
 
