@@ -4,6 +4,7 @@
 #include "fakes/fake_placement.hpp"
 #include "fakes/memory_placement.hpp"
 
+#include "services/move_request.hpp"
 #include "services/placer.hpp"
 
 #include "catch_result.hpp"
@@ -307,4 +308,31 @@ TEST_CASE("claim_move with Placement down says so, and writes nothing anywhere")
   CHECK(decode_move(bench.etcd->find(bench.keys.move(uuid))->value)->state == MoveState::preparing);
   CHECK(bench.placement.held_on(uuid) == host_a);
   CHECK(bench.placement.held_on(migration).empty());
+}
+
+TEST_CASE("a move powered off is said moved once its guest runs there, not when its record ends") {
+  Bench bench;
+  MoveRequests moves(*bench.etcd, bench.placer, bench.keys);
+  MoveRecord record{.instance = uuid, .migration = migration, .source = host_a, .destination = host_b,
+                    .kind = MoveKind::cold, .state = MoveState::claimed};
+  MoveAsked asked{record, bench.etcd->put_now(bench.keys.move(uuid), encode(record)).kv.mod_revision};
+  InstanceRecord instance;
+  instance.uuid = uuid;
+  instance.host = host_b;
+  instance.state = InstanceState::building;  // switched over, its guest being started there
+  bench.etcd->put_now(bench.keys.instance(uuid), encode(instance));
+  bench.etcd->erase_now(bench.keys.move(uuid));
+  std::optional<result<MoveEnded>> ended;
+  auto follow = [&]() -> awaitable<void> { ended = co_await moves.follow(asked, 10s); };
+  asio::co_spawn(bench.io, follow(), asio::detached);
+  for (int turns = 0; turns < 50; ++turns) bench.io.run_one_for(20ms);
+  CHECK_FALSE(ended);  // not while it is being started
+  instance.state = InstanceState::active;
+  bench.etcd->put_now(bench.keys.instance(uuid), encode(instance));
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!ended && std::chrono::steady_clock::now() < deadline) bench.io.run_one_for(20ms);
+  REQUIRE(ended);
+  REQUIRE(*ended);
+  CHECK((*ended)->moved);
+  CHECK((*ended)->host == host_b);
 }

@@ -165,11 +165,32 @@ awaitable<result<MoveEnded>> MoveRequests::follow(MoveAsked asked, Duration time
   auto recorded = co_await etcd_.range(keys_.instance(uuid));
   if (!recorded) co_return recorded.error();
   MoveEnded ended;
+  std::optional<InstanceRecord> record;
   if (!recorded->kvs.empty())
-    if (auto record = decode_instance(recorded->kvs.front().value)) ended.host = record->host;
+    if (auto decoded = decode_instance(recorded->kvs.front().value)) record = std::move(*decoded);
+  if (record && record->state == InstanceState::building) {
+    // Moved powered off, to run: it has moved once it runs there (or has failed to).
+    auto started = [&](const WatchEvent& event) {
+      if (event.type == WatchEvent::Type::erase) return true;
+      auto now = decode_instance(event.kv.value);
+      if (now) record = *now;
+      return now && now->state != InstanceState::building;
+    };
+    auto ran = co_await follow_key(etcd_, keys_.instance(uuid), recorded->revision + 1,
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(timeout), started);
+    if (!ran) co_return ran.error();
+    if (!*ran)
+      co_return Error(errc::timeout, fmt::format("instance {} moved to host {} but is not running there after {} s",
+                                                 uuid, record->host, in_seconds(timeout)));
+  }
+  if (record) ended.host = record->host;
   // A resize in place ends on its host either way: undone, it went through reverting.
   ended.moved = ended.host == asked.move.destination && (asked.move.source != asked.move.destination || error.empty());
   ended.error = ended.moved ? "" : error.empty() ? "the move was undone" : error;
+  if (ended.moved && record && record->state == InstanceState::error) {
+    ended.moved = false;
+    ended.error = fmt::format("it moved to host {} and failed there: {}", record->host, record->error_message);
+  }
   co_return ended;
 }
 

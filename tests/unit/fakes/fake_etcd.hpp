@@ -27,6 +27,10 @@ class FakeEtcd : public EtcdClient {
     apply(EtcdOp::put(key, std::move(value)));
     return history.back();
   }
+  WatchEvent erase_now(const std::string& key) {
+    apply(EtcdOp::erase(key));
+    return history.back();
+  }
   // The changes after `revision`.
   std::vector<WatchEvent> since(int64_t revision) const {
     std::vector<WatchEvent> later;

@@ -134,8 +134,11 @@ awaitable<result<std::optional<int64_t>>> Mover::switch_over(MoveRecord move, in
   record.uuid = work->uuid;
   record.name = work->name;
   record.host = move.destination;
-  if (work->power != PowerState::deleted)
-    record.state = work->power == PowerState::running ? InstanceState::active : InstanceState::stopped;
+  // A guest that moved live runs there already; one moved powered off, to run, is started
+  // there after this write, and is ACTIVE only once it runs (its agent records it).
+  if (work->power == PowerState::stopped) record.state = InstanceState::stopped;
+  else if (work->power == PowerState::running)
+    record.state = move.kind == MoveKind::live ? InstanceState::active : InstanceState::building;
   record.updated_at = unix_millis();
   move.state = MoveState::switched;
   move.domain_xml.clear();  // the destination has it; the record stays small
