@@ -212,6 +212,7 @@ void kill_and_restart_second_libvirtd();
 std::string tiny_guest_dir();
 
 std::string toyvm_binary();  // the build's toyvm
+std::string source_root();   // this source tree
 bool accepts_connections(uint16_t port);  // on 127.0.0.1
 
 // Runs a command to its end, its stdout and stderr kept apart in files under `dir`.
