@@ -244,6 +244,19 @@ TEST_CASE("a release Placement refuses is retried; the keys stay until it is don
   CHECK_FALSE(agent.etcd->find(agent.work_key()));
 }
 
+TEST_CASE("an address found for a guest is recorded by its instance, once etcd takes it") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  agent.etcd->down = true;
+  agent.instances.find(uuid)->take_addresses({GuestAddress{"52:54:00:00:00:01", "192.0.2.7"}});
+  REQUIRE(agent.run_until([&] { return agent.etcd->unanswered > 1; }));
+  CHECK(agent.record()->ip.empty());
+  agent.etcd->down = false;
+  REQUIRE(agent.run_until([&] { return agent.record()->ip == "192.0.2.7" && agent.settled(); }));
+  CHECK(agent.instances.find(uuid)->ip() == "192.0.2.7");
+}
+
 TEST_CASE("an etcd out of reach holds a build back; it is recorded once etcd answers") {
   Agent agent;
   agent.put_work(PowerState::running);

@@ -38,7 +38,7 @@ awaitable<void> GuestObserver::run() {
         consoles.push_back(uuid);
     }
     for (const std::string& uuid : looking) co_await find_address(uuid);
-    for (const auto& instance : overdue) co_await instance->give_up_address();
+    for (const auto& instance : overdue) instance->give_up_address();
     if (console_every.count() > 0 && now >= next_console_) {
       next_console_ = now + console_every;
       if (!consoles.empty()) co_await publish_consoles(std::move(consoles));
@@ -65,7 +65,7 @@ awaitable<void> GuestObserver::find_address(std::string uuid) {
     co_return;
   }
   // It may have gone meanwhile.
-  if (auto instance = instances_.find(uuid)) co_await instance->take_addresses(std::move(*found));
+  if (auto instance = instances_.find(uuid)) instance->take_addresses(std::move(*found));
 }
 
 awaitable<void> GuestObserver::follow_console_requests() {

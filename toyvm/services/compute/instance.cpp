@@ -151,7 +151,10 @@ awaitable<bool> Instance::step() {
   const int64_t revision = revision_;
   const Desired power = desired ? Desired(desired->power) : std::nullopt;
   switch (decide(power, *actual, phase(), cause, on_crash)) {
-    case ReconcileAction::none: co_return true;
+    case ReconcileAction::none:
+      // Its address (or that none came) is news this instance records itself, at rest.
+      if (address_.unrecorded && phase() == Phase::active) co_return co_await record_state(*desired, InstanceState::active);
+      co_return true;
     case ReconcileAction::build: co_return co_await build(*desired);
     case ReconcileAction::start: co_return co_await power_on_off(*desired, true);
     case ReconcileAction::stop: co_return co_await power_on_off(*desired, false);
@@ -198,6 +201,7 @@ awaitable<InstanceRecorder::Written> Instance::record(InstanceRecord record, std
   if (outcome != InstanceRecorder::Written::made) co_return outcome;
   phase_ = phase_of(state);
   failure_ = std::move(failed);
+  address_.unrecorded = false;  // every record carries the address as it is known
   co_return outcome;
 }
 
@@ -221,22 +225,24 @@ Instance::AddressSearch Instance::address_search(std::chrono::steady_clock::time
   return now < address_.deadline ? AddressSearch::looking : AddressSearch::overdue;
 }
 
-awaitable<void> Instance::take_addresses(std::vector<GuestAddress> found) {
-  if (found.empty() || !at_rest() || phase() != Phase::active) co_return;
+void Instance::take_addresses(std::vector<GuestAddress> found) {
+  if (found.empty() || phase() != Phase::active || !address_.ip.empty()) return;
   const std::string mac = instance_mac(uuid_);
   address_.ip = found.front().ip;
   for (const GuestAddress& address : found)
     if (address.mac == mac) address_.ip = address.ip;
   spdlog::info("instance {}: address {}", uuid_, address_.ip);
-  co_await record(make_record(*desired_, InstanceState::active));
+  address_.unrecorded = true;
+  kick();
 }
 
-awaitable<void> Instance::give_up_address() {
-  if (!at_rest() || phase() != Phase::active || !address_.ip.empty()) co_return;
+void Instance::give_up_address() {
+  if (phase() != Phase::active || !address_.ip.empty() || address_.given_up) return;
   address_.given_up = true;
   spdlog::warn("instance {}: no address within address_timeout ({} s); no longer looking", uuid_,
                in_seconds(ctx_.config.compute.address_timeout));
-  co_await record(make_record(*desired_, InstanceState::active));
+  address_.unrecorded = true;
+  kick();
 }
 
 }  // namespace toyvm::compute

@@ -54,9 +54,9 @@ class Instance : public std::enable_shared_from_this<Instance> {
   void domain_changed(bool started);
   void wake() { kick(); }
   // The guest's addresses as libvirt sees them; the one on its own NIC is recorded.
-  awaitable<void> take_addresses(std::vector<GuestAddress> found);
+  void take_addresses(std::vector<GuestAddress> found);
   // address_timeout passed without one: recorded, so that whoever waits for it stops waiting.
-  awaitable<void> give_up_address();
+  void give_up_address();
 
   // --- what it publishes ---
   const std::string& uuid() const { return uuid_; }
@@ -137,7 +137,8 @@ class Instance : public std::enable_shared_from_this<Instance> {
   struct Address {
     std::string ip;  // once libvirt knows it
     std::chrono::steady_clock::time_point deadline;  // stop looking for it then
-    bool given_up = false;                           // the deadline passed, and that is recorded
+    bool given_up = false;                           // the deadline passed
+    bool unrecorded = false;                         // the ip or given_up is not in its record yet
   } address_;
   // A move of it in flight, as last read; its revision guards every write of the move.
   std::optional<MoveRecord> move_;
