@@ -319,7 +319,10 @@ class Campaign:
         result = self.cloud.run(*args, timeout=120)
         self.note(f"ask_{kind}", f"exit {result.returncode} {result.stdout.strip()} {result.stderr.strip()}")
         if result.returncode == 0:
-            destination = result.stdout.split()[-1]
+            words = result.stdout.split()
+            destination = words[words.index("ON" if kind == "resize" else "TO") + 1]
+            if kind == "live" and "(cold)" in words:  # stopped meanwhile: a plain migrate moves it cold
+                kind = "cold"
             self.pending[uuid] = (kind, source, destination, ticks, query, self.log_mark(destination, uuid))
 
     def operation(self):

@@ -79,7 +79,7 @@ TEST_CASE("a stopped guest moves cold and stays stopped; moved back cold while i
   auto there = servers.toyvm({"migrate", uuid, "--host", "c2"}, 300);
   INFO(there.out << there.err << hosts.output());
   REQUIRE(there.exit_code == 0);
-  CHECK(there.out == "MIGRATED INSTANCE " + uuid + " TO " + hosts.rp2 + "\n");
+  CHECK(there.out == "MIGRATED INSTANCE " + uuid + " TO " + hosts.rp2 + " (cold)\n");
   InstanceRecord after = record_of(servers, uuid);
   CHECK(after.host == hosts.rp2);
   CHECK(after.state == InstanceState::stopped);
@@ -101,6 +101,7 @@ TEST_CASE("a stopped guest moves cold and stays stopped; moved back cold while i
   auto back = servers.toyvm({"migrate", uuid, "--host", "c1", "--cold"}, 300);
   INFO(back.out << back.err);
   REQUIRE(back.exit_code == 0);
+  CHECK(back.out == "MIGRATED INSTANCE " + uuid + " TO " + hosts.host.rp + " (cold)\n");
   CHECK(record_of(servers, uuid).host == hosts.host.rp);
   // MIGRATED is said once it runs there.
   CHECK(hosts.host.domain_state(uuid) == DomainState::running);

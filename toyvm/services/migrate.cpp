@@ -66,9 +66,11 @@ int run_migrate(const Config& config, const MigrateOptions& options) {
       co_return report_failure(asked.error());
     }
     const bool resize = !options.resize_to.empty();
+    // A plain migrate of a stopped (or stopping) instance moves it powered off: said so.
+    const char* how = !resize && asked->move.kind != MoveKind::live ? " (cold)" : "";
     if (!options.wait) {
-      std::printf("%s INSTANCE %s %s %s\n", resize ? "RESIZING" : "MIGRATING", options.uuid.c_str(),
-                  resize ? "ON" : "TO", asked->move.destination.c_str());
+      std::printf("%s INSTANCE %s %s %s%s\n", resize ? "RESIZING" : "MIGRATING", options.uuid.c_str(),
+                  resize ? "ON" : "TO", asked->move.destination.c_str(), how);
       co_return 0;
     }
     auto ended = co_await moves.follow(*asked, options.wait_timeout);
@@ -79,8 +81,8 @@ int run_migrate(const Config& config, const MigrateOptions& options) {
     if (!ended->moved)
       co_return report_failure(ExitCode::failed, fmt::format("instance {} stays on host {}: {}", options.uuid,
                                                              asked->move.source, ended->error));
-    std::printf("%s INSTANCE %s %s %s\n", resize ? "RESIZED" : "MIGRATED", options.uuid.c_str(), resize ? "ON" : "TO",
-                ended->host.c_str());
+    std::printf("%s INSTANCE %s %s %s%s\n", resize ? "RESIZED" : "MIGRATED", options.uuid.c_str(),
+                resize ? "ON" : "TO", ended->host.c_str(), how);
     co_return 0;
   });
 }
