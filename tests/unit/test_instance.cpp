@@ -44,7 +44,7 @@ struct Agent {
   Placer placer{placement, *etcd, config};
   InstanceRecorder recorder{ctx};
   Instances instances{ctx};
-  HostPresence presence{ctx, instances};
+  HostPresence presence{ctx, [this] { return instances.holding_work(); }};
   ImageStore images{io.get_executor(), pool, ImageStoreOptions{}};
   Builder builder{ctx, Builder::Parts{recorder, images, placer, [this] { return instances.images_wanted(); }}};
   Mover mover{ctx, builder, placer};

@@ -58,7 +58,7 @@ class ComputeAgent {
         placer_(placement_, *ctx_.etcd, config_),
         recorder_(ctx_),
         instances_(ctx_),
-        presence_(ctx_, instances_),
+        presence_(ctx_, [this] { return instances_.holding_work(); }),
         observer_(ctx_, instances_),
         metadata_(ctx_, instances_) {}
 

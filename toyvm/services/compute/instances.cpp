@@ -97,4 +97,11 @@ void Instances::observe(const std::string& uuid, bool started) {
   if (auto found = find(uuid)) found->domain_changed(started);  // others are the resync's business
 }
 
+size_t Instances::holding_work() const {
+  size_t n = 0;
+  for (const auto& [uuid, instance] : table_)
+    if (instance->holds_work()) ++n;
+  return n;
+}
+
 }  // namespace toyvm::compute

@@ -39,6 +39,8 @@ class Instances {
   void observe(const std::string& uuid, bool started);
 
   const Table& all() const { return table_; }
+  // How many hold work (count against the host's room).
+  size_t holding_work() const;
   std::shared_ptr<Instance> find(const std::string& uuid) const;
   // The images this host's work names, for the image cache's trim.
   std::set<std::string> images_wanted() const;

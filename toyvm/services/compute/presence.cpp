@@ -1,7 +1,6 @@
 #include "services/compute/presence.hpp"
 
 #include "model/host_stats.hpp"
-#include "services/compute/instances.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <spdlog/spdlog.h>
@@ -17,13 +16,6 @@ using namespace std::chrono_literals;
 bool HostPresence::full() const {
   int limit = ctx_.config.compute.max_instances;
   return limit > 0 && instance_count() >= size_t(limit);
-}
-
-size_t HostPresence::instance_count() const {
-  size_t n = 0;
-  for (const auto& [uuid, instance] : instances_.all())
-    if (instance->holds_work()) ++n;
-  return n;
 }
 
 HostRecord HostPresence::host_record() const {

@@ -5,15 +5,16 @@
 
 #include "services/compute/context.hpp"
 
+#include <functional>
 #include <set>
 
 namespace toyvm::compute {
 
-class Instances;
-
 class HostPresence {
  public:
-  HostPresence(AgentContext& ctx, const Instances& instances) : ctx_(ctx), instances_(instances) {}
+  // `instance_count`: how many instances hold work here now (the agent's instances tell).
+  HostPresence(AgentContext& ctx, std::function<size_t()> instance_count)
+      : ctx_(ctx), instance_count_(std::move(instance_count)) {}
 
   void set_capacity(ResourceAmounts capacity) { capacity_ = std::move(capacity); }
   // An operator's disable makes the record DISABLED (call publish() to put it).
@@ -46,7 +47,7 @@ class HostPresence {
 
   // CIAO's READY/FULL: FULL once the host has max_instances instances (0: no limit).
   bool full() const;
-  size_t instance_count() const;
+  size_t instance_count() const { return instance_count_(); }
 
  private:
   HostRecord host_record() const;
@@ -56,7 +57,7 @@ class HostPresence {
   awaitable<void> put_changes(std::vector<std::pair<std::string, bool>> domains, std::optional<HostRecord> host);
 
   AgentContext& ctx_;
-  const Instances& instances_;
+  std::function<size_t()> instance_count_;
   ResourceAmounts capacity_;
   std::optional<HostMaintenance> maintenance_;
   std::optional<HostStats> stats_;  // as last measured, put again with a new lease
