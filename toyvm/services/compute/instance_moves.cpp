@@ -268,6 +268,8 @@ awaitable<bool> Instance::switch_over(MoveRecord move, int64_t revision) {
     revision_ = **switched;
   } else {
     recheck_work_ = true;  // and arrived here (or, resized here, changed)
+    // Its record too: BUILD for a guest moved powered off until it runs here again.
+    phase_.reset();
   }
   steps_.presence.publish(uuid_);
   kick();
