@@ -17,19 +17,15 @@ void add_seconds(CLI::App& command, const std::string& name, Duration& target, c
       ->default_str(fmt::format("{:g}", in_seconds(target)));
 }
 
-// The options a command's entry reads after parsing, owned by that entry.
-template <typename Options>
-std::shared_ptr<Options> owned() {
-  return std::make_shared<Options>();
-}
-
+// Each command's options are held by its entry (a shared_ptr the returned lambda keeps), which
+// reads them after parsing.
 CommandEntry compute(CLI::App& command) {
   struct Overrides {
     std::string state_dir, libvirt_uri, inventory, name, zone;
     std::vector<std::string> traits;
     int max_instances = -1;
   };
-  auto o = owned<Overrides>();
+  auto o = std::make_shared<Overrides>();
   command.add_option("--state-dir", o->state_dir, "where the provider uuid and instances live");
   command.add_option("--libvirt-uri", o->libvirt_uri, "libvirt connection URI, e.g. qemu:///system");
   command.add_option("--inventory", o->inventory, "inventory instead of measuring, e.g. VCPU:4,DISK_GB:10,MEMORY_MB:512");
@@ -53,7 +49,7 @@ CommandEntry compute(CLI::App& command) {
 }
 
 CommandEntry schedule(CLI::App& command) {
-  auto o = owned<ScheduleOptions>();
+  auto o = std::make_shared<ScheduleOptions>();
   command.add_option("query", o->query, "Placement query, e.g. 'resources=VCPU:1,MEMORY_MB:256'")->required();
   command.add_option("--image", o->image, "image: a name in the agents' image dir, or an http(s) or file URL");
   command.add_option("--image-sha256", o->image_sha256, "the image's expected SHA-256 (hex)");
@@ -79,7 +75,7 @@ CommandEntry schedule(CLI::App& command) {
 }
 
 CommandEntry show(CLI::App& command) {
-  auto o = owned<ShowOptions>();
+  auto o = std::make_shared<ShowOptions>();
   command.add_option("uuid", o->uuid, "instance uuid (omit to list every instance)");
   command.add_flag("--json", o->json, "print JSON");
   command.add_flag("--hosts", o->hosts, "list the compute hosts");
@@ -105,7 +101,7 @@ void add_no_wait(CLI::App& command, bool& wait, const char* help) {
 }
 
 CommandEntry destroy(CLI::App& command) {
-  auto o = owned<DestroyOptions>();
+  auto o = std::make_shared<DestroyOptions>();
   command.add_option("uuid", o->uuid, "instance uuid")->required();
   add_no_wait(command, o->wait, "return once the request is recorded");
   command.add_flag("--force", o->force, "the host is gone for good: release the allocation and remove the keys here");
@@ -115,7 +111,7 @@ CommandEntry destroy(CLI::App& command) {
 }
 
 CommandEntry power(CLI::App& command, PowerState to) {
-  auto o = owned<PowerOptions>();
+  auto o = std::make_shared<PowerOptions>();
   o->power = to;
   command.add_option("uuid", o->uuid, "instance uuid")->required();
   add_no_wait(command, o->wait, "return once the request is recorded");
@@ -127,7 +123,7 @@ CommandEntry start(CLI::App& command) { return power(command, PowerState::runnin
 CommandEntry stop(CLI::App& command) { return power(command, PowerState::stopped); }
 
 CommandEntry audit(CLI::App& command) {
-  auto o = owned<AuditOptions>();
+  auto o = std::make_shared<AuditOptions>();
   command.add_flag("--json", o->json, "print JSON");
   command.add_flag("--fix", o->fix,
                    "release allocations nobody owns or an ERROR instance holds, drop members of gone instances; each "
@@ -141,7 +137,7 @@ CommandEntry audit(CLI::App& command) {
 }
 
 CommandEntry migrate(CLI::App& command) {
-  auto o = owned<MigrateOptions>();
+  auto o = std::make_shared<MigrateOptions>();
   command.add_option("uuid", o->uuid, "instance uuid")->required();
   command.add_option("--host", o->host,
                      "destination host name or provider uuid (default: the best other host for its query)");
@@ -156,7 +152,7 @@ CommandEntry migrate(CLI::App& command) {
 }
 
 CommandEntry resize(CLI::App& command) {
-  auto o = owned<MigrateOptions>();
+  auto o = std::make_shared<MigrateOptions>();
   command.add_option("uuid", o->uuid, "instance uuid")->required();
   command.add_option("query", o->resize_to, "its new placement query, e.g. 'resources=VCPU:2,MEMORY_MB:512,DISK_GB:2'")
       ->required();
@@ -171,7 +167,7 @@ CommandEntry resize(CLI::App& command) {
 
 CommandEntry host(CLI::App& command) {
   using Action = HostOptions::Action;
-  auto o = owned<HostOptions>();
+  auto o = std::make_shared<HostOptions>();
   command.require_subcommand(1);
   auto action = [&command, o](const char* name, const char* help, Action chosen) {
     CLI::App* sub = command.add_subcommand(name, help);
@@ -193,7 +189,7 @@ CommandEntry host(CLI::App& command) {
 }
 
 CommandEntry evacuate(CLI::App& command) {
-  auto host = owned<std::string>();
+  auto host = std::make_shared<std::string>();
   command.add_option("host", *host, "host name or provider uuid")->required();
   command.footer("Only for a host whose agent is down, and which will not run its guests meanwhile (powered off\n"
                  "or cut off): each instance is rebuilt elsewhere from its image with a fresh disk.\n"
@@ -202,7 +198,7 @@ CommandEntry evacuate(CLI::App& command) {
 }
 
 CommandEntry mdserver(CLI::App& command) {
-  auto o = owned<MdserverOptions>();
+  auto o = std::make_shared<MdserverOptions>();
   command.add_option("--listen", o->listen, "ADDRESS:PORT to serve on (repeatable; default 169.254.169.254:80)");
   command.footer("Example: toyvm mdserver --listen 169.254.169.254:80");
   return [o](const Config& c) { return run_mdserver(c, *o); };
