@@ -249,7 +249,7 @@ TEST_CASE("an address found for a guest is recorded by its instance, once etcd t
   agent.put_work(PowerState::running);
   REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
   agent.etcd->down = true;
-  agent.instances.find(uuid)->take_addresses({GuestAddress{"52:54:00:00:00:01", "192.0.2.7"}});
+  agent.instances.find(uuid)->tell(news::AddressFound{"192.0.2.7"});
   REQUIRE(agent.run_until([&] { return agent.etcd->unanswered > 1; }));
   CHECK(agent.record()->ip.empty());
   agent.etcd->down = false;

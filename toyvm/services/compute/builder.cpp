@@ -76,15 +76,14 @@ DomainSpec Builder::domain_spec(const WorkSpec& spec, const BootImage& image) co
   return d;
 }
 
-awaitable<bool> Builder::give_back(WorkSpec spec) {
+awaitable<result<void>> Builder::give_back(WorkSpec spec) {
   auto released = co_await ctx_.placement.release(spec.uuid);
-  if (!released) {
-    spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid, released.error().message());
-    co_return false;
+  if (!released) co_return released.error().doing("releasing its allocation");
+  if (!spec.group.empty()) {
+    auto left = co_await ctx_.etcd->erase(ctx_.keys.group_member(spec.group, spec.uuid));
+    if (!left) co_return left.error().doing("leaving its server group");
   }
-  if (!spec.group.empty() && !co_await ctx_.etcd->erase(ctx_.keys.group_member(spec.group, spec.uuid)))
-    co_return false;
-  co_return true;
+  co_return result<void>{};
 }
 
 // Guarded by the revision of the work acted on, so a destroy or stop that lands meanwhile is
@@ -101,11 +100,11 @@ awaitable<result<Relocated>> Builder::move_elsewhere(WorkSpec work, int64_t revi
 }
 
 // Only if its work is still here (a move that committed unseen, or a destroy, took the work away).
-awaitable<bool> Builder::take_allocation_back(WorkSpec spec) {
+awaitable<result<void>> Builder::take_allocation_back(WorkSpec spec) {
   auto back = co_await parts_.placer.put_back(spec.uuid, ctx_.host.provider, spec.resources, std::nullopt);
-  if (back != Relocated::Outcome::stranded) co_return true;
-  spdlog::warn("instance {}: cannot take its allocation back yet; will try again before building", spec.uuid);
-  co_return false;
+  if (back == Relocated::Outcome::stranded)
+    co_return Error(errc::not_ready, "its allocation cannot be taken back yet; it is tried again before building");
+  co_return result<void>{};
 }
 
 awaitable<result<bool>> Builder::host_disabled() {

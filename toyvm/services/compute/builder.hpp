@@ -59,11 +59,11 @@ class Builder {
   // Moves `work` (as of `revision`, its next attempt) to another live host (Placer::relocate).
   awaitable<result<Relocated>> move_elsewhere(WorkSpec work, int64_t revision);
   // After a move that did not happen, the instance's allocation comes back to this host,
-  // from wherever it is; false while it cannot.
-  awaitable<bool> take_allocation_back(WorkSpec spec);
+  // from wherever it is; errc::not_ready while it cannot.
+  awaitable<result<void>> take_allocation_back(WorkSpec spec);
   // The allocation and the group membership given back; both idempotent, so a release that
-  // failed, or one a restart forgot, is simply made again. false: to retry.
-  awaitable<bool> give_back(WorkSpec spec);
+  // failed, or one a restart forgot, is simply made again.
+  awaitable<result<void>> give_back(WorkSpec spec);
 
  private:
   awaitable<std::optional<result<BootImage>>> acquire_image(WorkSpec spec, asio::steady_timer& wake);

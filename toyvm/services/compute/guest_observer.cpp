@@ -38,7 +38,7 @@ awaitable<void> GuestObserver::run() {
         consoles.push_back(uuid);
     }
     for (const std::string& uuid : looking) co_await find_address(uuid);
-    for (const auto& instance : overdue) instance->give_up_address();
+    for (const auto& instance : overdue) instance->tell(news::AddressOverdue{});
     if (console_every.count() > 0 && now >= next_console_) {
       next_console_ = now + console_every;
       if (!consoles.empty()) co_await publish_consoles(std::move(consoles));
@@ -64,8 +64,14 @@ awaitable<void> GuestObserver::find_address(std::string uuid) {
     spdlog::debug("instance {}: its addresses: {}", uuid, found.error().message());
     co_return;
   }
+  if (found->empty()) co_return;
+  // The one on its own NIC when it has several.
+  std::string ip = found->front().ip;
+  const std::string mac = instance_mac(uuid);
+  for (const GuestAddress& address : *found)
+    if (address.mac == mac) ip = address.ip;
   // It may have gone meanwhile.
-  if (auto instance = instances_.find(uuid)) instance->take_addresses(std::move(*found));
+  if (auto instance = instances_.find(uuid)) instance->tell(news::AddressFound{std::move(ip)});
 }
 
 awaitable<void> GuestObserver::follow_console_requests() {

@@ -12,133 +12,119 @@ using namespace std::chrono_literals;
 // A step that failed on a server that may come back is tried again after this.
 constexpr auto retry_delay = 1s;
 
+news::WorkPut work_news(const KeyValue& kv, const std::string& uuid) {
+  news::WorkPut put{kv.mod_revision, std::nullopt};
+  auto spec = decode_work(kv.value);
+  if (!spec) put.why = spec.error().message();
+  else if (spec->uuid != uuid) put.why = "its uuid is not its key's";
+  else put.spec = std::move(*spec);
+  return put;
+}
+
 Instance::Instance(InstanceSteps& steps, std::string uuid, bool fresh)
     : steps_(steps), ctx_(steps.ctx), uuid_(std::move(uuid)) {
-  if (fresh) phase_ = Phase::unrecorded;
+  if (fresh) known_.phase = Phase::unrecorded;
 }
 
-void Instance::take_work(const WatchEvent& event, bool listed) {
-  // A listing taken before a watch event must not undo it (periodic resync runs alongside).
-  if (event.kv.mod_revision < revision_) return;
-  // Logged once per value, however often a resync lists it again.
-  if (unreadable_ && event.kv.mod_revision == revision_ && event.type != WatchEvent::Type::erase) return;
-  revision_ = event.kv.mod_revision;
-  if (event.type == WatchEvent::Type::erase) {
-    desired_.reset();
-  } else {
-    auto spec = decode_work(event.kv.value);
-    if (!spec || spec->uuid != uuid_) {
-      // Unknown is not absent: the guest, its disk and its allocation stay as they are, and
-      // the instance counts as listed, until a value this agent can read replaces it.
-      spdlog::error("work {} cannot be read ({}); its instance is left as it is until it can", event.kv.key,
-                    spec ? "its uuid is not its key's" : spec.error().message());
-      unreadable_ = true;
-      return;
-    }
-    desired_ = std::move(*spec);
+void Instance::tell(News news) {
+  if (running_) {
+    // A domain that starts while a step runs is that step's own doing (builds and starts are
+    // toyvm's); a second round to look at it would cost every build a libvirt call.
+    if (const auto* domain = std::get_if<news::DomainChanged>(&news); domain && domain->started) return;
+    interrupt(news);
   }
-  unreadable_ = false;
-  if (image_wait_ && cancelled()) image_wait_->cancel();
-  // A guest being sent is stopped or destroyed only once it stays here. (Work that left this
-  // host went with the guest: its destination switched it over, and the send is ending.)
-  if (sending_ && desired_ && desired_->power != PowerState::running) abort_sending("it was stopped or destroyed");
-  if (!listed) ++ctx_.activity;
-  kick();
-}
-
-void Instance::work_vanished(int64_t revision) {
-  if ((!desired_ && !unreadable_) || revision_ > revision) return;  // news after the listing
-  desired_.reset();
-  unreadable_ = false;
-  if (image_wait_) image_wait_->cancel();
-  kick();
-}
-
-void Instance::take_move(const KeyValue& kv, std::optional<MoveRecord> move) {
-  if (kv.mod_revision <= move_revision_) return;  // a listing older than what is known
-  move_revision_ = kv.mod_revision;
-  move_unreadable_ = !move;
-  if (!move) {
-    spdlog::error("move {} cannot be read; instance {} is left as it is until it can", kv.key, uuid_);
-    move_.reset();
-    return;
-  }
-  move_ = std::move(move);
-  if (sending_ && move_->abort) abort_sending("an operator aborted its move");
-  kick();
-}
-
-void Instance::move_vanished(int64_t revision) {
-  if (!moving() || revision < move_revision_) return;
-  prepared_here_ = move_ && move_->destination == ctx_.host.provider && move_->state != MoveState::switched;
-  move_.reset();
-  move_unreadable_ = false;
-  move_revision_ = revision;
-  recheck_work_ = true;
-  kick();
-}
-
-void Instance::domain_changed(bool started) {
-  // A domain that starts while a step runs is that step's own doing (builds and starts are
-  // toyvm's); a second round to look at it would cost every build a libvirt call.
-  if (started && run_ != Run::idle) return;
-  kick();
-}
-
-void Instance::kick() {
-  if (run_ != Run::idle) {
-    run_ = Run::again;
-    return;
-  }
-  run_ = Run::stepping;
+  inbox_.push_back(std::move(news));
+  if (running_) return;
+  running_ = true;
   spawn_detached(ctx_.io, run(shared_from_this()), "instance " + uuid_);
+}
+
+void Instance::interrupt(const News& news) {
+  if (image_wait_ && ends_work(known_, news)) image_wait_->cancel();
+  if (!sending_) return;
+  if (auto why = ends_send(known_, news)) abort_sending(*why);
+}
+
+bool Instance::being_removed() const {
+  if (known_.cancelled()) return true;
+  for (const News& news : inbox_)
+    if (ends_work(known_, news)) return true;
+  return false;
+}
+
+bool Instance::take(const News& news) {
+  const Absorbed absorbed = absorb(known_, news, ctx_.host.provider);
+  switch (absorbed) {
+    case Absorbed::work_unreadable:
+      // Unknown is not absent: the guest, its disk and its allocation stay as they are, and the
+      // instance counts as listed, until a value this agent can read replaces it.
+      spdlog::error("instance {}: its work cannot be read ({}); it is left as it is until it can", uuid_,
+                    std::get<news::WorkPut>(news).why);
+      break;
+    case Absorbed::move_unreadable:
+      spdlog::error("instance {}: its move cannot be read; it is left as it is until it can", uuid_);
+      break;
+    case Absorbed::address_found: spdlog::info("instance {}: address {}", uuid_, known_.address.ip); break;
+    case Absorbed::address_overdue:
+      spdlog::warn("instance {}: no address within address_timeout ({} s); no longer looking", uuid_,
+                   in_seconds(ctx_.config.compute.address_timeout));
+      break;
+    case Absorbed::stale:
+    case Absorbed::changed: break;
+  }
+  return step_due(absorbed);
 }
 
 // `self` keeps the instance alive until its last step ends, even once it is forgotten.
 awaitable<void> Instance::run([[maybe_unused]] std::shared_ptr<Instance> self) {
-  while (true) {
-    run_ = Run::stepping;
-    bool settled = false;
+  bool due = false;
+  while (!ctx_.stop.requested()) {
+    for (; !inbox_.empty(); inbox_.pop_front()) due = take(inbox_.front()) || due;
+    if (!due) break;
+    result<Next> next = Next::later;
     try {
-      settled = co_await step();
+      next = co_await step();
     } catch (const std::exception& e) {
       // A step that threw is a failed step: retried, and the instance is never left stepping.
-      spdlog::error("instance {}: {}; will retry", uuid_, e.what());
+      next = Error(errc::cancelled, e.what());
     }
-    if (!settled && run_ != Run::again && !ctx_.stop.requested()) {
-      co_await ctx_.stop.sleep(retry_delay);
-      run_ = Run::again;
+    if (!next) {
+      // The one place a failed step is told of.
+      if (next.error() == errc::changed) spdlog::info("instance {}: {}; will look again", uuid_, next.error().message());
+      else spdlog::warn("instance {}: {}; will retry", uuid_, next.error().message());
+      next = Next::later;
     }
-    if (run_ != Run::again || ctx_.stop.requested()) {
-      run_ = Run::idle;
-      if (!desired_ && !unreadable_ && !moving()) steps_.forget(uuid_);
-      co_return;
-    }
+    due = *next != Next::rest;
+    if (*next == Next::later && inbox_.empty()) co_await ctx_.stop.sleep(retry_delay);
   }
+  running_ = false;
+  if (known_.forgettable()) steps_.forget(uuid_);
 }
 
-awaitable<bool> Instance::step() {
+Step Instance::step() {
   co_await failpoint::pass("reconcile.step");
-  if (unreadable_ || move_unreadable_) co_return true;  // nothing is decided on what cannot be read
-  if (recheck_work_ && !co_await recheck_work()) co_return false;
-  if (std::exchange(prepared_here_, false) && !desired_ && !move_) {
-    // Ended by someone else (an evacuation of its dead source, destroy --force): whatever
-    // arrived here has no work, and what was prepared for it is removed.
-    auto removed = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
-    if (!removed) prepared_here_ = true;
+  switch (next_step(known_)) {
+    case InstanceStep::wait: co_return Next::rest;  // nothing is decided on what cannot be read
+    case InstanceStep::recheck_work: co_return co_await recheck_work();
+    case InstanceStep::remove_prepared: co_return co_await remove_prepared();
+    case InstanceStep::move:
+      if (auto moved = co_await step_move()) co_return std::move(*moved);
+      if (known_.work && !known_.phase) co_return co_await load_recorded();
+      co_return co_await reconcile();
+    case InstanceStep::load_record: co_return co_await load_recorded();
+    case InstanceStep::reconcile: co_return co_await reconcile();
   }
-  if (move_)
-    if (auto moved = co_await step_move()) co_return *moved;
-  if (desired_ && !phase_ && !co_await load_recorded()) co_return false;
+  co_return Next::rest;
+}
+
+Step Instance::reconcile() {
   auto actual = co_await ctx_.virt(&VirtBackend::state, uuid_);
-  if (!actual) {
-    spdlog::error("instance {}: libvirt: {}", uuid_, actual.error().message());
-    co_return false;
-  }
+  if (!actual) co_return actual.error().doing("libvirt");
   const CrashPolicy on_crash = ctx_.config.compute.on_guest_crash == "error" ? CrashPolicy::error : CrashPolicy::restart;
+  const std::optional<WorkSpec>& desired = known_.work;
   // Why it is off matters only for a guest that should run and was running.
   StopCause cause = StopCause::unknown;
-  if (*actual == DomainState::stopped && desired_ && desired_->power == PowerState::running &&
+  if (*actual == DomainState::stopped && desired && desired->power == PowerState::running &&
       phase() == Phase::active) {
     auto why = co_await ctx_.virt(&VirtBackend::stop_cause, uuid_);
     if (why) cause = *why;
@@ -146,103 +132,83 @@ awaitable<bool> Instance::step() {
     if (cause == StopCause::crashed && on_crash == CrashPolicy::restart)
       metrics::count("toyvm_guest_events_total", {{"outcome", "restarted"}});
   }
-  // As it is now: news may have come while libvirt was asked.
-  const std::optional<WorkSpec> desired = desired_;
-  const int64_t revision = revision_;
   const Desired power = desired ? Desired(desired->power) : std::nullopt;
   switch (decide(power, *actual, phase(), cause, on_crash)) {
     case ReconcileAction::none:
       // Its address (or that none came) is news this instance records itself, at rest.
-      if (address_.unrecorded && phase() == Phase::active) co_return co_await record_state(*desired, InstanceState::active);
-      co_return true;
+      if (known_.address.unrecorded && phase() == Phase::active)
+        co_return rest_after(co_await record_state(*desired, InstanceState::active));
+      co_return Next::rest;
     case ReconcileAction::build: co_return co_await build(*desired);
     case ReconcileAction::start: co_return co_await power_on_off(*desired, true);
     case ReconcileAction::stop: co_return co_await power_on_off(*desired, false);
-    case ReconcileAction::record_active: co_return co_await record_state(*desired, InstanceState::active);
-    case ReconcileAction::record_stopped: co_return co_await record_state(*desired, InstanceState::stopped);
+    case ReconcileAction::record_active:
+      co_return rest_after(co_await record_state(*desired, InstanceState::active));
+    case ReconcileAction::record_stopped:
+      co_return rest_after(co_await record_state(*desired, InstanceState::stopped));
     case ReconcileAction::remove: co_return co_await remove(*desired);
     case ReconcileAction::release: co_return co_await release_held(*desired);
-    case ReconcileAction::remove_domain: co_return co_await remove_domain();
-    case ReconcileAction::adopt_stop: co_return co_await adopt_stop(*desired, revision);
+    case ReconcileAction::remove_domain:
+      co_return rest_after(co_await remove_domain());
+    case ReconcileAction::adopt_stop: co_return co_await adopt_stop(*desired, known_.work_revision);
     case ReconcileAction::record_crash: co_return co_await record_crash(*desired);
   }
-  co_return true;
+  co_return Next::rest;
 }
 
 // Memory is empty after a restart, and an ERROR decided before it must stay ERROR.
-awaitable<bool> Instance::load_recorded() {
+Step Instance::load_recorded() {
   auto found = co_await steps_.recorder.read(uuid_);
-  if (!found) co_return false;
-  if (phase_) co_return true;  // recorded meanwhile
-  phase_ = Phase::unrecorded;
-  if (!*found) co_return true;
+  if (!found) co_return found.error().doing("reading its record");
+  known_.phase = Phase::unrecorded;
+  if (!*found) co_return Next::again;
   const InstanceRecord& record = **found;
-  phase_ = phase_of(record.state);
-  if (record.state == InstanceState::error) failure_ = record;
+  known_.phase = phase_of(record.state);
+  if (record.state == InstanceState::error) known_.failure = record;
   if (record.state == InstanceState::active) {
     // Still looking when the last agent stopped: look for a full address_timeout again.
     look_for_address();
-    address_.ip = record.ip;
-    address_.given_up = record.no_address;
+    known_.address.ip = record.ip;
+    known_.address.given_up = record.no_address;
   }
-  co_return true;
+  co_return Next::again;
 }
 
 InstanceRecord Instance::make_record(const WorkSpec& spec, InstanceState state) const {
-  return steps_.recorder.make(spec, state, address_.ip, address_.given_up);
+  return steps_.recorder.make(spec, state, known_.address.ip, known_.address.given_up);
 }
 
-awaitable<InstanceRecorder::Written> Instance::record(InstanceRecord record, std::vector<EtcdOp> also) {
-  // Only an ERROR record is kept (to rewrite once released); any other is not copied.
+awaitable<result<void>> Instance::record(InstanceRecord record, std::vector<EtcdOp> also) {
   const InstanceState state = record.state;
+  // Only an ERROR record is kept (to rewrite once released); any other is not copied.
   std::optional<InstanceRecord> failed;
   if (state == InstanceState::error) failed = record;
-  const auto outcome = co_await steps_.recorder.write(std::move(record), std::move(also));
-  if (outcome != InstanceRecorder::Written::made) co_return outcome;
-  phase_ = phase_of(state);
-  failure_ = std::move(failed);
-  address_.unrecorded = false;  // every record carries the address as it is known
-  co_return outcome;
+  auto written = co_await steps_.recorder.write(std::move(record), std::move(also));
+  if (!written) co_return written;
+  known_.phase = phase_of(state);
+  known_.failure = std::move(failed);
+  known_.address.unrecorded = false;  // every record carries the address as it is known
+  co_return written;
 }
 
 // A guest that just became ACTIVE is looked for an address afresh.
-awaitable<bool> Instance::record_state(WorkSpec spec, InstanceState state) {
+awaitable<result<void>> Instance::record_state(const WorkSpec& spec, InstanceState state) {
   if (state == InstanceState::active && phase() != Phase::active) look_for_address();
-  if (state != InstanceState::active) address_.ip.clear();
-  co_return co_await record(make_record(spec, state)) == InstanceRecorder::Written::made;
+  if (state != InstanceState::active) known_.address.ip.clear();
+  co_return co_await record(make_record(spec, state));
 }
 
 // A guest that just started gets an address from DHCP: looked for until address_timeout.
 void Instance::look_for_address() {
-  address_.deadline = std::chrono::steady_clock::now() +
-                      ctx_.config.compute.address_timeout;
-  address_.given_up = false;
+  known_.address.deadline = std::chrono::steady_clock::now() + ctx_.config.compute.address_timeout;
+  known_.address.given_up = false;
 }
 
 Instance::AddressSearch Instance::address_search(std::chrono::steady_clock::time_point now) const {
-  if (!ctx_.has_nic() || !at_rest() || phase() != Phase::active || !address_.ip.empty() || address_.given_up)
+  const auto& address = known_.address;
+  if (!ctx_.has_nic() || !at_rest() || phase() != Phase::active || !address.ip.empty() || address.given_up)
     return AddressSearch::none;
-  return now < address_.deadline ? AddressSearch::looking : AddressSearch::overdue;
-}
-
-void Instance::take_addresses(std::vector<GuestAddress> found) {
-  if (found.empty() || phase() != Phase::active || !address_.ip.empty()) return;
-  const std::string mac = instance_mac(uuid_);
-  address_.ip = found.front().ip;
-  for (const GuestAddress& address : found)
-    if (address.mac == mac) address_.ip = address.ip;
-  spdlog::info("instance {}: address {}", uuid_, address_.ip);
-  address_.unrecorded = true;
-  kick();
-}
-
-void Instance::give_up_address() {
-  if (phase() != Phase::active || !address_.ip.empty() || address_.given_up) return;
-  address_.given_up = true;
-  spdlog::warn("instance {}: no address within address_timeout ({} s); no longer looking", uuid_,
-               in_seconds(ctx_.config.compute.address_timeout));
-  address_.unrecorded = true;
-  kick();
+  return now < address.deadline ? AddressSearch::looking : AddressSearch::overdue;
 }
 
 }  // namespace toyvm::compute

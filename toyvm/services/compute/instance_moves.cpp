@@ -16,33 +16,28 @@
 
 namespace toyvm::compute {
 
-awaitable<std::optional<bool>> Instance::step_move() {
-  const MoveRecord move = *move_;
-  const int64_t revision = move_revision_;
+awaitable<std::optional<result<Next>>> Instance::step_move() {
+  const MoveRecord move = *known_.move;
+  const int64_t revision = known_.move_revision;
+  const std::optional<WorkSpec>& desired = known_.work;
   const bool source = move.source == ctx_.host.provider;
   const bool in_place = move.source == move.destination;  // a resize on its own host
   // Switched over (its work is here now): only the settling is left, then the usual decisions.
-  if (!source && desired_ && move.state != MoveState::switched) co_return std::nullopt;
+  if (!source && desired && move.state != MoveState::switched) co_return std::nullopt;
   auto here = co_await ctx_.virt(&VirtBackend::state, uuid_);
-  if (!here) {
-    spdlog::error("instance {}: libvirt: {}", uuid_, here.error().message());
-    co_return false;
-  }
+  if (!here) co_return here.error().doing("libvirt");
   bool job = false;
   if ((move.state == MoveState::ready || move.state == MoveState::left_source) && *here != DomainState::absent) {
     auto migrating = co_await ctx_.virt(&VirtBackend::migrating, uuid_);
-    if (!migrating) {
-      spdlog::error("instance {}: libvirt: {}", uuid_, migrating.error().message());
-      co_return false;
-    }
+    if (!migrating) co_return migrating.error().doing("libvirt");
     job = *migrating;
   }
   // Every state waits on one side: a peer gone for good never answers, and this side ends it.
   auto peer = co_await peer_alive(move, source);
-  if (!peer) co_return false;
+  if (!peer) co_return peer.error().doing("reading whether its other host has an agent");
   // A live move is of a running guest; a cold one of a guest that is still wanted, on or off.
   const bool cold = move.kind != MoveKind::live;
-  const bool wanted = desired_ && (cold ? desired_->power != PowerState::deleted : desired_->power == PowerState::running);
+  const bool wanted = desired && (cold ? desired->power != PowerState::deleted : desired->power == PowerState::running);
   const auto patience = std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.config.compute.move_prepare_timeout);
   const bool overdue = unix_millis() - move.started_at > patience.count();
   const MoveView view{source, move.kind, in_place, move.state, *here, job, wanted, overdue, *peer, move.abort};
@@ -51,19 +46,18 @@ awaitable<std::optional<bool>> Instance::step_move() {
       // Waiting for the other side (which may take too long, or die), for a job of libvirt's to
       // end: looked at again in a moment, news or not.
       // (A destination whose work has not come yet decides nothing: it would remove the guest.)
-      if (!source && move.state == MoveState::switched && desired_) co_return std::nullopt;
-      co_return false;
+      if (!source && move.state == MoveState::switched && desired) co_return std::nullopt;
+      co_return Next::later;
     case MoveAction::prepare: {
       spdlog::info("instance {}: preparing for it to arrive from host {}", uuid_, move.source);
       auto ready = co_await steps_.mover.prepare(move);
       if (!ready) {
-        spdlog::error("instance {}: preparing for it: {}", uuid_, ready.error().message());
         // This host will not take it (its guest is on this libvirt already, the host was
         // disabled, its server group forbids it): undone at once, saying why. Anything else is
         // tried again; the source gives up after move_prepare_timeout.
         if (ready.error() == errc::already_exists || ready.error() == errc::no_valid_host)
           co_return co_await revert_move(move, revision, ready.error().message());
-        co_return false;
+        co_return ready.error().doing("preparing for it");
       }
       co_return co_await advance_move(std::move(*ready), revision);
     }
@@ -94,35 +88,26 @@ awaitable<std::optional<bool>> Instance::step_move() {
     }
     case MoveAction::clean_up: {
       auto gone = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
-      if (!gone) {
-        spdlog::error("instance {}: removing what was prepared for it: {}", uuid_, gone.error().message());
-        co_return false;
-      }
+      if (!gone) co_return gone.error().doing("removing what was prepared for it");
       // A cold move's source powered its guest off: it ends the move itself, as only it can
       // start the guest again (or an evacuation of its dead host does).
-      if (cold) co_return true;
+      if (cold) co_return Next::rest;
       co_return co_await move_ended(move, revision);
     }
   }
-  co_return true;
+  co_return Next::rest;
 }
 
-awaitable<bool> Instance::advance_move(MoveRecord next, int64_t revision) {
+Step Instance::advance_move(MoveRecord next, int64_t revision) {
   auto made = co_await steps_.mover.write(next, revision);
-  if (!made) {
-    spdlog::warn("instance {}: recording its move as {}: {}; will retry", uuid_, to_string(next.state),
-                 made.error().message());
-    co_return false;
-  }
-  if (*made) {  // otherwise it changed meanwhile, and the news is on its way
-    move_ = std::move(next);
-    move_revision_ = **made;
-    kick();
-  }
-  co_return true;
+  if (!made) co_return made.error().doing(fmt::format("recording its move as {}", to_string(next.state)));
+  if (!*made) co_return Next::rest;  // it changed meanwhile, and the news is on its way
+  known_.move = std::move(next);
+  known_.move_revision = **made;
+  co_return Next::again;
 }
 
-awaitable<bool> Instance::revert_move(MoveRecord move, int64_t revision, std::string why) {
+Step Instance::revert_move(MoveRecord move, int64_t revision, std::string why) {
   spdlog::warn("instance {}: its move to host {} does not happen: {}", uuid_, move.destination, why);
   move.state = MoveState::reverting;
   move.error = std::move(why);
@@ -146,9 +131,9 @@ awaitable<result<bool>> Instance::peer_alive(const MoveRecord& move, bool source
   co_return now - *peer_gone_since_ < ctx_.config.compute.lease_ttl;
 }
 
-void Instance::abort_sending(const char* why) {
-  if (abort_asked_) return;
-  abort_asked_ = true;
+void Instance::abort_sending(std::string_view why) {
+  if (sending_->abort_asked) return;
+  sending_->abort_asked = true;
   spdlog::warn("instance {}: ending its live move: {}", uuid_, why);
   auto abort = [](std::shared_ptr<Instance> self) -> awaitable<void> {
     auto ended = co_await self->ctx_.virt(&VirtBackend::abort_migration, self->uuid_);
@@ -157,14 +142,13 @@ void Instance::abort_sending(const char* why) {
   spawn_detached(ctx_.io, abort(shared_from_this()), "aborting a live move");
 }
 
-awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
+Step Instance::migrate(MoveRecord move, int64_t revision) {
   spdlog::info("instance {}: moving to host {} while it runs", uuid_, move.destination);
-  const auto patience = completion_timeout(desired_ ? desired_->resources : ResourceAmounts{},
+  const auto patience = completion_timeout(known_.work ? known_.work->resources : ResourceAmounts{},
                                            ctx_.config.compute.live_migration_completion_timeout);
-  sending_ = true;
-  abort_asked_ = false;
+  sending_.emplace();
   auto sent = co_await steps_.mover.send(move, patience);
-  sending_ = false;
+  sending_.reset();
   steps_.presence.publish(uuid_);
   if (!sent) {
     spdlog::error("instance {}: moving to host {}: {}", uuid_, move.destination, sent.error().message());
@@ -180,10 +164,10 @@ awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
       const auto now = std::chrono::steady_clock::now();
       if (!send_refused_ || send_refused_->migration != move.migration) send_refused_ = SendRefused{move.migration, now};
       if (sent.error() == errc::not_ready && now - send_refused_->since < ctx_.config.compute.move_prepare_timeout)
-        co_return false;
+        co_return Next::later;
       co_return co_await revert_move(std::move(move), revision, sent.error().message());
     }
-    co_return false;
+    co_return Next::later;
   }
   send_refused_.reset();
   spdlog::info("instance {}: runs on host {} after {} ms (paused {} ms, {} MiB sent)", uuid_, move.destination,
@@ -192,14 +176,15 @@ awaitable<bool> Instance::migrate(MoveRecord move, int64_t revision) {
   co_return co_await switch_over(std::move(move), revision);
 }
 
-awaitable<bool> Instance::copy_disk(MoveRecord move, int64_t revision, DomainState here) {
+Step Instance::copy_disk(MoveRecord move, int64_t revision, DomainState here) {
   spdlog::info("instance {}: moving to host {} while off", uuid_, move.destination);
-  if (!co_await power_off_to_move(here)) co_return false;
+  if (auto off = co_await power_off_to_move(here); !off) co_return off.error();
   const auto started = std::chrono::steady_clock::now();
   auto copied = co_await steps_.mover.copy(move);
   if (!copied) {
-    spdlog::error("instance {}: copying its disk to host {}: {}", uuid_, move.destination, copied.error().message());
-    if (copied.error() == errc::virt_unavailable) co_return false;  // this host's libvirt: tried again
+    const Error failure = copied.error().doing(fmt::format("copying its disk to host {}", move.destination));
+    if (copied.error() == errc::virt_unavailable) co_return failure;  // this host's libvirt: tried again
+    spdlog::error("instance {}: {}", uuid_, failure.message());
     // Its own disk and domain are untouched: the move is undone, and the guest runs here again.
     co_return co_await revert_move(std::move(move), revision, copied.error().message());
   }
@@ -209,36 +194,35 @@ awaitable<bool> Instance::copy_disk(MoveRecord move, int64_t revision, DomainSta
   co_return co_await advance_move(std::move(move), revision);
 }
 
-awaitable<bool> Instance::resize_here(MoveRecord move, int64_t revision, DomainState here) {
+Step Instance::resize_here(MoveRecord move, int64_t revision, DomainState here) {
   spdlog::info("instance {}: resizing it here to {}", uuid_, move.query);
-  if (!co_await power_off_to_move(here)) co_return false;
+  if (auto off = co_await power_off_to_move(here); !off) co_return off.error();
   auto made = co_await steps_.mover.resize_here(move);
   if (!made) {
+    if (made.error() == errc::virt_unavailable) co_return made.error().doing("resizing it");  // tried again
     spdlog::error("instance {}: resizing it: {}", uuid_, made.error().message());
-    if (made.error() == errc::virt_unavailable) co_return false;  // this host's libvirt: tried again
     // Undone: its old size is what it holds again (a disk that grew already stays grown).
     co_return co_await revert_move(std::move(move), revision, made.error().message());
   }
   co_return co_await switch_over(std::move(move), revision);
 }
 
-awaitable<bool> Instance::power_off_to_move(DomainState here) {
-  if (here == DomainState::stopped) co_return true;
+awaitable<result<void>> Instance::power_off_to_move(DomainState here) {
+  if (here == DomainState::stopped) co_return result<void>{};
   if (here == DomainState::running) co_await shut_down_gracefully();  // a paused guest cannot hear it
-  if (auto off = co_await ctx_.virt(&VirtBackend::stop, uuid_); !off) {
-    spdlog::error("instance {}: powering it off to move it: {}", uuid_, off.error().message());
-    co_return false;
-  }
-  co_return true;
+  if (auto off = co_await ctx_.virt(&VirtBackend::stop, uuid_); !off)
+    co_return off.error().doing("powering it off to move it");
+  co_return result<void>{};
 }
 
-awaitable<bool> Instance::switch_over(MoveRecord move, int64_t revision) {
+Step Instance::switch_over(MoveRecord move, int64_t revision) {
   if (move.state == MoveState::copied && move.destination == ctx_.host.provider) {
     co_await failpoint::pass("move.receive");  // the disk is here, the guest not yet defined
     auto received = co_await steps_.mover.receive(move);
     if (!received) {
-      spdlog::error("instance {}: taking its disk from host {}: {}", uuid_, move.source, received.error().message());
-      if (received.error() == errc::virt_unavailable) co_return false;
+      const Error failure = received.error().doing(fmt::format("taking its disk from host {}", move.source));
+      if (received.error() == errc::virt_unavailable) co_return failure;
+      spdlog::error("instance {}: {}", uuid_, failure.message());
       // The source still has its disk and domain: the guest goes back to them.
       co_return co_await revert_move(std::move(move), revision, received.error().message());
     }
@@ -249,43 +233,35 @@ awaitable<bool> Instance::switch_over(MoveRecord move, int64_t revision) {
   if (move.destination == ctx_.host.provider)
     if (auto op = steps_.presence.domain_put(uuid_)) domain_key.push_back(std::move(*op));
   auto switched = co_await steps_.mover.switch_over(move, revision, domain_key);
-  if (!switched) {
-    spdlog::warn("instance {}: switching its work to host {}: {}; will retry", uuid_, move.destination,
-                 switched.error().message());
-    co_return false;
-  }
-  if (!*switched) co_return true;  // the other host switched it, or the move changed: news comes
+  if (!switched) co_return switched.error().doing(fmt::format("switching its work to host {}", move.destination));
+  if (!*switched) co_return Next::rest;  // the other host switched it, or the move changed: news comes
   spdlog::info("instance {}: its work is on host {} now", uuid_, move.destination);
   if (!domain_key.empty()) steps_.presence.recorded(uuid_, domain_key.front());
   move.state = MoveState::switched;
   move.domain_xml.clear();
-  move_ = std::move(move);
-  move_revision_ = **switched;
-  if (move_->source == ctx_.host.provider && move_->destination != ctx_.host.provider) {
+  const bool left_here = move.source == ctx_.host.provider && move.destination != ctx_.host.provider;
+  known_.move = std::move(move);
+  known_.move_revision = **switched;
+  if (left_here) {
     // The work left this host in that write; the feed's news of it is older or the same.
-    desired_.reset();
-    unreadable_ = false;
-    revision_ = **switched;
+    known_.work.reset();
+    known_.work_unreadable = false;
+    known_.work_revision = **switched;
   } else {
-    recheck_work_ = true;  // and arrived here (or, resized here, changed)
+    known_.recheck_work = true;  // and arrived here (or, resized here, changed)
     // Its record too: BUILD for a guest moved powered off until it runs here again.
-    phase_.reset();
+    known_.phase.reset();
   }
   steps_.presence.publish(uuid_);
-  kick();
-  co_return true;
+  co_return Next::again;
 }
 
-awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
+Step Instance::move_ended(MoveRecord move, int64_t revision) {
   const bool moved = move.state == MoveState::switched;
   result<void> books;
   if (moved) books = co_await steps_.mover.settle(move);
   else books = co_await steps_.mover.unwind(move);
-  if (!books) {
-    spdlog::warn("instance {}: {} the books of its move: {}; will retry", uuid_, moved ? "settling" : "swapping back",
-                 books.error().message());
-    co_return false;
-  }
+  if (!books) co_return books.error().doing(moved ? "settling the books of its move" : "swapping back the books of its move");
   const bool source = move.source == ctx_.host.provider;
   const bool in_place = move.source == move.destination;
   // A cold move leaves the source's copy, off, until the guest is the destination's; undone
@@ -293,14 +269,14 @@ awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
   // by libvirt once the guest runs there, and its files removed by the agent that sent it;
   // one that died meanwhile left them, and libvirt may not be done with its job yet.
   const bool left = source && moved && !in_place;
-  const bool restart = source && !left && move.kind != MoveKind::live && desired_ &&
-                       desired_->power == PowerState::running;
+  const bool restart = source && !left && move.kind != MoveKind::live && known_.work &&
+                       known_.work->power == PowerState::running;
   result<void> done;
   if (left) {
     result<bool> job = false;
     if (move.kind == MoveKind::live) job = co_await ctx_.virt(&VirtBackend::migrating, uuid_);
     if (!job) done = job.error();
-    else if (*job) co_return false;  // looked at again once libvirt has finished
+    else if (*job) co_return Next::later;  // looked at again once libvirt has finished
     else done = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
   } else if (restart) {
     // Only a guest that is here, off, is started; one that is gone (this host's libvirt lost
@@ -309,39 +285,21 @@ awaitable<bool> Instance::move_ended(MoveRecord move, int64_t revision) {
     if (!here) done = here.error();
     else if (*here == DomainState::stopped) done = co_await ctx_.virt(&VirtBackend::start, uuid_);
   }
-  if (!done) {
-    spdlog::error("instance {}: {} after its move: {}", uuid_, left ? "removing its copy" : "starting it again",
-                  done.error().message());
-    co_return false;
-  }
+  if (!done) co_return done.error().doing(left ? "removing its copy after its move" : "starting it again after its move");
   // The guest's domain key here goes with the move: once the move is over, what this host
   // publishes says where the guest is.
   std::vector<EtcdOp> domain_key;
   if (moved && source && !in_place) domain_key.push_back(steps_.presence.domain_erase(uuid_));
   auto erased = co_await steps_.mover.erase(move, revision, domain_key);
-  if (!erased) co_return false;
-  if (!*erased) co_return true;
+  if (!erased) co_return erased.error().doing("deleting its move record");
+  if (!*erased) co_return Next::rest;
   if (!domain_key.empty()) steps_.presence.recorded(uuid_, domain_key.front());
   if (in_place) spdlog::info("instance {}: {}", uuid_, moved ? "resized" : "not resized");
   else spdlog::info("instance {}: {} host {}", uuid_, moved ? "moved from" : "did not move from", move.source);
   metrics::count("toyvm_moves_total", {{"result", moved ? "moved" : "reverted"}});
-  move_.reset();
-  recheck_work_ = true;
-  kick();
-  co_return true;
-}
-
-awaitable<bool> Instance::recheck_work() {
-  auto listed = co_await ctx_.etcd->range(ctx_.keys.work(ctx_.host.provider, uuid_));
-  if (!listed) co_return false;
-  recheck_work_ = false;
-  if (!listed->kvs.empty()) {
-    take_work(WatchEvent{WatchEvent::Type::put, listed->kvs.front(), std::nullopt}, true);
-  } else if (revision_ <= listed->revision) {
-    desired_.reset();
-    unreadable_ = false;
-  }
-  co_return true;
+  known_.move.reset();
+  known_.recheck_work = true;
+  co_return Next::again;
 }
 
 }  // namespace toyvm::compute

@@ -16,17 +16,15 @@ namespace toyvm::compute {
 
 using namespace asio::experimental::awaitable_operators;
 using namespace std::chrono_literals;
-using Written = InstanceRecorder::Written;
 
 // How long a build goes before its record says BUILDING.
 constexpr auto building_shown_after = 100ms;
 
-// ACTIVE with a running domain (BUILDING meanwhile if that takes a while), or failed (fail());
-// false when a step must be retried (a server did not answer).
-awaitable<bool> Instance::build(WorkSpec spec) {
-  if (allocation_elsewhere_) {
-    if (!co_await steps_.builder.take_allocation_back(spec)) co_return false;
-    allocation_elsewhere_ = false;
+// ACTIVE with a running domain (BUILDING meanwhile if that takes a while), or failed (fail()).
+Step Instance::build(WorkSpec spec) {
+  if (known_.allocation_elsewhere) {
+    if (auto back = co_await steps_.builder.take_allocation_back(spec); !back) co_return back.error();
+    known_.allocation_elsewhere = false;
   }
   int limit = ctx_.config.compute.max_instances;
   if (limit > 0 && steps_.presence.instance_count() > size_t(limit))
@@ -36,19 +34,19 @@ awaitable<bool> Instance::build(WorkSpec spec) {
   // attempt it had (this one never tried); with no room elsewhere it is built here, and the
   // drain moves it on once it runs. A disable after this look finds it here, as that.
   auto disabled = co_await steps_.builder.host_disabled();
-  if (!disabled) co_return false;
+  if (!disabled) co_return disabled.error().doing("reading whether this host is disabled");
   if (*disabled) {
     WorkSpec unspent = spec;
     unspent.attempt -= 1;
     auto moved = co_await move_elsewhere(unspent);
-    if (!moved) co_return false;
-    if (*moved) co_return true;
+    if (!moved) co_return moved.error().doing("moving it off this disabled host");
+    if (*moved) co_return Next::rest;
     spdlog::warn("instance {}: host {} is disabled, and no other host has room: built here", spec.uuid,
                  ctx_.host.name);
   }
   if (!spec.group.empty()) {
     auto allowed = co_await steps_.builder.group_allows_here(spec);
-    if (!allowed) co_return false;
+    if (!allowed) co_return allowed.error().doing("reading its server group");
     if (!*allowed)
       co_return co_await fail(spec, Error(errc::no_valid_host,
                                           fmt::format("server group {} ({}) does not allow this host", spec.group,
@@ -66,13 +64,11 @@ awaitable<bool> Instance::build(WorkSpec spec) {
   if (building && !*building) {
     // The work left this host, or etcd did not answer: nothing made for it stays.
     if (made.outcome == Made::Outcome::made) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
-    co_return false;
+    co_return building->error();
   }
   switch (made.outcome) {
-    case Made::Outcome::cancelled: co_return true;  // destroyed meanwhile: the next round removes what there is
-    case Made::Outcome::retry:
-      spdlog::warn("instance {}: {}; will retry", spec.uuid, made.failure.message());
-      co_return false;
+    case Made::Outcome::cancelled: co_return Next::again;  // destroyed meanwhile: removing it releases what it holds
+    case Made::Outcome::retry: co_return made.failure;
     case Made::Outcome::failed:
       steps_.presence.publish(spec.uuid);
       metrics::count("toyvm_builds_total", {{"result", "failed"}});
@@ -85,31 +81,30 @@ awaitable<bool> Instance::build(WorkSpec spec) {
   std::vector<EtcdOp> domain_key;
   if (auto op = steps_.presence.domain_put(spec.uuid)) domain_key.push_back(std::move(*op));
   // Whatever address an earlier guest of this instance had is forgotten.
-  address_.ip.clear();
+  known_.address.ip.clear();
   look_for_address();
-  const Written written =
-      co_await record(make_record(spec, running ? InstanceState::active : InstanceState::stopped), domain_key);
+  auto written = co_await record(make_record(spec, running ? InstanceState::active : InstanceState::stopped), domain_key);
   // The work left this host: nothing made for it stays. An unanswered write may have been
   // made, so the domain stays and the next round records it again.
-  if (written == Written::work_gone) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
-  if (written == Written::made && !domain_key.empty())
+  if (!written && written.error() == errc::changed) co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
+  if (written && !domain_key.empty())
     steps_.presence.recorded(spec.uuid, domain_key.front());
   else
     steps_.presence.publish(spec.uuid);
-  if (written != Written::made) co_return false;
+  if (!written) co_return written.error();
   spdlog::info("instance {}: {}", spec.uuid, running ? "active" : "made, and stopped as its work says");
   metrics::count("toyvm_builds_total", {{"result", "active"}});
   metrics::observe("toyvm_build_seconds",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-  co_return true;
+  co_return Next::rest;
 }
 
-// BUILDING, once `patience` expires before the domain is made; nullopt when it was made (or
+// BUILDING, once `patience` expires before the domain is made; nothing when it was made (or
 // failed) in time and there is nothing to say yet.
-awaitable<std::optional<bool>> Instance::record_building_if_slow(WorkSpec spec, asio::steady_timer& patience) {
+awaitable<std::optional<result<void>>> Instance::record_building_if_slow(WorkSpec spec, asio::steady_timer& patience) {
   auto [ec] = co_await patience.async_wait(asio::as_tuple(use_awaitable));
   if (ec) co_return std::nullopt;
-  co_return co_await record_state(std::move(spec), InstanceState::building);
+  co_return co_await record_state(spec, InstanceState::building);
 }
 
 // The domain made, then `patience` cancelled. A destroy that comes while the image is awaited
@@ -117,7 +112,7 @@ awaitable<std::optional<bool>> Instance::record_building_if_slow(WorkSpec spec, 
 awaitable<Made> Instance::make_domain_in_time(WorkSpec spec, asio::steady_timer& patience) {
   asio::steady_timer wake(ctx_.io, std::chrono::steady_clock::time_point::max());
   image_wait_ = &wake;
-  BuildCancel cancel{[this] { return cancelled(); }, wake};
+  BuildCancel cancel{[this] { return being_removed(); }, wake};
   Made made = co_await steps_.builder.make_domain(std::move(spec), std::move(cancel));
   image_wait_ = nullptr;
   patience.cancel();
@@ -128,15 +123,15 @@ awaitable<Made> Instance::make_domain_in_time(WorkSpec spec, asio::steady_timer&
 // A build that failed here may succeed elsewhere (Nova's alternates): the instance moves
 // to another live host while attempts remain; after the last it is ERROR no_valid_host.
 // A bad image is bad everywhere: image_failure is final at once (Nova's BuildAbort).
-awaitable<bool> Instance::fail(WorkSpec spec, Error failure) {
+Step Instance::fail(WorkSpec spec, Error failure) {
   std::string reason(reason_code(failure));
   std::string message = failure.message();
   spdlog::error("instance {}: {}: {}", spec.uuid, reason, message);
   if (failure != errc::image_failure) {
     if (spec.attempt < ctx_.config.compute.max_build_attempts) {
       auto moved = co_await move_elsewhere(spec);
-      if (moved && *moved) co_return true;
-      if (!moved) co_return false;  // a server did not answer: the whole step is retried
+      if (!moved) co_return moved.error().doing("moving it to another host");  // the whole step is retried
+      if (*moved) co_return Next::rest;
     }
     message = fmt::format("no host could build it in {} attempt(s); the last said {}: {}", spec.attempt, reason,
                           message);
@@ -148,7 +143,7 @@ awaitable<bool> Instance::fail(WorkSpec spec, Error failure) {
   failed.error_code = std::move(reason);
   failed.error_message = std::move(message);
   failed.releasing = true;
-  if (co_await record(failed) != Written::made) co_return false;
+  if (auto written = co_await record(failed); !written) co_return written.error();
   metrics::count("toyvm_instance_failures_total", {{"reason", failed.error_code}});
   co_return co_await release_held(spec);
 }
@@ -156,10 +151,10 @@ awaitable<bool> Instance::fail(WorkSpec spec, Error failure) {
 // true: moved; false: no other host fits; an error: it changed meanwhile, or Placement or
 // etcd did not answer (the step is retried).
 awaitable<result<bool>> Instance::move_elsewhere(WorkSpec spec) {
-  if (cancelled()) co_return true;  // destroyed meanwhile: removing it releases what it holds
-  WorkSpec work = *desired_;
+  if (being_removed()) co_return true;  // destroyed meanwhile: removing it releases what it holds
+  WorkSpec work = *known_.work;
   work.attempt = spec.attempt;
-  auto moved = co_await steps_.builder.move_elsewhere(std::move(work), revision_);
+  auto moved = co_await steps_.builder.move_elsewhere(std::move(work), known_.work_revision);
   if (!moved) co_return moved.error();
   switch (moved->outcome) {
     case Relocated::Outcome::moved:
@@ -168,7 +163,7 @@ awaitable<result<bool>> Instance::move_elsewhere(WorkSpec spec) {
     case Relocated::Outcome::no_room:
       co_return false;
     case Relocated::Outcome::stranded:  // taken back before it builds here again
-      allocation_elsewhere_ = true;
+      known_.allocation_elsewhere = true;
       break;
     case Relocated::Outcome::lost_race:
     case Relocated::Outcome::put_back:
@@ -179,27 +174,24 @@ awaitable<result<bool>> Instance::move_elsewhere(WorkSpec spec) {
 }
 
 // An ERROR instance gives back what it holds; then its record stops saying "releasing".
-awaitable<bool> Instance::release_held(WorkSpec spec) {
-  if (!co_await steps_.builder.give_back(spec)) co_return false;
-  if (failure_ && failure_->releasing) {
-    InstanceRecord done = *failure_;
+Step Instance::release_held(WorkSpec spec) {
+  if (auto given = co_await steps_.builder.give_back(spec); !given) co_return given.error();
+  if (known_.failure && known_.failure->releasing) {
+    InstanceRecord done = *known_.failure;
     done.releasing = false;
     done.updated_at = unix_millis();
-    if (co_await record(std::move(done)) != Written::made) co_return false;
+    if (auto written = co_await record(std::move(done)); !written) co_return written.error();
   }
-  phase_ = Phase::released;
+  known_.phase = Phase::released;
   spdlog::info("instance {}: ERROR; its allocation is released", spec.uuid);
-  co_return true;
+  co_return Next::rest;
 }
 
-awaitable<bool> Instance::power_on_off(WorkSpec spec, bool on) {
+Step Instance::power_on_off(WorkSpec spec, bool on) {
   if (!on) co_await shut_down_gracefully();
   auto done = co_await ctx_.virt(on ? &VirtBackend::start : &VirtBackend::stop, spec.uuid);
-  if (!done) {
-    spdlog::error("instance {}: {}", spec.uuid, done.error().message());
-    co_return false;
-  }
-  co_return co_await record_state(spec, on ? InstanceState::active : InstanceState::stopped);
+  if (!done) co_return done.error().doing(on ? "starting it" : "stopping it");
+  co_return rest_after(co_await record_state(spec, on ? InstanceState::active : InstanceState::stopped));
 }
 
 // Asks the guest to power off and waits up to stop_timeout for it; stop() then pulls the plug.
@@ -216,42 +208,36 @@ awaitable<void> Instance::shut_down_gracefully() {
 
 // Domain first, then the allocation, then the keys: if any step fails the keys stay, and
 // the next attempt finishes the job, so nothing leaks in Placement.
-awaitable<bool> Instance::remove(WorkSpec spec) {
+Step Instance::remove(WorkSpec spec) {
   auto gone = co_await ctx_.virt(&VirtBackend::destroy, spec.uuid);
-  if (!gone) {
-    spdlog::error("instance {}: destroying: {}", spec.uuid, gone.error().message());
-    co_return false;
-  }
+  if (!gone) co_return gone.error().doing("destroying it");
   auto released = co_await ctx_.placement.release(spec.uuid);
   // A guest destroyed as it moved: its migration consumer's share goes too.
-  if (released && move_) released = co_await ctx_.placement.release(move_->migration);
-  if (!released) {
-    spdlog::warn("instance {}: releasing its allocation: {}; will retry", spec.uuid, released.error().message());
-    co_return false;
-  }
+  if (released && known_.move) released = co_await ctx_.placement.release(known_.move->migration);
+  if (!released) co_return released.error().doing("releasing its allocation");
   std::vector<EtcdOp> ops;
   for (auto& [key, range_end] : ctx_.keys.instance_keys(ctx_.host.provider, spec.uuid, spec.group))
     ops.push_back(EtcdOp::erase(key, range_end));
   const EtcdOp domain_key = steps_.presence.domain_erase(spec.uuid);
   ops.push_back(domain_key);
   auto erased = co_await ctx_.etcd->txn({}, std::move(ops));
-  if (!erased) co_return false;
+  if (!erased) co_return erased.error().doing("deleting its keys");
   spdlog::info("instance {}: deleted", spec.uuid);
   steps_.presence.recorded(spec.uuid, domain_key);
-  co_return true;
+  co_return Next::rest;
 }
 
-awaitable<bool> Instance::remove_domain() {
+awaitable<result<void>> Instance::remove_domain() {
   auto gone = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
-  if (!gone) spdlog::error("instance {}: destroying: {}", uuid_, gone.error().message());
   steps_.presence.publish(uuid_);
-  co_return bool(gone);
+  if (!gone) co_return gone.error().doing("destroying it");
+  co_return result<void>{};
 }
 
 // The guest stopped without toyvm (it powered itself off, or someone stopped it outside
 // toyvm): STOPPED, and its desired power with it, in one transaction guarded by the revision of
 // the work that was seen, so that a start or destroy asked meanwhile wins.
-awaitable<bool> Instance::adopt_stop(WorkSpec spec, int64_t revision) {
+Step Instance::adopt_stop(WorkSpec spec, int64_t revision) {
   const std::string work_key = ctx_.keys.work(ctx_.host.provider, spec.uuid);
   WorkSpec stopped = spec;
   stopped.power = PowerState::stopped;
@@ -259,29 +245,55 @@ awaitable<bool> Instance::adopt_stop(WorkSpec spec, int64_t revision) {
   std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(work_key, revision)};
   std::vector<EtcdOp> ops{EtcdOp::put(work_key, encode(stopped)), EtcdOp::put(ctx_.keys.instance(spec.uuid), encode(record))};
   auto txn = co_await ctx_.etcd->txn(std::move(unchanged), std::move(ops));
-  if (!txn) co_return false;
+  if (!txn) co_return txn.error().doing("recording that it stopped");
   if (txn->succeeded) {
     spdlog::info("instance {}: the guest stopped without toyvm; it is STOPPED until started", spec.uuid);
     metrics::count("toyvm_guest_events_total", {{"outcome", "stopped"}});
-    phase_ = Phase::stopped;
-    address_.ip.clear();
+    known_.phase = Phase::stopped;
+    known_.address.ip.clear();
   }
-  co_return true;  // refused: the work changed, and the watch brings what it is now
+  co_return Next::rest;  // refused: the work changed, and the watch brings what it is now
 }
 
 // on_guest_crash = "error": ERROR launch_failure, recorded as releasing first; then the domain
 // and its disk go and the allocation is given back (later rounds finish what fails here, as
 // for any ERROR instance).
-awaitable<bool> Instance::record_crash(WorkSpec spec) {
+Step Instance::record_crash(WorkSpec spec) {
   InstanceRecord failed = make_record(spec, InstanceState::error);
   failed.error_code = "launch_failure";
   failed.error_message = "the guest crashed";
   failed.releasing = true;
-  if (co_await record(failed) != Written::made) co_return false;
+  if (auto written = co_await record(failed); !written) co_return written.error();
   metrics::count("toyvm_guest_events_total", {{"outcome", "error"}});
   metrics::count("toyvm_instance_failures_total", {{"reason", "launch_failure"}});
-  if (!co_await remove_domain()) co_return false;
+  if (auto gone = co_await remove_domain(); !gone) co_return gone.error();
   co_return co_await release_held(spec);
+}
+
+// Its work as etcd has it now: a move that ended may have taken it here or away, and the
+// work's own news may come later than the move's.
+Step Instance::recheck_work() {
+  auto listed = co_await ctx_.etcd->range(ctx_.keys.work(ctx_.host.provider, uuid_));
+  if (!listed) co_return listed.error().doing("reading its work");
+  known_.recheck_work = false;
+  if (listed->kvs.empty()) {
+    take(news::WorkGone{listed->revision});
+  } else {
+    const KeyValue& kv = listed->kvs.front();
+    take(work_news(kv, uuid_));
+  }
+  co_return Next::again;
+}
+
+// Ended by someone else (an evacuation of its dead source, destroy --force): whatever arrived
+// here has no work, and what was prepared for it is removed.
+Step Instance::remove_prepared() {
+  if (!known_.work && !known_.move) {
+    auto removed = co_await ctx_.virt(&VirtBackend::destroy, uuid_);
+    if (!removed) co_return removed.error().doing("removing what was prepared for its move");
+  }
+  known_.prepared_here = false;
+  co_return Next::again;
 }
 
 }  // namespace toyvm::compute

@@ -35,7 +35,9 @@ std::optional<std::string> Instances::apply(const WatchEvent& event, bool listed
     return std::nullopt;
   }
   // Work first seen in a watch event was made after the listing: nothing recorded before it.
-  instance(key->instance, !listed).take_work(event, listed);
+  Instance& target = instance(key->instance, !listed);
+  if (event.type == WatchEvent::Type::erase) target.tell(news::WorkGone{event.kv.mod_revision});
+  else target.tell(work_news(event.kv, key->instance));
   return key->instance;
 }
 
@@ -49,12 +51,12 @@ awaitable<void> Instances::apply_listing(RangeResult listed) {
   std::vector<std::shared_ptr<Instance>> vanished;
   for (const auto& [uuid, instance] : table_)
     if (!seen.count(uuid)) vanished.push_back(instance);
-  for (const auto& instance : vanished) instance->work_vanished(listed.revision);
+  for (const auto& instance : vanished) instance->tell(news::WorkGone{listed.revision});
   // Domains nobody asked for.
   auto domains = co_await ctx_.virt(&VirtBackend::list);
   if (!domains) co_return;  // libvirt did not answer: the next resync looks again
   for (const std::string& uuid : *domains)
-    if (!seen.count(uuid) && !table_.count(uuid)) instance(uuid, false).wake();
+    if (!seen.count(uuid) && !table_.count(uuid)) instance(uuid, false).tell(news::DomainChanged{});
   steps_->presence.publish(*domains);
   metrics::count("toyvm_work_listings_total");
 }
@@ -63,18 +65,18 @@ void Instances::apply_move(const WatchEvent& event) {
   auto uuid = ctx_.keys.leaf(event.kv.key, ctx_.keys.moves_prefix());
   if (!uuid) return;
   if (event.type == WatchEvent::Type::erase) {
-    if (auto found = find(*uuid)) found->move_vanished(event.kv.mod_revision);
+    if (auto found = find(*uuid)) found->tell(news::MoveGone{event.kv.mod_revision});
     return;
   }
   auto move = decode_move(event.kv.value);
   if (!move) {
     // Whose it is cannot be told; an instance of ours does nothing until it can be read.
-    if (auto found = find(*uuid)) found->take_move(event.kv, std::nullopt);
+    if (auto found = find(*uuid)) found->tell(news::MovePut{event.kv.mod_revision, std::nullopt});
     return;
   }
   const std::string& me = ctx_.host.provider;
   if (move->instance != *uuid || (move->source != me && move->destination != me)) return;
-  instance(*uuid, false).take_move(event.kv, std::move(*move));
+  instance(*uuid, false).tell(news::MovePut{event.kv.mod_revision, std::move(*move)});
 }
 
 awaitable<void> Instances::apply_move_listing(RangeResult listed) {
@@ -83,10 +85,11 @@ awaitable<void> Instances::apply_move_listing(RangeResult listed) {
     apply_move(WatchEvent{WatchEvent::Type::put, kv, std::nullopt});
     if (auto uuid = ctx_.keys.leaf(kv.key, ctx_.keys.moves_prefix())) seen.insert(*uuid);
   }
-  std::vector<std::shared_ptr<Instance>> ended;
+  // Each instance knows whether it was moving; one that was not hears nothing new.
+  std::vector<std::shared_ptr<Instance>> unlisted;
   for (const auto& [uuid, instance] : table_)
-    if (instance->moving() && !seen.count(uuid)) ended.push_back(instance);
-  for (const auto& instance : ended) instance->move_vanished(listed.revision);
+    if (!seen.count(uuid)) unlisted.push_back(instance);
+  for (const auto& instance : unlisted) instance->tell(news::MoveGone{listed.revision});
   co_return;
 }
 
@@ -94,7 +97,7 @@ void Instances::observe(const std::string& uuid, bool started) {
   // What this host publishes follows its libvirt as the events come: a destination's copy
   // that libvirt dropped with an aborted send has no instance here any more to say so.
   if (steps_) steps_->presence.publish(uuid);
-  if (auto found = find(uuid)) found->domain_changed(started);  // others are the resync's business
+  if (auto found = find(uuid)) found->tell(news::DomainChanged{started});  // others are the resync's business
 }
 
 size_t Instances::holding_work() const {

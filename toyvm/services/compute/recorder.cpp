@@ -1,6 +1,6 @@
 #include "services/compute/recorder.hpp"
 
-#include <spdlog/spdlog.h>
+#include <fmt/format.h>
 
 namespace toyvm::compute {
 
@@ -21,24 +21,19 @@ InstanceRecord InstanceRecorder::make(const WorkSpec& spec, InstanceState state,
   return record;
 }
 
-awaitable<InstanceRecorder::Written> InstanceRecorder::write(InstanceRecord record, std::vector<EtcdOp> also) {
+awaitable<result<void>> InstanceRecorder::write(InstanceRecord record, std::vector<EtcdOp> also) {
   // (Vectors built outside co_await: GCC 12 miscompiles initializer lists inside it.)
   std::vector<EtcdCompare> compare{EtcdCompare::present(ctx_.keys.work(ctx_.host.provider, record.uuid))};
   std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.instance(record.uuid), encode(record))};
   ops.insert(ops.end(), std::make_move_iterator(also.begin()), std::make_move_iterator(also.end()));
   auto txn = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
-  if (!txn) {
-    spdlog::warn("instance {}: recording {}: {}", record.uuid, to_string(record.state), txn.error().message());
-    co_return Written::unanswered;
-  }
-  if (!txn->succeeded) {
-    // The work left this host (moved, or deleted) before the feed said so: whatever was
-    // under way for it stops, and the next round follows what the feed says by then.
-    spdlog::info("instance {}: its work is no longer on this host; {} not recorded", record.uuid,
-                 to_string(record.state));
-    co_return Written::work_gone;
-  }
-  co_return Written::made;
+  if (!txn) co_return txn.error().doing(fmt::format("recording {}", to_string(record.state)));
+  // The work left this host (moved, or deleted) before the feed said so: whatever was under
+  // way for it stops, and the next round follows what the feed says by then.
+  if (!txn->succeeded)
+    co_return Error(errc::changed,
+                    fmt::format("its work is no longer on this host; {} not recorded", to_string(record.state)));
+  co_return result<void>{};
 }
 
 awaitable<result<std::optional<InstanceRecord>>> InstanceRecorder::read(std::string uuid) {

@@ -18,13 +18,12 @@ class InstanceRecorder {
   // The record of `spec` in `state` on this host; an ACTIVE one carries the guest's address
   // (`ip`, empty while unknown; `no_address`: it was looked for in vain).
   InstanceRecord make(const WorkSpec& spec, InstanceState state, std::string ip = {}, bool no_address = false) const;
-  // What became of a write: made; refused because the work key is gone (the work left this
-  // host); or unknown, since etcd did not answer (a timed-out write may still have been made).
-  // (A write etcd refused counts as unanswered: say, `also` put a key under a lease that has
-  // just expired. The next round records the state again.)
-  enum class Written { made, work_gone, unanswered };
-  // `also`: more writes in the same transaction.
-  awaitable<Written> write(InstanceRecord record, std::vector<EtcdOp> also = {});
+  // Made, or an error: errc::changed when refused because the work key is gone (the work
+  // left this host), or etcd's own when it did not answer (a timed-out write may still have
+  // been made). (A write etcd refused counts as unanswered: say, `also` put a key under a
+  // lease that has just expired. The next round records the state again.) `also`: more
+  // writes in the same transaction.
+  awaitable<result<void>> write(InstanceRecord record, std::vector<EtcdOp> also = {});
   // What this host recorded for `uuid`: nothing when there is no record or it is another
   // host's (or cannot be read); an error when etcd did not answer.
   awaitable<result<std::optional<InstanceRecord>>> read(std::string uuid);
