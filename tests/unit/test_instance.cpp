@@ -4,7 +4,7 @@
 #include "fakes/memory_placement.hpp"
 #include "fakes/fake_virt.hpp"
 
-#include "services/compute/instances.hpp"
+#include "services/compute/parts.hpp"
 
 #include "catch_result.hpp"
 
@@ -29,33 +29,23 @@ Config test_config() {
   return config;
 }
 
-// One agent's instances with the fakes under them, on a loop the test turns.
+// One agent's parts over fakes of etcd, Placement and libvirt, on a loop the test turns.
 struct Agent {
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> busy = asio::make_work_guard(io);
   Config config = test_config();
   std::shared_ptr<FakeEtcd> etcd = std::make_shared<FakeEtcd>();
-  FakeVirt* virt_backend = nullptr;
   MemoryPlacement placement;
   asio::thread_pool pool{1};
-  VirtCalls virt{pool};
+  FakeVirt* virt_backend = new FakeVirt;  // owned by `virt`
+  VirtCalls virt{pool, std::unique_ptr<VirtBackend>(virt_backend)};
+  StopSignal stop;
   AgentContext ctx{io, config, KeyLayout(config.etcd.prefix), etcd, placement, pool, virt,
-                   HostIdentity{host, "test", "/nonexistent"}, {}, 0, {}};
-  Placer placer{placement, *etcd, config};
-  InstanceRecorder recorder{ctx};
-  Instances instances{ctx};
-  HostPresence presence{ctx, [this] { return instances.holding_work(); }};
-  ImageStore images{io.get_executor(), pool, ImageStoreOptions{}};
-  Builder builder{ctx, Builder::Parts{recorder, images, placer, [this] { return instances.images_wanted(); }}};
-  Mover mover{ctx, builder, placer};
+                   HostIdentity{host, "test", "/nonexistent"}, stop, {}};
+  AgentParts parts{ctx, {}, {}, ImageStoreOptions{}};
+  Instances& instances = parts.instances;
   int64_t delivered = 0;  // the revision up to which etcd's changes reached the instances
 
-  Agent() {
-    auto backend = std::make_unique<FakeVirt>();
-    virt_backend = backend.get();
-    virt.attach(std::move(backend));
-    instances.attach(recorder, builder, presence, mover);
-  }
   ~Agent() {
     ctx.stop.request();
     busy.reset();
@@ -189,7 +179,7 @@ TEST_CASE("work that cannot be read leaves its guest as it is until it can") {
 TEST_CASE("after a restart a running guest recorded ACTIVE is adopted, not built again") {
   Agent agent;
   agent.put_work(PowerState::running);
-  InstanceRecord active = agent.recorder.make(*decode_work(agent.etcd->find(agent.work_key())->value),
+  InstanceRecord active = agent.parts.recorder.make(*decode_work(agent.etcd->find(agent.work_key())->value),
                                               InstanceState::active);
   agent.etcd->put_now(agent.ctx.keys.instance(uuid), encode(active));
   agent.hypervisor().set(uuid, FakeVirt::Domain{DomainState::running, StopCause::unknown, {}});
@@ -204,7 +194,7 @@ TEST_CASE("after a restart a running guest recorded ACTIVE is adopted, not built
 TEST_CASE("an ERROR recorded before a restart is never built again; what it holds is given back once") {
   Agent agent;
   agent.put_work(PowerState::running);
-  InstanceRecord failed = agent.recorder.make(*decode_work(agent.etcd->find(agent.work_key())->value),
+  InstanceRecord failed = agent.parts.recorder.make(*decode_work(agent.etcd->find(agent.work_key())->value),
                                               InstanceState::error);
   failed.error_code = "launch_failure";
   failed.releasing = true;
@@ -385,7 +375,7 @@ TEST_CASE("a switch-over of a resize in place that etcd did not answer is read b
   const std::string before = agent.etcd->find(agent.work_key())->value;
   agent.etcd->lost_txns = 1;  // the refusal's answer is lost: what etcd holds tells
   std::optional<result<std::optional<int64_t>>> switched;
-  auto switch_over = [&]() -> awaitable<void> { switched = co_await agent.mover.switch_over(move, asked, {}); };
+  auto switch_over = [&]() -> awaitable<void> { switched = co_await agent.parts.mover.switch_over(move, asked, {}); };
   asio::co_spawn(agent.io, switch_over(), asio::detached);
   REQUIRE(agent.run_until([&] { return switched.has_value(); }, 20s));
   REQUIRE(*switched);

@@ -1,7 +1,7 @@
 #pragma once
-// What the parts of the compute agent share: the event loop, the config, the servers'
-// clients, libvirt on the worker pool, and this host's identity. The agent owns all of it
-// and outlives every part.
+// What the parts of the compute agent share, none of it changed once the agent is built: the
+// event loop, the config, the servers' clients, libvirt on the worker pool, this host's
+// identity, and the stop. The agent owns all of it and outlives every part.
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
@@ -27,9 +27,8 @@ namespace toyvm::compute {
 // as many threads as the host sends guests at once), so the other guests never wait behind them.
 class VirtCalls {
  public:
-  explicit VirtCalls(asio::thread_pool& pool, asio::thread_pool* moves = nullptr)
-      : pool_(pool), moves_(moves ? *moves : pool) {}
-  void attach(std::unique_ptr<VirtBackend> backend) { backend_ = std::move(backend); }
+  VirtCalls(asio::thread_pool& pool, std::unique_ptr<VirtBackend> backend, asio::thread_pool* moves = nullptr)
+      : pool_(pool), moves_(moves ? *moves : pool), backend_(std::move(backend)) {}
 
   // The lambda is a named local because GCC 12 mishandles capturing lambdas inside co_await
   // expressions.
@@ -65,11 +64,8 @@ struct AgentContext {
   asio::thread_pool& pool;
   VirtCalls& virt;
   HostIdentity host;
-  StopSignal stop;  // SIGTERM: loops end, waits end, nothing new starts
-  // Bursts of code run: changes to this host's work seen through the watch, each resync and
-  // each report of the host's figures. Once they stop for a while, their pages are given back.
-  uint64_t activity = 0;
-  std::vector<std::string> guest_dns;  // what the guests' network offers, read as the agent starts it
+  StopSignal& stop;  // SIGTERM: loops end, waits end, nothing new starts
+  std::vector<std::string> guest_dns;  // what the guests' network offers, read as the host was set up
 
   bool has_nic() const { return !config.compute.network.empty() || !config.compute.bridge.empty(); }
 

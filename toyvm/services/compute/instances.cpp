@@ -6,13 +6,14 @@
 
 namespace toyvm::compute {
 
-void Instances::attach(InstanceRecorder& recorder, Builder& builder, HostPresence& presence, Mover& mover) {
-  steps_.emplace(InstanceSteps{ctx_, recorder, builder, presence, mover, [this](const std::string& uuid) { table_.erase(uuid); }});
-}
+Instances::Instances(AgentContext& ctx, InstanceRecorder& recorder, Builder& builder, HostPresence& presence,
+                     Mover& mover)
+    : ctx_(ctx),
+      steps_{ctx, recorder, builder, presence, mover, [this](const std::string& uuid) { table_.erase(uuid); }} {}
 
 Instance& Instances::instance(const std::string& uuid, bool fresh) {
   auto [found, created] = table_.try_emplace(uuid);
-  if (created) found->second = std::make_shared<Instance>(*steps_, uuid, fresh);
+  if (created) found->second = std::make_shared<Instance>(steps_, uuid, fresh);
   return *found->second;
 }
 
@@ -57,7 +58,7 @@ awaitable<void> Instances::apply_listing(RangeResult listed) {
   if (!domains) co_return;  // libvirt did not answer: the next resync looks again
   for (const std::string& uuid : *domains)
     if (!seen.count(uuid) && !table_.count(uuid)) instance(uuid, false).tell(news::DomainChanged{});
-  steps_->presence.publish(*domains);
+  steps_.presence.publish(*domains);
   metrics::count("toyvm_work_listings_total");
 }
 
@@ -96,7 +97,7 @@ awaitable<void> Instances::apply_move_listing(RangeResult listed) {
 void Instances::observe(const std::string& uuid, bool started) {
   // What this host publishes follows its libvirt as the events come: a destination's copy
   // that libvirt dropped with an aborted send has no instance here any more to say so.
-  if (steps_) steps_->presence.publish(uuid);
+  steps_.presence.publish(uuid);
   if (auto found = find(uuid)) found->tell(news::DomainChanged{started});  // others are the resync's business
 }
 

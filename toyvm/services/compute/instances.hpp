@@ -19,9 +19,8 @@ class Instances {
  public:
   using Table = std::map<std::string, std::shared_ptr<Instance>>;
 
-  explicit Instances(AgentContext& ctx) : ctx_(ctx) {}
-  // What the instances' steps use; before any news is applied.
-  void attach(InstanceRecorder& recorder, Builder& builder, HostPresence& presence, Mover& mover);
+  // The parts every instance's steps use.
+  Instances(AgentContext& ctx, InstanceRecorder& recorder, Builder& builder, HostPresence& presence, Mover& mover);
 
   // A put or delete under this host's work prefix; returns the instance it was about, if
   // it was one of ours.
@@ -50,7 +49,7 @@ class Instances {
   Instance& instance(const std::string& uuid, bool fresh);
 
   AgentContext& ctx_;
-  std::optional<InstanceSteps> steps_;
+  InstanceSteps steps_;
   Table table_;
 };
 

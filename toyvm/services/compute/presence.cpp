@@ -197,7 +197,6 @@ awaitable<void> HostPresence::report_stats() {
     } else {
       spdlog::warn("cannot measure this host's memory, disk and load");
     }
-    ++ctx_.activity;
   } while (co_await ctx_.stop.sleep(interval));
 }
 

@@ -40,18 +40,19 @@ result<std::string> load_or_create_provider_uuid(const fs::path& state_dir) {
   return uuid;
 }
 
-awaitable<void> adopt_provider_by_name(AgentContext& ctx, fs::path state_dir, std::string name) {
+awaitable<void> adopt_provider_by_name(Placement& placement, EtcdClient& etcd, KeyLayout keys, StopSignal& stop,
+                                       fs::path state_dir, std::string name) {
   std::error_code ec;
   if (fs::exists(state_dir / "provider_uuid", ec)) co_return;
   Backoff backoff;
-  for (; !ctx.stop.requested(); co_await backoff.wait()) {
-    auto found = co_await ctx.placement.provider_named(name);
+  for (; !stop.requested(); co_await backoff.wait()) {
+    auto found = co_await placement.provider_named(name);
     if (found && !*found) co_return;  // a new host: a new provider
     if (!found) {
       spdlog::warn("looking up provider {} in Placement: {}; retrying", name, found.error().message());
       continue;
     }
-    auto alive = co_await ctx.etcd->range(ctx.keys.host(**found));
+    auto alive = co_await etcd.range(keys.host(**found));
     if (!alive) {
       spdlog::warn("looking up provider {} in etcd: {}; retrying", **found, alive.error().message());
       continue;

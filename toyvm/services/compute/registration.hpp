@@ -19,7 +19,8 @@ result<std::string> load_or_create_provider_uuid(const std::filesystem::path& st
 // written there, so the host comes back with its instances instead of failing to register a
 // second provider of the same name. While that provider's agent is alive (its lease runs, or
 // another agent has the same name) it waits. Retries while Placement or etcd does not answer.
-awaitable<void> adopt_provider_by_name(AgentContext& ctx, std::filesystem::path state_dir, std::string name);
+awaitable<void> adopt_provider_by_name(Placement& placement, EtcdClient& etcd, KeyLayout keys, StopSignal& stop,
+                                       std::filesystem::path state_dir, std::string name);
 
 class ProviderRegistration {
  public:

@@ -56,7 +56,6 @@ awaitable<void> KeyFeed::resync_periodically() {
   while (co_await ctx_.stop.sleep(interval)) {
     auto listed = co_await ctx_.etcd->range_prefix(prefix_);
     if (listed) co_await handlers_.listed(std::move(*listed));
-    ++ctx_.activity;
   }
 }
 
