@@ -4,7 +4,7 @@
 #include "fakes/memory_placement.hpp"
 #include "fakes/fake_virt.hpp"
 
-#include "services/compute/parts.hpp"
+#include "services/compute/agent.hpp"
 
 #include "catch_result.hpp"
 

@@ -52,7 +52,10 @@ class Auditor {
       co_await failpoint::pass("audit.fix");  // looked twice, not yet fixed
       for (size_t i = 0; i < still.size(); ++i) {
         const bool seen_before = std::find(found.begin(), found.end(), still[i]) != found.end();
-        if (seen_before && fixable(still[i].kind)) fixed[i] = co_await fix(still[i], *again);
+        if (!seen_before || !fixable(still[i].kind)) continue;
+        auto repaired = co_await fix(still[i], *again);
+        if (!repaired) spdlog::warn("not fixing {}: {}", still[i].instance, repaired.error().message());
+        fixed[i] = bool(repaired);
       }
       found = std::move(still);
       snapshot = std::move(again);
@@ -138,21 +141,20 @@ class Auditor {
     return std::nullopt;
   }
 
-  awaitable<bool> fix(const Discrepancy& d, const AuditSnapshot& s) {
+  awaitable<result<void>> fix(const Discrepancy& d, const AuditSnapshot& s) {
     if (d.kind == AuditKind::member_without_instance) {
       auto group = s.group_members.find(d.instance);
-      if (group == s.group_members.end()) co_return false;
-      co_return bool(co_await etcd_->erase(keys_.group_member(group->second, d.instance)));
+      if (group == s.group_members.end()) co_return Error(errc::changed, "its group membership is gone");
+      auto erased = co_await etcd_->erase(keys_.group_member(group->second, d.instance));
+      if (!erased) co_return erased.error();
+      co_return result<void>{};
     }
     // Nothing of it is owed to anyone, as of the second look: released only if it still holds
     // what it held then (an empty PUT under that consumer generation).
     auto read = s.consumers.find(d.instance);
-    if (read == s.consumers.end() || !read->second.generation) co_return false;
+    if (read == s.consumers.end() || !read->second.generation) co_return Error(errc::changed, "its allocation is gone");
     Allocations none;
-    auto released = co_await placement_.replace(d.instance, std::move(none), *read->second.generation);
-    if (!released)
-      spdlog::warn("not releasing {}: {}", d.instance, released.error().message());
-    co_return bool(released);
+    co_return co_await placement_.replace(d.instance, std::move(none), *read->second.generation);
   }
 
   void report(const std::vector<Discrepancy>& found, const std::vector<bool>& fixed, const AuditSnapshot& s) {

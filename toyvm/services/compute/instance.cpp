@@ -32,11 +32,17 @@ void Instance::tell(News news) {
     // toyvm's); a second round to look at it would cost every build a libvirt call.
     if (const auto* domain = std::get_if<news::DomainChanged>(&news); domain && domain->started) return;
     interrupt(news);
+    inbox_.push_back(std::move(news));
+    return;
   }
-  inbox_.push_back(std::move(news));
-  if (running_) return;
+  // At rest its mailbox is empty: the news is absorbed at once, and the loop runs only for a step.
+  auto self = shared_from_this();  // forgetting it must not end it while it answers
+  if (!take(news)) {
+    if (known_.forgettable()) steps_.forget(uuid_);
+    return;
+  }
   running_ = true;
-  spawn_detached(ctx_.io, run(shared_from_this()), "instance " + uuid_);
+  spawn_detached(ctx_.io, run(std::move(self)), "instance " + uuid_);
 }
 
 void Instance::interrupt(const News& news) {
@@ -75,9 +81,10 @@ bool Instance::take(const News& news) {
   return step_due(absorbed);
 }
 
-// `self` keeps the instance alive until its last step ends, even once it is forgotten.
+// Started for a step that is due. `self` keeps the instance alive until its last step ends,
+// even once it is forgotten.
 awaitable<void> Instance::run([[maybe_unused]] std::shared_ptr<Instance> self) {
-  bool due = false;
+  bool due = true;
   while (!ctx_.stop.requested()) {
     for (; !inbox_.empty(); inbox_.pop_front()) due = take(inbox_.front()) || due;
     if (!due) break;
@@ -98,6 +105,7 @@ awaitable<void> Instance::run([[maybe_unused]] std::shared_ptr<Instance> self) {
     if (*next == Next::later && inbox_.empty()) co_await ctx_.stop.sleep(retry_delay);
   }
   running_ = false;
+  inbox_.clear();  // only when stopping: news left for an agent that is going away
   if (known_.forgettable()) steps_.forget(uuid_);
 }
 

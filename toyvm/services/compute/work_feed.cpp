@@ -7,28 +7,33 @@
 
 namespace toyvm::compute {
 
-awaitable<bool> KeyFeed::list() {
+awaitable<result<void>> KeyFeed::list() {
   auto listed = co_await ctx_.etcd->range_prefix(prefix_);
-  if (!listed) {
-    spdlog::warn("listing {} in etcd: {}; retrying", prefix_, listed.error().message());
-    co_return false;
-  }
+  if (!listed) co_return listed.error();
   listed_ = listed->revision;
   co_await handlers_.listed(std::move(*listed));
-  co_return true;
+  co_return result<void>{};
 }
 
 awaitable<void> KeyFeed::load() {
   Backoff backoff;
-  while (!ctx_.stop.requested() && !co_await list()) co_await backoff.wait();
+  while (!ctx_.stop.requested()) {
+    auto listed = co_await list();
+    if (listed) co_return;
+    spdlog::warn("listing {} in etcd: {}; retrying", prefix_, listed.error().message());
+    co_await backoff.wait();
+  }
 }
 
 awaitable<void> KeyFeed::follow() {
   Backoff backoff;
   while (!ctx_.stop.requested()) {
-    if (!listed_ && !co_await list()) {
-      co_await backoff.wait();
-      continue;
+    if (!listed_) {
+      if (auto listed = co_await list(); !listed) {
+        spdlog::warn("listing {} in etcd: {}; retrying", prefix_, listed.error().message());
+        co_await backoff.wait();
+        continue;
+      }
     }
     const int64_t revision = *std::exchange(listed_, std::nullopt);
     watch_ = ctx_.etcd->watch(WatchOptions{prefix_, prefix_range_end(prefix_), revision + 1, false});

@@ -29,7 +29,7 @@ class KeyFeed {
   void stop();
 
  private:
-  awaitable<bool> list();
+  awaitable<result<void>> list();
 
   AgentContext& ctx_;
   const std::string prefix_;
