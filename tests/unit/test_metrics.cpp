@@ -24,3 +24,11 @@ TEST_CASE("metrics are written in Prometheus' text format: help, type, labels es
   CHECK(text.find("no_such_metric") == std::string::npos);
   CHECK(text.find("toyvm_mdserver_requests_total") == std::string::npos);  // no series, not written
 }
+
+TEST_CASE("a counter's total sums its series, whatever their labels") {
+  const double before = metrics::total("toyvm_moves_total");
+  metrics::count("toyvm_moves_total", {{"result", "moved"}});
+  metrics::count("toyvm_moves_total", {{"result", "reverted"}}, 2);
+  CHECK(metrics::total("toyvm_moves_total") == before + 3);
+  CHECK(metrics::total("no_such_metric") == 0);
+}

@@ -9,7 +9,6 @@
 #include <sstream>
 #include <string>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <vector>
 
 namespace toyvm {
@@ -78,13 +77,6 @@ void release_idle_pages() {
   malloc_trim(0);  // the heap's free pages, too
   spdlog::debug("idle pages released ({} KiB of mappings paged out, {} KiB let go of)", paged_out / 1024,
                 unmapped / 1024);
-}
-
-uint64_t process_cpu_micros() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  auto micros = [](const timeval& t) { return uint64_t(t.tv_sec) * 1000000 + uint64_t(t.tv_usec); };
-  return micros(usage.ru_utime) + micros(usage.ru_stime);
 }
 
 }  // namespace toyvm

@@ -105,6 +105,14 @@ void count(std::string_view name, const Labels& labels, double by) {
   if (auto* family = family_of<prometheus::Counter>(name)) family->Add(as_map(labels)).Increment(by);
 }
 
+double total(std::string_view name) {
+  double sum = 0;
+  if (auto* family = family_of<prometheus::Counter>(name))
+    for (const prometheus::MetricFamily& collected : family->Collect())
+      for (const prometheus::ClientMetric& series : collected.metric) sum += series.counter.value;
+  return sum;
+}
+
 void set(std::string_view name, double value, const Labels& labels) {
   if (auto* family = family_of<prometheus::Gauge>(name)) family->Add(as_map(labels)).Set(value);
 }

@@ -18,6 +18,9 @@ void count(std::string_view name, const Labels& labels = {}, double by = 1);
 void set(std::string_view name, double value, const Labels& labels = {});
 void observe(std::string_view name, double value, const Labels& labels = {});
 
+// The sum of a counter's series: how many of its events there have been, whatever their labels.
+double total(std::string_view name);
+
 // Runs before each render, to set gauges that are read rather than kept (instances by state).
 void on_render(std::function<void()> refresh);
 

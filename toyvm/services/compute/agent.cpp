@@ -188,23 +188,24 @@ class ComputeAgent {
 
   // Start-up, each burst of work (builds, deletions) and the periodic jobs (a resync a minute,
   // the host's figures every 30 s) run code that then lies idle for a long while. Once the
-  // agent has used next to no CPU for a few seconds after such a burst, the pages of its
-  // executable and libraries are given back; what runs after (the lease's keep-alive, timers)
-  // comes back.
+  // agent has been quiet for a few seconds, the pages of its executable and libraries are
+  // given back; what runs after (the lease's keep-alive, timers) comes back. What it does is
+  // read from what the metrics count: its requests to etcd and Placement, its listings.
   awaitable<void> release_pages_when_quiet() {
-    constexpr uint64_t busy_micros = 20'000;  // in a 3 s window: a burst, not the idle ticking
-    uint64_t used = process_cpu_micros();
-    bool busy = true;  // start-up
+    auto activity = [] {
+      return metrics::total("toyvm_etcd_requests_total") + metrics::total("toyvm_placement_requests_total") +
+             metrics::total("toyvm_work_listings_total");
+    };
+    double seen = activity();
+    std::optional<double> released_at;
     while (co_await ctx_.stop.sleep(3s)) {
-      const uint64_t now = process_cpu_micros();
-      const bool quiet = now - used < busy_micros;
-      used = now;
-      if (!quiet) {
-        busy = true;
-      } else if (busy) {
-        release_idle_pages();
-        busy = false;
+      if (const double now = activity(); now != seen) {
+        seen = now;  // still busy
+        continue;
       }
+      if (released_at == seen) continue;  // nothing ran since the last time
+      release_idle_pages();
+      released_at = seen;
     }
   }
 
