@@ -3,6 +3,13 @@
 namespace toyvm {
 namespace {
 
+// The work a put carries for the instance `uuid`, or why it cannot be read.
+result<WorkSpec> read_work(const news::WorkPut& put, const std::string& uuid) {
+  auto spec = decode_work(put.value);
+  if (spec && spec->uuid != uuid) return Error(errc::corrupt_record, "its uuid is not its key's");
+  return spec;
+}
+
 struct Absorb {
   InstanceKnowledge& known;
   const std::string& host;
@@ -11,14 +18,17 @@ struct Absorb {
     // A listing taken before a watch event must not undo it (periodic resyncs run alongside);
     // an unreadable value is reported once, however often a resync lists it again.
     if (put.revision < known.work_revision) return Absorbed::stale;
-    if (known.work_unreadable && put.revision == known.work_revision && !put.spec) return Absorbed::stale;
+    if (known.work_unreadable && put.revision == known.work_revision) return Absorbed::stale;
+    auto spec = read_work(put, known.uuid);
     known.work_revision = put.revision;
-    if (!put.spec) {
+    if (!spec) {
       known.work_unreadable = true;  // what it had stays: its guest, disk and allocation with it
+      known.work_error = spec.error().message();
       return Absorbed::work_unreadable;
     }
-    known.work = put.spec;
+    known.work = std::move(*spec);
     known.work_unreadable = false;
+    known.work_error.clear();
     return Absorbed::changed;
   }
   Absorbed operator()(const news::WorkGone& gone) const {
@@ -71,12 +81,14 @@ Absorbed absorb(InstanceKnowledge& known, const News& news, const std::string& h
 bool ends_work(const InstanceKnowledge& known, const News& news) {
   if (const auto* gone = std::get_if<news::WorkGone>(&news)) return gone->revision >= known.work_revision;
   const auto* put = std::get_if<news::WorkPut>(&news);
-  return put && put->spec && put->revision >= known.work_revision && put->spec->power == PowerState::deleted;
+  if (!put || put->revision < known.work_revision) return false;
+  auto spec = read_work(*put, known.uuid);
+  return spec && spec->power == PowerState::deleted;
 }
 
 std::optional<std::string_view> ends_send(const InstanceKnowledge& known, const News& news) {
-  if (const auto* put = std::get_if<news::WorkPut>(&news))
-    if (put->spec && put->revision >= known.work_revision && put->spec->power != PowerState::running)
+  if (const auto* put = std::get_if<news::WorkPut>(&news); put && put->revision >= known.work_revision)
+    if (auto spec = read_work(*put, known.uuid); spec && spec->power != PowerState::running)
       return "it was stopped or destroyed";
   if (const auto* put = std::get_if<news::MovePut>(&news))
     if (put->move && put->revision > known.move_revision && put->move->abort) return "an operator aborted its move";

@@ -19,12 +19,11 @@ namespace toyvm {
 
 // The news an instance hears, each from one source.
 namespace news {
-// Its work key was put at `revision`; `spec` is empty when the value cannot be read (a newer
-// writer's, or damaged), and `why` says what is wrong with it.
+// Its work key was put at `revision`, with `value` as etcd has it (read when absorbed: it may
+// be a newer writer's, or damaged).
 struct WorkPut {
   int64_t revision = 0;
-  std::optional<WorkSpec> spec;
-  std::string why{};
+  std::string value;
 };
 // Its work key was deleted at `revision`, or a listing at `revision` no longer holds it.
 struct WorkGone {
@@ -55,12 +54,14 @@ using News = std::variant<news::WorkPut, news::WorkGone, news::MovePut, news::Mo
                           news::AddressFound, news::AddressOverdue>;
 
 struct InstanceKnowledge {
+  std::string uuid;
   // Its work as etcd has it (empty: the key is gone), and the revision of that; older news is stale.
   std::optional<WorkSpec> work;
   int64_t work_revision = 0;
   // Its work value cannot be decoded: it is there, so it is no reason to remove anything;
-  // nothing is done for the instance until it can be read.
+  // nothing is done for the instance until it can be read. `work_error` says why.
   bool work_unreadable = false;
+  std::string work_error;
   std::optional<Phase> phase;              // empty: what this host recorded is not read back yet
   std::optional<InstanceRecord> failure;  // the ERROR record as last written or read
   bool allocation_elsewhere = false;       // a move that did not happen left it on another host

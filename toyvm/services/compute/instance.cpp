@@ -12,43 +12,32 @@ using namespace std::chrono_literals;
 // A step that failed on a server that may come back is tried again after this.
 constexpr auto retry_delay = 1s;
 
-news::WorkPut work_news(const KeyValue& kv, const std::string& uuid) {
-  news::WorkPut put{kv.mod_revision, std::nullopt};
-  auto spec = decode_work(kv.value);
-  if (!spec) put.why = spec.error().message();
-  else if (spec->uuid != uuid) put.why = "its uuid is not its key's";
-  else put.spec = std::move(*spec);
-  return put;
-}
-
 Instance::Instance(InstanceSteps& steps, std::string uuid, bool fresh)
     : steps_(steps), ctx_(steps.ctx), uuid_(std::move(uuid)) {
+  known_.uuid = uuid_;
   if (fresh) known_.phase = Phase::unrecorded;
 }
 
 void Instance::tell(News news) {
-  if (running_) {
-    // A domain that starts while a step runs is that step's own doing (builds and starts are
-    // toyvm's); a second round to look at it would cost every build a libvirt call.
-    if (const auto* domain = std::get_if<news::DomainChanged>(&news); domain && domain->started) return;
-    interrupt(news);
-    inbox_.push_back(std::move(news));
+  if (!running_) {
+    // At rest its mailbox is empty: the news is absorbed at once, and the loop runs only for a step.
+    auto self = shared_from_this();  // forgetting it must not end it while it answers
+    if (take(news)) {
+      running_ = true;
+      spawn_detached(ctx_.io, run(std::move(self)), "instance " + uuid_);
+    } else if (known_.forgettable()) {
+      steps_.forget(uuid_);
+    }
     return;
   }
-  // At rest its mailbox is empty: the news is absorbed at once, and the loop runs only for a step.
-  auto self = shared_from_this();  // forgetting it must not end it while it answers
-  if (!take(news)) {
-    if (known_.forgettable()) steps_.forget(uuid_);
-    return;
-  }
-  running_ = true;
-  spawn_detached(ctx_.io, run(std::move(self)), "instance " + uuid_);
-}
-
-void Instance::interrupt(const News& news) {
+  // A domain that starts while a step runs is that step's own doing (builds and starts are
+  // toyvm's); a second round to look at it would cost every build a libvirt call.
+  if (const auto* domain = std::get_if<news::DomainChanged>(&news); domain && domain->started) return;
+  // News that ends what the running step does interrupts it now; it is absorbed after the step.
   if (image_wait_ && ends_work(known_, news)) image_wait_->cancel();
-  if (!sending_) return;
-  if (auto why = ends_send(known_, news)) abort_sending(*why);
+  if (sending_)
+    if (auto why = ends_send(known_, news)) abort_sending(*why);
+  inbox_.push_back(std::move(news));
 }
 
 bool Instance::being_removed() const {
@@ -65,7 +54,7 @@ bool Instance::take(const News& news) {
       // Unknown is not absent: the guest, its disk and its allocation stay as they are, and the
       // instance counts as listed, until a value this agent can read replaces it.
       spdlog::error("instance {}: its work cannot be read ({}); it is left as it is until it can", uuid_,
-                    std::get<news::WorkPut>(news).why);
+                    known_.work_error);
       break;
     case Absorbed::move_unreadable:
       spdlog::error("instance {}: its move cannot be read; it is left as it is until it can", uuid_);

@@ -47,9 +47,6 @@ inline result<Next> rest_after(const result<void>& done) {
   return Next::rest;
 }
 
-// The news a put of its work key at `kv` is, for the instance `uuid`.
-news::WorkPut work_news(const KeyValue& kv, const std::string& uuid);
-
 // An actor: news reaches it only as messages (tell), which its own loop absorbs one at a time
 // between steps, so a step never sees its state change under it. News that ends what a running
 // step does (a destroy during a build, a stop or an abort during a live send) also interrupts
@@ -81,8 +78,6 @@ class Instance : public std::enable_shared_from_this<Instance> {
   awaitable<void> run(std::shared_ptr<Instance> self);
   // Absorbs one message; true when a step is due for it.
   bool take(const News& news);
-  // A running step that `news` ends is told so now, before the news is absorbed.
-  void interrupt(const News& news);
   // Destroyed, or its work gone, as far as its state and its mailbox say.
   bool being_removed() const;
   Step step();

@@ -276,12 +276,8 @@ Step Instance::recheck_work() {
   auto listed = co_await ctx_.etcd->range(ctx_.keys.work(ctx_.host.provider, uuid_));
   if (!listed) co_return listed.error().doing("reading its work");
   known_.recheck_work = false;
-  if (listed->kvs.empty()) {
-    take(news::WorkGone{listed->revision});
-  } else {
-    const KeyValue& kv = listed->kvs.front();
-    take(work_news(kv, uuid_));
-  }
+  if (listed->kvs.empty()) take(news::WorkGone{listed->revision});
+  else take(news::WorkPut{listed->kvs.front().mod_revision, listed->kvs.front().value});
   co_return Next::again;
 }
 

@@ -36,9 +36,9 @@ std::optional<std::string> Instances::apply(const WatchEvent& event, bool listed
     return std::nullopt;
   }
   // Work first seen in a watch event was made after the listing: nothing recorded before it.
-  Instance& target = instance(key->instance, !listed);
-  if (event.type == WatchEvent::Type::erase) target.tell(news::WorkGone{event.kv.mod_revision});
-  else target.tell(work_news(event.kv, key->instance));
+  News news = news::WorkPut{event.kv.mod_revision, event.kv.value};
+  if (event.type == WatchEvent::Type::erase) news = news::WorkGone{event.kv.mod_revision};
+  instance(key->instance, !listed).tell(std::move(news));
   return key->instance;
 }
 
