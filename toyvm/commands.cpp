@@ -34,7 +34,7 @@ CommandEntry compute(CLI::App& command) {
   command.add_option("--az", o->zone, "availability zone (a Placement aggregate)");
   command.add_option("--max-instances", o->max_instances, "report FULL at this many instances (0: no limit)");
   command.footer("Example: toyvm compute --state-dir /var/lib/toyvm --libvirt-uri qemu:///system");
-  return [o](const Config& base) {
+  return [o](const Config& base, Say&) {
     Config config = base;
     ComputeConfig& c = config.compute;
     if (!o->state_dir.empty()) c.state_dir = o->state_dir;
@@ -71,7 +71,7 @@ CommandEntry schedule(CLI::App& command) {
   command.add_flag("--wait", o->wait, "wait for ACTIVE (and the guest IP, with a NIC) or ERROR, printing each state");
   add_seconds(command, "--timeout", o->wait_timeout, "seconds to --wait");
   command.footer("Example: toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait");
-  return [o](const Config& c) { return run_schedule(c, *o); };
+  return [o](const Config& c, Say& say) { return run_schedule(c, *o, say); };
 }
 
 CommandEntry show(CLI::App& command) {
@@ -92,7 +92,7 @@ CommandEntry show(CLI::App& command) {
       ->excludes(console);
   add_seconds(command, "--timeout", o->timeout, "seconds the instance's host has to answer (its usage, its console)");
   command.footer("Example: toyvm show d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --json");
-  return [o](const Config& c) { return run_show(c, *o); };
+  return [o](const Config& c, Say& say) { return run_show(c, *o, say); };
 }
 
 // --no-wait, for a command that waits by default.
@@ -107,7 +107,7 @@ CommandEntry destroy(CLI::App& command) {
   command.add_flag("--force", o->force, "the host is gone for good: release the allocation and remove the keys here");
   add_seconds(command, "--timeout", o->wait_timeout, "seconds to wait for the host");
   command.footer("Example: toyvm destroy d578fb7c-7787-4e73-b69a-a7b3ef9bf73a");
-  return [o](const Config& c) { return run_destroy(c, *o); };
+  return [o](const Config& c, Say& say) { return run_destroy(c, *o, say); };
 }
 
 CommandEntry power(CLI::App& command, PowerState to) {
@@ -116,7 +116,7 @@ CommandEntry power(CLI::App& command, PowerState to) {
   command.add_option("uuid", o->uuid, "instance uuid")->required();
   add_no_wait(command, o->wait, "return once the request is recorded");
   add_seconds(command, "--timeout", o->wait_timeout, "seconds to wait for the host");
-  return [o](const Config& c) { return run_power(c, *o); };
+  return [o](const Config& c, Say& say) { return run_power(c, *o, say); };
 }
 
 CommandEntry start(CLI::App& command) { return power(command, PowerState::running); }
@@ -133,7 +133,7 @@ CommandEntry audit(CLI::App& command) {
               "seconds a move may be in flight before it is a finding (move_overdue)");
   command.footer("Exit 0 when everything agrees, 1 when something does not (after --fix: is still not).\n"
                  "Example: toyvm audit --fix");
-  return [o](const Config& c) { return run_audit(c, *o); };
+  return [o](const Config& c, Say& say) { return run_audit(c, *o, say); };
 }
 
 CommandEntry migrate(CLI::App& command) {
@@ -148,7 +148,7 @@ CommandEntry migrate(CLI::App& command) {
   command.footer("Its disk and memory are copied while it runs; it keeps its uuid, MAC and address.\n"
                  "A stopped instance moves cold, and stays stopped.\n"
                  "Example: toyvm migrate d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --host compute-2");
-  return [o](const Config& c) { return run_migrate(c, *o); };
+  return [o](const Config& c, Say& say) { return run_migrate(c, *o, say); };
 }
 
 CommandEntry resize(CLI::App& command) {
@@ -162,7 +162,7 @@ CommandEntry resize(CLI::App& command) {
   command.footer("Its disk grows with DISK_GB and never shrinks; it keeps its uuid, MAC, address and disk\n"
                  "contents, and its power state.\n"
                  "Example: toyvm resize d578fb7c-7787-4e73-b69a-a7b3ef9bf73a 'resources=VCPU:2,MEMORY_MB:512,DISK_GB:2'");
-  return [o](const Config& c) { return run_migrate(c, *o); };
+  return [o](const Config& c, Say& say) { return run_migrate(c, *o, say); };
 }
 
 CommandEntry host(CLI::App& command) {
@@ -185,7 +185,7 @@ CommandEntry host(CLI::App& command) {
   drain->footer("Stopped instances, and running ones that cannot move live, move cold (powered off).\n"
                 "Exit 0 once no instance is left on the host.\nExample: toyvm host drain compute-3 --parallel 2");
   action("enable", "let a disabled host take work again", Action::enable);
-  return [o](const Config& c) { return run_host(c, *o); };
+  return [o](const Config& c, Say& say) { return run_host(c, *o, say); };
 }
 
 CommandEntry evacuate(CLI::App& command) {
@@ -194,14 +194,14 @@ CommandEntry evacuate(CLI::App& command) {
   command.footer("Only for a host whose agent is down, and which will not run its guests meanwhile (powered off\n"
                  "or cut off): each instance is rebuilt elsewhere from its image with a fresh disk.\n"
                  "Example: toyvm evacuate compute-3");
-  return [host](const Config& c) { return run_evacuate(c, *host); };
+  return [host](const Config& c, Say& say) { return run_evacuate(c, *host, say); };
 }
 
 CommandEntry mdserver(CLI::App& command) {
   auto o = std::make_shared<MdserverOptions>();
   command.add_option("--listen", o->listen, "ADDRESS:PORT to serve on (repeatable; default 169.254.169.254:80)");
   command.footer("Example: toyvm mdserver --listen 169.254.169.254:80");
-  return [o](const Config& c) { return run_mdserver(c, *o); };
+  return [o](const Config& c, Say&) { return run_mdserver(c, *o); };
 }
 
 constexpr Command table[] = {

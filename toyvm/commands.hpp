@@ -3,6 +3,7 @@
 // to its CLI11 subcommand, returning the entry that runs it once the line is parsed.
 
 #include "core/config.hpp"
+#include "services/say.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -12,7 +13,7 @@
 namespace toyvm {
 
 // What a parsed command runs: the service's entry function with the options it was given.
-using CommandEntry = std::function<int(const Config&)>;
+using CommandEntry = std::function<Outcome(const Config&, Say&)>;
 
 struct Command {
   const char* name;

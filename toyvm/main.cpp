@@ -1,7 +1,7 @@
 // toyvm: one binary, one subcommand per service, listed in commands.cpp with the options each
 // owns. The options all share are parsed here, merged into the configuration (flags >
-// environment > file > defaults), and handed to the command's entry, whose return value is the
-// exit code.
+// environment > file > defaults), and handed to the command's entry; what it ends with is
+// told here (Terminal::finish), the one place that turns an outcome into an exit code.
 
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -72,14 +72,15 @@ int main(int argc, char** argv) {
 
   init_logging(verbose);
   spdlog::debug("toyvm {} starting", TOYVM_VERSION);
-  auto config = load_config(common);
-  if (!config) {
-    std::fprintf(stderr, "toyvm: %s\n", config.error().message().c_str());
-    return static_cast<int>(ExitCode::usage);
+  Terminal terminal;
+  Outcome outcome = Error(errc::invalid_argument, "no command");
+  if (auto config = load_config(common); !config) {
+    outcome = Error(errc::invalid_config, config.error().message());
+  } else {
+    for (auto& [sub, entry] : entries)
+      if (sub->parsed()) outcome = entry(*config, terminal);
   }
-  int code = static_cast<int>(ExitCode::usage);
-  for (auto& [sub, entry] : entries)
-    if (sub->parsed()) code = entry(*config);
+  const int code = terminal.finish(outcome);
   // gRPC's threads may still be finishing streams; ending here without running static
   // destructors avoids racing them and keeps short commands short.
   std::fflush(stdout);

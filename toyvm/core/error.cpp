@@ -39,6 +39,8 @@ class Category final : public boost::system::error_category {
       case errc::cancelled: return "cancelled";
       case errc::changed: return "changed meanwhile";
       case errc::not_ready: return "not ready";
+      case errc::not_reached: return "not reached";
+      case errc::no_address: return "no address";
     }
     return "unknown toyvm error";
   }
@@ -82,6 +84,7 @@ ExitCode exit_code_for(const error_code& ec) noexcept {
     case errc::invalid_argument:
     case errc::invalid_config: return ExitCode::usage;
     case errc::not_found: return ExitCode::not_found;
+    case errc::no_address: return ExitCode::no_address;
     case errc::etcd_unavailable:
     case errc::placement_unavailable:
     case errc::timeout: return ExitCode::unavailable;

@@ -42,6 +42,8 @@ enum class errc {
   cancelled,
   changed,                // what a guarded write was decided on changed meanwhile
   not_ready,              // refused for now by a peer that may take it a moment later
+  not_reached,            // a wait ended (timed out, or the instance went elsewhere) before what was asked
+  no_address,             // the guest is ACTIVE but got no address
 };
 
 const boost::system::error_category& toyvm_category() noexcept;
@@ -95,6 +97,7 @@ std::string_view reason_code(const Error& e) noexcept;
 enum class ExitCode : int {
   ok = 0,
   no_allocations = 1,   // the toy's contract: NO ALLOCATIONS LEFT
+  discrepancies = 1,    // audit: not everything it found is fixed
   usage = 2,            // bad flags, malformed query or uuid
   not_found = 3,        // unknown instance
   unavailable = 4,      // etcd or Placement unreachable

@@ -28,17 +28,18 @@ namespace json = boost::json;
 
 class Auditor {
  public:
-  Auditor(asio::io_context& io, const Config& config, const AuditOptions& options)
+  Auditor(asio::io_context& io, const Config& config, const AuditOptions& options, Say& say)
       : io_(io),
         config_(config),
         options_(options),
+        say_(say),
         keys_(config.etcd.prefix),
         etcd_(EtcdClient::create(config.etcd)),
         placement_(io.get_executor(), config.placement) {}
 
-  awaitable<int> run() {
+  awaitable<Outcome> run() {
     auto snapshot = co_await take_snapshot();
-    if (!snapshot) co_return failure_;
+    if (!snapshot) co_return snapshot.error();
     std::vector<Discrepancy> found = find_discrepancies(*snapshot);
     std::vector<bool> fixed(found.size(), false);
     const bool any_fixable = std::any_of(found.begin(), found.end(), [](const Discrepancy& d) { return fixable(d.kind); });
@@ -46,7 +47,7 @@ class Auditor {
       asio::steady_timer grace(io_, options_.grace);
       co_await grace.async_wait(use_awaitable);
       auto again = co_await take_snapshot();
-      if (!again) co_return failure_;
+      if (!again) co_return again.error();
       std::vector<Discrepancy> still = find_discrepancies(*again);
       fixed.assign(still.size(), false);
       co_await failpoint::pass("audit.fix");  // looked twice, not yet fixed
@@ -62,20 +63,20 @@ class Auditor {
     }
     report(found, fixed, *snapshot);
     for (size_t i = 0; i < found.size(); ++i)
-      if (!fixed[i]) co_return 1;
-    co_return 0;
+      if (!fixed[i]) co_return ExitCode::discrepancies;
+    co_return ExitCode::ok;
   }
 
  private:
   // Placement first, then etcd in one transaction (one revision).
-  awaitable<std::optional<AuditSnapshot>> take_snapshot() {
+  awaitable<result<AuditSnapshot>> take_snapshot() {
     AuditSnapshot s;
     auto providers = co_await placement_.providers(config_.placement.provider_trait);
-    if (!providers) co_return placement_failed(providers.error());
+    if (!providers) co_return providers.error();
     for (const std::string& provider : *providers) {
       s.providers.insert(provider);
       auto held = co_await placement_.provider_allocations(provider);
-      if (!held) co_return placement_failed(held.error());
+      if (!held) co_return held.error();
       for (auto& [consumer, amounts] : *held) s.allocations[consumer][provider] = amounts;
     }
     std::vector<EtcdOp> reads;
@@ -83,10 +84,7 @@ class Auditor {
                                       keys_.domains_root(), keys_.claims_prefix(), keys_.moves_prefix()})
       reads.push_back(EtcdOp::get(prefix, prefix_range_end(prefix)));
     auto txn = co_await etcd_->txn({}, std::move(reads));
-    if (!txn) {
-      failure_ = etcd_failure(*etcd_, txn.error());
-      co_return std::nullopt;
-    }
+    if (!txn) co_return etcd_error(*etcd_, txn.error());
     for (const KeyValue& kv : txn->ranges[0].kvs)
       if (auto host = decode_host(kv.value)) s.live_hosts.insert(host->provider);
     for (const KeyValue& kv : txn->ranges[1].kvs) {
@@ -130,15 +128,10 @@ class Auditor {
       const bool error = options_.fix && record != s.instances.end() && record->second.state == InstanceState::error;
       if (allocations.empty() || (!error && (record != s.instances.end() || s.work_host.count(consumer)))) continue;
       auto held = co_await placement_.consumer_allocations(consumer);
-      if (!held) co_return placement_failed(held.error());
+      if (!held) co_return held.error();
       s.consumers[consumer] = std::move(*held);
     }
     co_return s;
-  }
-
-  std::optional<AuditSnapshot> placement_failed(const Error& e) {
-    failure_ = report_failure(e);
-    return std::nullopt;
   }
 
   awaitable<result<void>> fix(const Discrepancy& d, const AuditSnapshot& s) {
@@ -168,39 +161,39 @@ class Auditor {
                        {"instances", s.work_host.size()},
                        {"consumers", s.allocations.size()},
                        {"live_hosts", s.live_hosts.size()}};
-      std::printf("%s\n", json::serialize(out).c_str());
+      say_.line(json::serialize(out));
       return;
     }
     if (found.empty()) {
-      std::printf("clean: Placement, etcd and the hosts' domains agree (%zu instances, %zu live hosts)\n",
-                  s.work_host.size(), s.live_hosts.size());
+      say_.line(fmt::format("clean: Placement, etcd and the hosts' domains agree ({} instances, {} live hosts)",
+                            s.work_host.size(), s.live_hosts.size()));
       return;
     }
-    std::printf("%-28s  %-36s  %-36s  %s\n", "KIND", "INSTANCE", "PROVIDER", "DETAIL");
+    say_.line(fmt::format("{:<28}  {:<36}  {:<36}  {}", "KIND", "INSTANCE", "PROVIDER", "DETAIL"));
     size_t repaired = 0;
     for (size_t i = 0; i < found.size(); ++i) {
       repaired += fixed[i];
-      std::printf("%-28s  %-36s  %-36s  %s%s\n", std::string(to_string(found[i].kind)).c_str(),
-                  found[i].instance.c_str(), found[i].provider.empty() ? "-" : found[i].provider.c_str(),
-                  found[i].detail.c_str(), fixed[i] ? " (fixed)" : "");
+      say_.line(fmt::format("{:<28}  {:<36}  {:<36}  {}{}", to_string(found[i].kind), found[i].instance,
+                            found[i].provider.empty() ? "-" : found[i].provider, found[i].detail,
+                            fixed[i] ? " (fixed)" : ""));
     }
-    std::printf("%zu discrepancies, %zu fixed\n", found.size(), repaired);
+    say_.line(fmt::format("{} discrepancies, {} fixed", found.size(), repaired));
   }
 
   asio::io_context& io_;
   const Config& config_;
   const AuditOptions& options_;
+  Say& say_;
   KeyLayout keys_;
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;
-  int failure_ = static_cast<int>(ExitCode::failed);
 };
 
 }  // namespace
 
-int run_audit(const Config& config, const AuditOptions& options) {
-  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
-    Auditor auditor(io, config, options);
+Outcome run_audit(const Config& config, const AuditOptions& options, Say& say) {
+  return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
+    Auditor auditor(io, config, options, say);
     co_return co_await auditor.run();
   });
 }

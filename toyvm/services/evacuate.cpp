@@ -21,107 +21,98 @@ namespace {
 
 class Evacuation {
  public:
-  Evacuation(asio::io_context& io, const Config& config, std::string host)
+  Evacuation(asio::io_context& io, const Config& config, std::string host, Say& say)
       : host_(std::move(host)),
+        say_(say),
         keys_(config.etcd.prefix),
         etcd_(EtcdClient::create(config.etcd)),
         placement_(io.get_executor(), config.placement),
         placer_(placement_, *etcd_, config) {}
 
-  awaitable<int> run() {
+  awaitable<Outcome> run() {
     auto resolved = co_await resolve_host(placement_, host_);
-    if (!resolved) co_return report_failure(resolved.error());
+    if (!resolved) co_return resolved.error();
     co_return co_await evacuate(*resolved);
   }
 
  private:
-  awaitable<int> evacuate(const std::string& provider) {
+  awaitable<Outcome> evacuate(const std::string& provider) {
     auto alive = co_await etcd_->range(keys_.host(provider));
-    if (!alive) co_return etcd_failure(*etcd_, alive.error());
+    if (!alive) co_return etcd_error(*etcd_, alive.error());
     if (!alive->kvs.empty())
-      co_return report_failure(ExitCode::failed,
-                               fmt::format("host {} is alive (its agent holds its lease): only a dead host is "
-                                           "evacuated; stop its agent first, or `toyvm host disable` it",
-                                           host_));
+      co_return Error(errc::changed, fmt::format("host {} is alive (its agent holds its lease): only a dead host is "
+                                                 "evacuated; stop its agent first, or `toyvm host disable` it",
+                                                 host_));
     auto works = co_await etcd_->range_prefix(keys_.work_prefix(provider));
-    if (!works) co_return etcd_failure(*etcd_, works.error());
+    if (!works) co_return etcd_error(*etcd_, works.error());
     int no_room = 0, changed = 0;
     for (const KeyValue& kv : works->kvs) {
       auto work = decode_work(kv.value);
       if (!work) {
-        std::fprintf(stderr, "toyvm: %s holds a corrupt record; left as it is\n", kv.key.c_str());
+        say_.note(fmt::format("{} holds a corrupt record; left as it is", kv.key));
         continue;
       }
       auto held = co_await etcd_->range(keys_.instance(work->uuid));
-      if (!held) co_return etcd_failure(*etcd_, held.error());
+      if (!held) co_return etcd_error(*etcd_, held.error());
       bool failed = false;
       if (!held->kvs.empty()) {
         auto record = decode_instance(held->kvs.front().value);
         failed = record && record->state == InstanceState::error;
       }
       auto settled = co_await end_move_of_dead(*work);
-      if (!settled) {
-        if (is_etcd_error(settled.error())) co_return etcd_failure(*etcd_, settled.error());
-        co_return report_failure(settled.error());
-      }
+      if (!settled) co_return with_endpoints(*etcd_, settled.error());
       if (!*settled) {
         ++changed;
         continue;
       }
       // ERROR holds nothing to move, and a destroyed one should not come back.
       if (work->power == PowerState::deleted || failed) {
-        std::fprintf(stderr, "toyvm: instance %s is %s; left on the host (`toyvm destroy --force` removes it)\n",
-                     work->uuid.c_str(), work->power == PowerState::deleted ? "being destroyed" : "ERROR");
+        say_.note(fmt::format("instance {} is {}; left on the host (`toyvm destroy --force` removes it)", work->uuid,
+                              work->power == PowerState::deleted ? "being destroyed" : "ERROR"));
         continue;
       }
       auto moved = co_await evacuate_one(provider, *work, kv.mod_revision);
-      if (!moved) {
-        if (is_etcd_error(moved.error())) co_return etcd_failure(*etcd_, moved.error());
-        co_return report_failure(moved.error());
-      }
+      if (!moved) co_return with_endpoints(*etcd_, moved.error());
       switch (moved->outcome) {
         case Relocated::Outcome::moved:
-          std::printf("EVACUATED INSTANCE %s TO %s\n", work->uuid.c_str(), moved->host.c_str());
+          say_.line(fmt::format("EVACUATED INSTANCE {} TO {}", work->uuid, moved->host));
           break;
         case Relocated::Outcome::no_room:
-          std::printf("NO ALLOCATIONS LEFT FOR INSTANCE %s\n", work->uuid.c_str());
+          say_.line(fmt::format("NO ALLOCATIONS LEFT FOR INSTANCE {}", work->uuid));
           ++no_room;
           break;
         case Relocated::Outcome::lost_race:
         case Relocated::Outcome::put_back:
-          if (moved->unknown.code) co_return etcd_failure(*etcd_, moved->unknown);
-          std::fprintf(stderr,
-                       "toyvm: instance %s changed while it was evacuated (stopped, started, destroyed, moved by "
-                       "another evacuation, or its host came back); left\n",
-                       work->uuid.c_str());
+          if (moved->unknown.code) co_return etcd_error(*etcd_, moved->unknown);
+          say_.note(fmt::format("instance {} changed while it was evacuated (stopped, started, destroyed, moved by "
+                                "another evacuation, or its host came back); left",
+                                work->uuid));
           ++changed;
           break;
         case Relocated::Outcome::stranded:
-          std::fprintf(stderr,
-                       "toyvm: instance %s stays on its host, but its allocation could not be put back from %s "
-                       "(toyvm audit: allocation_elsewhere)\n",
-                       work->uuid.c_str(), moved->host.c_str());
+          say_.note(fmt::format("instance {} stays on its host, but its allocation could not be put back from {} "
+                                "(toyvm audit: allocation_elsewhere)",
+                                work->uuid, moved->host));
           ++changed;
           break;
       }
-      std::fflush(stdout);
     }
     // Guests on their way here have their work on their source still: its agent ends each such
     // move once this host has been dead for a lease (the work follows a guest that left, and
     // this evacuation, asked again, moves it on), or an evacuation of that host does.
     auto heading = co_await etcd_->range_prefix(keys_.moves_prefix());
-    if (!heading) co_return etcd_failure(*etcd_, heading.error());
+    if (!heading) co_return etcd_error(*etcd_, heading.error());
     for (const KeyValue& kv : heading->kvs) {
       auto move = decode_move(kv.value);
       if (!move || move->destination != provider || move->source == provider) continue;
-      std::fprintf(stderr,
-                   "toyvm: instance %s was moving here from host %s; that host's agent ends the move (evacuate "
-                   "again once it has)\n",
-                   move->instance.c_str(), move->source.c_str());
+      say_.note(fmt::format("instance {} was moving here from host {}; that host's agent ends the move (evacuate "
+                            "again once it has)",
+                            move->instance, move->source));
       ++changed;
     }
-    if (changed > 0) co_return int(ExitCode::failed);
-    co_return no_room > 0 ? int(ExitCode::no_allocations) : 0;
+    // What was left, and why, is said above.
+    if (changed > 0) co_return ExitCode::failed;
+    co_return no_room > 0 ? ExitCode::no_allocations : ExitCode::ok;
   }
 
   // A move of a guest whose host died, ended as its source would (decide_move, standing in for
@@ -136,7 +127,7 @@ class Evacuation {
     const int64_t revision = moving->kvs.front().mod_revision;
     auto move = decode_move(moving->kvs.front().value);
     if (!move) {
-      std::fprintf(stderr, "toyvm: instance %s has a move record that cannot be read; left\n", work.uuid.c_str());
+      say_.note(fmt::format("instance {} has a move record that cannot be read; left", work.uuid));
       co_return false;
     }
     std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, revision)};
@@ -169,13 +160,12 @@ class Evacuation {
       std::vector<EtcdOp> gone{EtcdOp::erase(key)};
       auto txn = co_await etcd_->txn(std::move(as_read), std::move(gone));
       if (!txn) co_return txn.error();
-      if (txn->succeeded) std::fprintf(stderr, "toyvm: instance %s: its move was %s\n", work.uuid.c_str(), ended);
+      if (txn->succeeded) say_.note(fmt::format("instance {}: its move was {}", work.uuid, ended));
       co_return txn->succeeded;
     }
-    std::fprintf(stderr,
-                 "toyvm: instance %s was moving to %s when its host died; that host finishes or undoes the move "
-                 "(evacuate again once it has)\n",
-                 work.uuid.c_str(), move->destination.c_str());
+    say_.note(fmt::format("instance {} was moving to {} when its host died; that host finishes or undoes the move "
+                          "(evacuate again once it has)",
+                          work.uuid, move->destination));
     co_return false;
   }
 
@@ -197,6 +187,7 @@ class Evacuation {
   }
 
   const std::string host_;  // as the operator named it
+  Say& say_;
   KeyLayout keys_;
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;
@@ -205,9 +196,9 @@ class Evacuation {
 
 }  // namespace
 
-int run_evacuate(const Config& config, const std::string& host) {
-  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
-    Evacuation evacuation(io, config, host);
+Outcome run_evacuate(const Config& config, const std::string& host, Say& say) {
+  return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
+    Evacuation evacuation(io, config, host, say);
     co_return co_await evacuation.run();
   });
 }

@@ -34,49 +34,49 @@ namespace {
 
 class HostAdmin {
  public:
-  HostAdmin(asio::io_context& io, const Config& config, const HostOptions& options)
+  HostAdmin(asio::io_context& io, const Config& config, const HostOptions& options, Say& say)
       : options_(options),
+        say_(say),
         keys_(config.etcd.prefix),
         etcd_(EtcdClient::create(config.etcd)),
         placement_(io.get_executor(), config.placement),
         placer_(placement_, *etcd_, config) {}
 
-  awaitable<int> run() {
+  awaitable<Outcome> run() {
     // A name (the agent's --name, Placement's provider name) or the provider's uuid.
     auto resolved = co_await resolve_host(placement_, options_.host);
-    if (!resolved) co_return report_failure(resolved.error());
+    if (!resolved) co_return resolved.error();
     const std::string provider = *resolved;
     switch (options_.action) {
       case HostOptions::Action::disable: co_return co_await disable(provider);
       case HostOptions::Action::enable: co_return co_await enable(provider);
       case HostOptions::Action::drain: co_return co_await drain(provider);
     }
-    co_return 0;
+    co_return ExitCode::ok;
   }
 
  private:
-  awaitable<int> disable(const std::string& provider) {
+  awaitable<Outcome> disable(const std::string& provider) {
     HostMaintenance maintenance{options_.reason, unix_seconds()};
     auto put = co_await etcd_->put(keys_.disabled(provider), encode(maintenance));
-    if (!put) co_return etcd_failure(*etcd_, put.error());
+    if (!put) co_return etcd_error(*etcd_, put.error());
     // Traits its agent registers meanwhile stay: only this one is added, under the generation
     // read with the rest.
     if (auto marked = co_await placement_.add_trait(provider, std::string(disabled_trait)); !marked)
-      co_return report_failure(marked.error());
-    std::printf("DISABLED HOST %s (%s)\n", options_.host.c_str(), provider.c_str());
-    co_return 0;
+      co_return marked.error();
+    say_.line(fmt::format("DISABLED HOST {} ({})", options_.host, provider));
+    co_return ExitCode::ok;
   }
 
-  awaitable<int> enable(const std::string& provider) {
+  awaitable<Outcome> enable(const std::string& provider) {
     auto erased = co_await etcd_->erase(keys_.disabled(provider));
-    if (!erased) co_return etcd_failure(*etcd_, erased.error());
+    if (!erased) co_return etcd_error(*etcd_, erased.error());
     auto alive = co_await etcd_->range(keys_.host(provider));
-    if (!alive) co_return etcd_failure(*etcd_, alive.error());
+    if (!alive) co_return etcd_error(*etcd_, alive.error());
     if (alive->kvs.empty())
-      std::fprintf(stderr, "toyvm: host %s has no running agent: it takes work once its agent starts\n",
-                   options_.host.c_str());
-    std::printf("ENABLED HOST %s (%s)\n", options_.host.c_str(), provider.c_str());
-    co_return 0;
+      say_.note(fmt::format("host {} has no running agent: it takes work once its agent starts", options_.host));
+    say_.line(fmt::format("ENABLED HOST {} ({})", options_.host, provider));
+    co_return ExitCode::ok;
   }
 
   // Disables the host, then looks at it until nothing is left there or on its way: each running
@@ -84,8 +84,8 @@ class HostAdmin {
   // schedule whose claim has not been handed over, a move heading here, a build, a destroy) is
   // waited for, up to the timeout. A schedule or move that meets the disabled host at its
   // hand-over goes elsewhere; one that got there first is moved once it has landed.
-  awaitable<int> drain(const std::string& provider) {
-    if (int code = co_await disable(provider)) co_return code;
+  awaitable<Outcome> drain(const std::string& provider) {
+    if (auto disabled = co_await disable(provider); !disabled || *disabled != ExitCode::ok) co_return disabled;
     MoveRequests moves(*etcd_, placer_, keys_);
     auto executor = co_await asio::this_coro::executor;
     asio::steady_timer wake(executor);
@@ -99,13 +99,12 @@ class HostAdmin {
         queue.pop_front();
         auto ended = co_await move_one(moves, uuid);
         if (ended) {
-          std::printf("MOVED INSTANCE %s TO %s\n", uuid.c_str(), ended->c_str());
+          say_.line(fmt::format("MOVED INSTANCE {} TO {}", uuid, *ended));
           ++moved;
         } else {
-          std::printf("STAYED INSTANCE %s: %s\n", uuid.c_str(), ended.error().message().c_str());
+          say_.line(fmt::format("STAYED INSTANCE {}: {}", uuid, ended.error().message()));
           stays.insert(uuid);
         }
-        std::fflush(stdout);
         busy.erase(uuid);
         wake.cancel();
       }
@@ -120,8 +119,8 @@ class HostAdmin {
         // Not looked at is not empty: nothing is said gone, and the moves under way go on.
         spdlog::warn("drain: looking at host {}: {}; looking again", options_.host, look.error().message());
         if (now - seen >= patience && !blind) {
-          std::fprintf(stderr, "toyvm: host %s could not be looked at for %g s: %s\n", options_.host.c_str(),
-                       in_seconds(options_.move_timeout), look.error().message().c_str());
+          say_.note(fmt::format("host {} could not be looked at for {:g} s: {}", options_.host,
+                                in_seconds(options_.move_timeout), look.error().message()));
           blind = true;
         }
         if (blind && busy.empty()) break;
@@ -133,7 +132,7 @@ class HostAdmin {
       blind = false;
       DrainStep step = plan_drain(*look, busy);
       for (const auto& [uuid, why] : step.stay)
-        if (stays.insert(uuid).second) std::printf("STAYED INSTANCE %s: %s\n", uuid.c_str(), why.c_str());
+        if (stays.insert(uuid).second) say_.line(fmt::format("STAYED INSTANCE {}: {}", uuid, why));
       for (const std::string& uuid : step.move) {
         if (stays.count(uuid)) continue;  // its move was undone: it is not asked again
         busy.insert(uuid);
@@ -142,21 +141,19 @@ class HostAdmin {
       std::map<std::string, std::chrono::steady_clock::time_point> still;
       for (const auto& [what, why] : step.wait) {
         auto [since, fresh] = waiting.emplace(what, now);
-        if (fresh) std::printf("WAITING FOR %s: %s\n", what.c_str(), why.c_str());
+        if (fresh) say_.line(fmt::format("WAITING FOR {}: {}", what, why));
         if (stays.count(what)) continue;
         if (now - since->second < patience) {
           still.emplace(what, since->second);
         } else {
-          std::printf("STAYED INSTANCE %s: %s, after %g s\n", what.c_str(), why.c_str(),
-                      in_seconds(options_.move_timeout));
+          say_.line(fmt::format("STAYED INSTANCE {}: {}, after {:g} s", what, why, in_seconds(options_.move_timeout)));
           stays.insert(what);
         }
       }
       for (const auto& [what, since] : waiting)
         if (!still.count(what) && !stays.count(what) && !busy.count(what))
-          std::printf("GONE %s: no longer on its way to or from the host\n", what.c_str());
+          say_.line(fmt::format("GONE {}: no longer on its way to or from the host", what));
       waiting = std::move(still);
-      std::fflush(stdout);
       for (; workers < options_.parallel && !queue.empty(); ++workers)
         asio::co_spawn(executor, worker(), [&](std::exception_ptr) {
           --workers;
@@ -170,9 +167,9 @@ class HostAdmin {
       wake.expires_after(std::chrono::seconds(1));
       co_await wake.async_wait(asio::as_tuple(use_awaitable));
     }
-    std::printf("DRAINED HOST %s (%s): %d moved, %zu stayed\n", options_.host.c_str(), provider.c_str(), moved,
-                stays.size());
-    co_return stays.empty() && !blind ? 0 : int(ExitCode::failed);
+    say_.line(fmt::format("DRAINED HOST {} ({}): {} moved, {} stayed", options_.host, provider, moved, stays.size()));
+    // What stayed, and why, is said above.
+    co_return stays.empty() && !blind ? ExitCode::ok : ExitCode::failed;
   }
 
   // The host's work with its instances' states, every move from or to it, and every consumer
@@ -215,19 +212,19 @@ class HostAdmin {
     for (bool cold : {false, true}) {
       auto asked = co_await moves.ask(uuid, "", cold);
       if (!asked) co_return asked.error();
-      std::printf("MOVING INSTANCE %s TO %s%s\n", uuid.c_str(), asked->move.destination.c_str(),
-                  asked->move.kind == MoveKind::live ? "" : " (cold)");
-      std::fflush(stdout);
+      say_.line(fmt::format("MOVING INSTANCE {} TO {}{}", uuid, asked->move.destination,
+                            asked->move.kind == MoveKind::live ? "" : " (cold)"));
       auto ended = co_await moves.follow(*asked, options_.move_timeout);
       if (!ended) co_return ended.error();
       if (ended->moved) co_return ended->host;
       if (asked->move.kind != MoveKind::live) co_return Error(errc::changed, ended->error);
-      std::printf("UNDONE INSTANCE %s: %s; asking again, cold\n", uuid.c_str(), ended->error.c_str());
+      say_.line(fmt::format("UNDONE INSTANCE {}: {}; asking again, cold", uuid, ended->error));
     }
     co_return Error(errc::changed, "not moved");
   }
 
   const HostOptions& options_;
+  Say& say_;
   KeyLayout keys_;
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;
@@ -236,9 +233,9 @@ class HostAdmin {
 
 }  // namespace
 
-int run_host(const Config& config, const HostOptions& options) {
-  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
-    HostAdmin admin(io, config, options);
+Outcome run_host(const Config& config, const HostOptions& options, Say& say) {
+  return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
+    HostAdmin admin(io, config, options, say);
     co_return co_await admin.run();
   });
 }

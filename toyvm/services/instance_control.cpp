@@ -14,7 +14,6 @@
 #include "services/services.hpp"
 
 #include <optional>
-#include <variant>
 
 namespace toyvm {
 namespace {
@@ -23,19 +22,18 @@ namespace {
 // revisions of the record and the work read here, so an instance that an evacuation or a
 // move took elsewhere meanwhile is left alone; then its allocation, guarded by the consumer
 // generation read before (one that moved since is left for `toyvm audit` to judge).
-awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const Config& config,
-                             const InstanceRecord& record, int64_t record_revision) {
+awaitable<Outcome> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const Config& config,
+                                 const InstanceRecord& record, int64_t record_revision, Say& say) {
   PlacementClient placement(io.get_executor(), config.placement);
   auto held = co_await placement.consumer_allocations(record.uuid);
-  if (!held) co_return report_failure(held.error().doing(fmt::format("reading the allocation of {}", record.uuid)));
+  if (!held) co_return held.error().doing(fmt::format("reading the allocation of {}", record.uuid));
   if (!held->allocations.empty() && !held->allocations.count(record.host))
-    co_return report_failure(errc::changed,
-                             fmt::format("instance {} holds its resources on another host than {} (a move in flight?); "
+    co_return Error(errc::changed, fmt::format("instance {} holds its resources on another host than {} (a move in flight?); "
                                          "nothing removed",
                                          record.uuid, record.host));
   const std::string work_key = keys.work(record.host, record.uuid);
   auto work = co_await etcd.range(work_key);
-  if (!work) co_return etcd_failure(etcd, work.error());
+  if (!work) co_return etcd_error(etcd, work.error());
   std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(keys.instance(record.uuid), record_revision)};
   if (work->kvs.empty()) {
     as_read.push_back(EtcdCompare::absent(work_key));
@@ -44,7 +42,7 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
   }
   // A move in flight goes with it: its migration consumer's share is released too.
   auto moving = co_await etcd.range(keys.move(record.uuid));
-  if (!moving) co_return etcd_failure(etcd, moving.error());
+  if (!moving) co_return etcd_error(etcd, moving.error());
   std::string migration;
   if (moving->kvs.empty()) {
     as_read.push_back(EtcdCompare::absent(keys.move(record.uuid)));
@@ -54,7 +52,7 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
   }
   // Its group, as its membership says: its work, which names it too, may not be readable.
   auto members = co_await etcd.range_prefix(keys.groups_root());
-  if (!members) co_return etcd_failure(etcd, members.error());
+  if (!members) co_return etcd_error(etcd, members.error());
   std::string group;
   for (const KeyValue& kv : members->kvs)
     if (auto member = keys.parse_group_member(kv.key); member && member->instance == record.uuid) group = member->group;
@@ -63,136 +61,139 @@ awaitable<int> force_destroy(asio::io_context& io, EtcdClient& etcd, const KeyLa
     erase.push_back(EtcdOp::erase(key, range_end));
   co_await failpoint::pass("destroy.force");  // read, not yet written
   auto txn = co_await etcd.txn(std::move(as_read), std::move(erase));
-  if (!txn) co_return etcd_failure(etcd, txn.error());
+  if (!txn) co_return etcd_error(etcd, txn.error());
   if (!txn->succeeded)
-    co_return report_failure(errc::changed, fmt::format("instance {} changed while it was being destroyed (moved, "
+    co_return Error(errc::changed, fmt::format("instance {} changed while it was being destroyed (moved, "
                                                          "evacuated, or its host came back); nothing removed",
                                                          record.uuid));
   if (held->generation && !held->allocations.empty()) {
     auto released = co_await placement.replace(record.uuid, {}, *held->generation);
     if (!released)
-      co_return report_failure(Error(released.error().code,
-                                     fmt::format("instance {} is removed, but its allocation was not released ({}); "
-                                                 "`toyvm audit --fix` releases it",
-                                                 record.uuid, released.error().message())));
+      co_return Error(released.error().code,
+                      fmt::format("instance {} is removed, but its allocation was not released ({}); "
+                                  "`toyvm audit --fix` releases it",
+                                  record.uuid, released.error().message()));
   }
   if (!migration.empty()) {
     if (auto released = co_await placement.release(migration); !released)
-      co_return report_failure(Error(released.error().code,
-                                     fmt::format("instance {} is removed, but its move's allocation was not released "
-                                                 "({}); `toyvm audit --fix` releases it",
-                                                 record.uuid, released.error().message())));
+      co_return Error(released.error().code,
+                      fmt::format("instance {} is removed, but its move's allocation was not released "
+                                  "({}); `toyvm audit --fix` releases it",
+                                  record.uuid, released.error().message()));
   }
-  std::printf("DESTROYED INSTANCE %s\n", record.uuid.c_str());
-  co_return 0;
+  say.line(fmt::format("DESTROYED INSTANCE {}", record.uuid));
+  co_return ExitCode::ok;
 }
 
-// The instance's record and the work key its host follows.
-// Desired power on the work key, written only over the version we read; 0 on success.
-awaitable<int> request_power(EtcdClient& etcd, const KeyLayout& keys, const InstanceRecord& record, PowerState power) {
+// Desired power on the work key, written only over the version read.
+awaitable<result<void>> request_power(EtcdClient& etcd, const KeyLayout& keys, const InstanceRecord& record,
+                                      PowerState power) {
   const std::string work_key = keys.work(record.host, record.uuid);
   auto work = co_await etcd.range(work_key);
-  if (!work) co_return etcd_failure(etcd, work.error());
+  if (!work) co_return etcd_error(etcd, work.error());
   if (work->kvs.empty())
-    co_return report_failure(errc::not_found, fmt::format("instance {} has no work on host {}", record.uuid, record.host));
+    co_return Error(errc::not_found, fmt::format("instance {} has no work on host {}", record.uuid, record.host));
   auto spec = decode_work(work->kvs.front().value);
   if (!spec)
-    co_return report_failure(errc::corrupt_record, fmt::format("instance {} has a corrupt work record in etcd", record.uuid));
-  if (spec->power == power) co_return 0;
+    co_return Error(errc::corrupt_record, fmt::format("instance {} has a corrupt work record in etcd", record.uuid));
+  if (spec->power == power) co_return result<void>{};
   if (spec->power == PowerState::deleted)
-    co_return report_failure(ExitCode::failed, fmt::format("instance {} is being destroyed", record.uuid));
+    co_return Error(errc::changed, fmt::format("instance {} is being destroyed", record.uuid));
   spec->power = power;
   std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision)};
   std::vector<EtcdOp> mark{EtcdOp::put(work_key, encode(*spec))};
   auto txn = co_await etcd.txn(std::move(unchanged), std::move(mark));
-  if (!txn) co_return etcd_failure(etcd, txn.error());
-  if (!txn->succeeded)
-    co_return report_failure(ExitCode::failed, fmt::format("instance {} changed meanwhile; try again", record.uuid));
-  co_return 0;
+  if (!txn) co_return etcd_error(etcd, txn.error());
+  if (!txn->succeeded) co_return Error(errc::changed, fmt::format("instance {} changed meanwhile; try again", record.uuid));
+  co_return result<void>{};
 }
 
-// Follows the instance key from `revision` until `done` says so or the timeout passes.
-template <class Done>
-awaitable<int> wait_for_record(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid, int64_t revision,
-                               Duration timeout, const char* waiting_for, Done done) {
-  int code = -1;
-  auto reached = [&](const WatchEvent& event) {
+// What a wait makes of the instance's record as it changes (nothing while the record is gone):
+// done, not yet (nothing), or an error that ends the wait.
+using Reached = std::optional<result<void>>;
+
+// Follows the instance key from `revision` until `reached` says so or the timeout passes.
+template <class Reach>
+awaitable<result<void>> wait_for_record(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid,
+                                        int64_t revision, Duration timeout, const char* waiting_for, Reach reach) {
+  Reached reached;
+  auto follow = [&](const WatchEvent& event) {
     std::optional<InstanceRecord> record;
     if (event.type == WatchEvent::Type::put) {
       auto decoded = decode_instance(event.kv.value);
       if (!decoded) return false;  // a corrupt record is `toyvm audit`'s business
       record = std::move(*decoded);
     }
-    code = done(record);
-    return code >= 0;
+    reached = reach(record);
+    return reached.has_value();
   };
-  auto followed = co_await follow_key(etcd, keys.instance(uuid), revision + 1,
-                                      timeout, reached);
-  if (!followed) co_return etcd_failure(etcd, followed.error());
-  if (*followed) co_return code;
-  co_return report_failure(ExitCode::failed, fmt::format("instance {} is not {} after {} s; its host may be down", uuid,
-                                                         waiting_for, in_seconds(timeout)));
+  auto followed = co_await follow_key(etcd, keys.instance(uuid), revision + 1, timeout, follow);
+  if (!followed) co_return etcd_error(etcd, followed.error());
+  if (*followed) co_return *reached;
+  co_return Error(errc::not_reached, fmt::format("instance {} is not {} after {} s; its host may be down", uuid,
+                                                 waiting_for, in_seconds(timeout)));
 }
 
 }  // namespace
 
-int run_destroy(const Config& config, const DestroyOptions& options) {
+Outcome run_destroy(const Config& config, const DestroyOptions& options, Say& say) {
   if (!is_uuid(options.uuid))
-    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
-  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
+    return Error(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
-    auto found = co_await find_instance(*etcd, keys, options.uuid);
-    if (auto* code = std::get_if<int>(&found)) co_return *code;
-    const FoundInstance& target = std::get<FoundInstance>(found);
-    if (options.force) co_return co_await force_destroy(io, *etcd, keys, config, target.record, target.mod_revision);
-    if (int code = co_await request_power(*etcd, keys, target.record, PowerState::deleted)) co_return code;
+    auto target = co_await find_instance(*etcd, keys, options.uuid);
+    if (!target) co_return target.error();
+    if (options.force)
+      co_return co_await force_destroy(io, *etcd, keys, config, target->record, target->mod_revision, say);
+    if (auto asked = co_await request_power(*etcd, keys, target->record, PowerState::deleted); !asked)
+      co_return asked.error();
     if (!options.wait) {
-      std::printf("DESTROYING INSTANCE %s\n", options.uuid.c_str());
-      co_return 0;
+      say.line(fmt::format("DESTROYING INSTANCE {}", options.uuid));
+      co_return ExitCode::ok;
     }
     // Done when the agent has deleted the instance key.
-    auto gone = [](const std::optional<InstanceRecord>& record) { return record ? -1 : 0; };
-    if (int code = co_await wait_for_record(*etcd, keys, options.uuid, target.revision, options.wait_timeout,
-                                            "gone", gone))
-      co_return code;
-    std::printf("DESTROYED INSTANCE %s\n", options.uuid.c_str());
-    co_return 0;
+    auto gone = [](const std::optional<InstanceRecord>& record) { return record ? Reached() : Reached(result<void>{}); };
+    auto waited = co_await wait_for_record(*etcd, keys, options.uuid, target->revision, options.wait_timeout, "gone", gone);
+    if (!waited) co_return waited.error();
+    say.line(fmt::format("DESTROYED INSTANCE {}", options.uuid));
+    co_return ExitCode::ok;
   });
 }
 
-int run_power(const Config& config, const PowerOptions& options) {
+Outcome run_power(const Config& config, const PowerOptions& options, Say& say) {
   if (!is_uuid(options.uuid))
-    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+    return Error(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
   const bool on = options.power == PowerState::running;
   const InstanceState wanted = on ? InstanceState::active : InstanceState::stopped;
-  return run_on_loop([&](asio::io_context&) -> awaitable<int> {
+  return run_on_loop([&](asio::io_context&) -> awaitable<Outcome> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
-    auto found = co_await find_instance(*etcd, keys, options.uuid);
-    if (auto* code = std::get_if<int>(&found)) co_return *code;
-    const FoundInstance& target = std::get<FoundInstance>(found);
-    if (target.record.state == InstanceState::error)
-      co_return report_failure(ExitCode::failed, fmt::format("instance {} is in ERROR ({}); destroy it",
-                                                             options.uuid, target.record.error_code));
-    if (int code = co_await request_power(*etcd, keys, target.record, options.power)) co_return code;
+    auto target = co_await find_instance(*etcd, keys, options.uuid);
+    if (!target) co_return target.error();
+    if (target->record.state == InstanceState::error)
+      co_return Error(errc::changed,
+                      fmt::format("instance {} is in ERROR ({}); destroy it", options.uuid, target->record.error_code));
+    if (auto asked = co_await request_power(*etcd, keys, target->record, options.power); !asked)
+      co_return asked.error();
     const char* verb = on ? "STARTED" : "STOPPED";
-    if (options.wait && target.record.state != wanted) {
-      auto reached = [&](const std::optional<InstanceRecord>& record) {
-        if (!record) return report_failure(errc::not_found, fmt::format("instance {} was destroyed", options.uuid));
+    if (options.wait && target->record.state != wanted) {
+      auto reach = [&](const std::optional<InstanceRecord>& record) -> Reached {
+        if (!record) return Error(errc::not_found, fmt::format("instance {} was destroyed", options.uuid));
         if (record->state == InstanceState::error)
-          return report_failure(ExitCode::failed, fmt::format("instance {}: {}: {}", options.uuid,
-                                                              record->error_code, record->error_message));
-        return record->state == wanted ? 0 : -1;
+          return Error(errc::launch_failure, fmt::format("instance {}: {}: {}", options.uuid, record->error_code,
+                                                         record->error_message));
+        if (record->state == wanted) return result<void>{};
+        return std::nullopt;
       };
-      if (int code = co_await wait_for_record(*etcd, keys, options.uuid, target.revision, options.wait_timeout,
-                                              on ? "ACTIVE" : "STOPPED", reached))
-        co_return code;
+      auto waited = co_await wait_for_record(*etcd, keys, options.uuid, target->revision, options.wait_timeout,
+                                             on ? "ACTIVE" : "STOPPED", reach);
+      if (!waited) co_return waited.error();
     } else if (!options.wait) {
       verb = on ? "STARTING" : "STOPPING";
     }
-    std::printf("%s INSTANCE %s\n", verb, options.uuid.c_str());
-    co_return 0;
+    say.line(fmt::format("{} INSTANCE {}", verb, options.uuid));
+    co_return ExitCode::ok;
   });
 }
 

@@ -8,7 +8,6 @@
 #include "model/records.hpp"
 
 #include <string>
-#include <variant>
 
 namespace toyvm {
 
@@ -18,9 +17,8 @@ struct FoundInstance {
   int64_t mod_revision = 0;  // of the record
 };
 
-// The record of `uuid`, or the exit code once a line is on stderr: unknown instance, a record
-// that cannot be read (or names no host), etcd out of reach.
-awaitable<std::variant<FoundInstance, int>> find_instance(EtcdClient& etcd, const KeyLayout& keys,
-                                                          const std::string& uuid);
+// The record of `uuid`, or why not: unknown instance, a record that cannot be read (or names
+// no host), etcd out of reach.
+awaitable<result<FoundInstance>> find_instance(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid);
 
 }  // namespace toyvm

@@ -113,24 +113,24 @@ class MetadataServer {
         metrics_listen_(config.mdserver.metrics_listen),
         http_(io, config.mdserver, [this](const std::string& ip) { return index_.find(ip); }) {}
 
-  awaitable<int> run(std::vector<std::string> listen) {
-    if (auto configured = http_.configure(); !configured) co_return report_failure(configured.error());
+  awaitable<Outcome> run(std::vector<std::string> listen) {
+    if (auto configured = http_.configure(); !configured) co_return configured.error();
     for (const std::string& address : listen) {
       if (!MetadataHttpServer::parse_listen(address))
-        co_return report_failure(ExitCode::usage, MetadataHttpServer::bad_listen("listen address", address));
+        co_return Error(errc::invalid_argument, MetadataHttpServer::bad_listen("listen address", address));
     }
     for (const std::string& address : listen) {
-      if (auto served = http_.listen(address, ""); !served) co_return report_failure(served.error());
+      if (auto served = http_.listen(address, ""); !served) co_return served.error();
     }
     if (!metrics_listen_.empty()) {
-      if (auto served = serve_metrics(io_, metrics_listen_, listen); !served) co_return report_failure(served.error());
+      if (auto served = serve_metrics(io_, metrics_listen_, listen); !served) co_return served.error();
     }
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     signals.async_wait([this](const error_code& ec, int) {
       if (!ec) io_.stop();
     });
     co_await follow_etcd();
-    co_return 0;
+    co_return ExitCode::ok;
   }
 
  private:
@@ -158,10 +158,10 @@ class MetadataServer {
 
 }  // namespace
 
-int run_mdserver(const Config& base, const MdserverOptions& options) {
+Outcome run_mdserver(const Config& base, const MdserverOptions& options) {
   Config config = base;
   config.etcd.keepalive = true;
-  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
+  return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
     MetadataServer server(io, config);
     co_return co_await server.run(options.listen.empty() ? config.mdserver.listen : options.listen);
   });

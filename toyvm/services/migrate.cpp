@@ -15,35 +15,28 @@ namespace toyvm {
 namespace {
 
 // --abort: the move asked undone, and followed to its end.
-awaitable<int> abort(const MigrateOptions& options, MoveRequests& moves, EtcdClient& etcd) {
+awaitable<Outcome> abort(const MigrateOptions& options, MoveRequests& moves, EtcdClient& etcd, Say& say) {
   auto asked = co_await moves.abort(options.uuid);
-  if (!asked) {
-    if (is_etcd_error(asked.error())) co_return etcd_failure(etcd, asked.error());
-    co_return report_failure(asked.error());
-  }
+  if (!asked) co_return with_endpoints(etcd, asked.error());
   if (!options.wait) {
-    std::printf("ABORTING MOVE OF INSTANCE %s\n", options.uuid.c_str());
-    co_return 0;
+    say.line(fmt::format("ABORTING MOVE OF INSTANCE {}", options.uuid));
+    co_return ExitCode::ok;
   }
   auto ended = co_await moves.follow(*asked, options.wait_timeout);
-  if (!ended) {
-    if (is_etcd_error(ended.error())) co_return etcd_failure(etcd, ended.error());
-    co_return report_failure(ended.error());
-  }
+  if (!ended) co_return with_endpoints(etcd, ended.error());
   if (ended->host != asked->move.source)
-    co_return report_failure(ExitCode::failed, fmt::format("instance {} moved to host {} before the abort took",
-                                                           options.uuid, ended->host));
-  std::printf("ABORTED MOVE OF INSTANCE %s: it stays on %s (%s)\n", options.uuid.c_str(), ended->host.c_str(),
-              ended->error.c_str());
-  co_return 0;
+    co_return Error(errc::changed,
+                    fmt::format("instance {} moved to host {} before the abort took", options.uuid, ended->host));
+  say.line(fmt::format("ABORTED MOVE OF INSTANCE {}: it stays on {} ({})", options.uuid, ended->host, ended->error));
+  co_return ExitCode::ok;
 }
 
 }  // namespace
 
-int run_migrate(const Config& config, const MigrateOptions& options) {
+Outcome run_migrate(const Config& config, const MigrateOptions& options, Say& say) {
   if (!is_uuid(options.uuid))
-    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
-  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
+    return Error(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
     auto etcd = EtcdClient::create(config.etcd);
     PlacementClient placement(io.get_executor(), config.placement);
     Placer placer(placement, *etcd, config);
@@ -51,39 +44,35 @@ int run_migrate(const Config& config, const MigrateOptions& options) {
     std::string destination;
     if (!options.host.empty()) {
       auto provider = co_await resolve_host(placement, options.host);
-      if (!provider) co_return report_failure(provider.error());
+      if (!provider) co_return provider.error();
       destination = *provider;
     }
     MoveRequests moves(*etcd, placer, keys);
-    if (options.abort) co_return co_await abort(options, moves, *etcd);
+    if (options.abort) co_return co_await abort(options, moves, *etcd, say);
     auto asked = co_await moves.ask(options.uuid, destination, options.cold, options.resize_to);
     if (!asked) {
       if (asked.error() == errc::no_allocations_left) {
-        std::printf("NO ALLOCATIONS LEFT\n");
-        co_return int(ExitCode::no_allocations);
+        say.line("NO ALLOCATIONS LEFT");
+        co_return ExitCode::no_allocations;
       }
-      if (is_etcd_error(asked.error())) co_return etcd_failure(*etcd, asked.error());
-      co_return report_failure(asked.error());
+      co_return with_endpoints(*etcd, asked.error());
     }
     const bool resize = !options.resize_to.empty();
     // A plain migrate of a stopped (or stopping) instance moves it powered off: said so.
     const char* how = !resize && asked->move.kind != MoveKind::live ? " (cold)" : "";
     if (!options.wait) {
-      std::printf("%s INSTANCE %s %s %s%s\n", resize ? "RESIZING" : "MIGRATING", options.uuid.c_str(),
-                  resize ? "ON" : "TO", asked->move.destination.c_str(), how);
-      co_return 0;
+      say.line(fmt::format("{} INSTANCE {} {} {}{}", resize ? "RESIZING" : "MIGRATING", options.uuid,
+                           resize ? "ON" : "TO", asked->move.destination, how));
+      co_return ExitCode::ok;
     }
     auto ended = co_await moves.follow(*asked, options.wait_timeout);
-    if (!ended) {
-      if (is_etcd_error(ended.error())) co_return etcd_failure(*etcd, ended.error());
-      co_return report_failure(ended.error());
-    }
+    if (!ended) co_return with_endpoints(*etcd, ended.error());
     if (!ended->moved)
-      co_return report_failure(ExitCode::failed, fmt::format("instance {} stays on host {}: {}", options.uuid,
-                                                             asked->move.source, ended->error));
-    std::printf("%s INSTANCE %s %s %s%s\n", resize ? "RESIZED" : "MIGRATED", options.uuid.c_str(),
-                resize ? "ON" : "TO", ended->host.c_str(), how);
-    co_return 0;
+      co_return Error(errc::changed,
+                      fmt::format("instance {} stays on host {}: {}", options.uuid, asked->move.source, ended->error));
+    say.line(fmt::format("{} INSTANCE {} {} {}{}", resize ? "RESIZED" : "MIGRATED", options.uuid,
+                         resize ? "ON" : "TO", ended->host, how));
+    co_return ExitCode::ok;
   });
 }
 

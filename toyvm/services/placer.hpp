@@ -32,11 +32,6 @@ struct PlacementView {
   std::set<GroupPolicy> group_policies;      // the policies the group's members were made with
 };
 
-// Whether a failure of Placer::look came from etcd rather than from Placement.
-inline bool is_etcd_error(const Error& e) {
-  return e == errc::etcd_unavailable || e == errc::etcd_error || e == errc::cancelled;
-}
-
 struct Claim {
   std::string host;
   Allocations allocations;

@@ -26,10 +26,11 @@ namespace toyvm {
 
 using namespace asio::experimental::awaitable_operators;
 
-Scheduler::Scheduler(asio::io_context& io, const Config& config, const ScheduleOptions& options)
+Scheduler::Scheduler(asio::io_context& io, const Config& config, const ScheduleOptions& options, Say& say)
     : io_(io),
       config_(config),
       options_(options),
+      say_(say),
       keys_(config.etcd.prefix),
       etcd_(EtcdClient::create(config.etcd)),
       placement_(io.get_executor(), config.placement),
@@ -37,24 +38,24 @@ Scheduler::Scheduler(asio::io_context& io, const Config& config, const ScheduleO
       // Checked on the command line to be one of the three.
       group_policy_(options.group.empty() ? std::nullopt : parse_group_policy(options.group_policy)) {}
 
-awaitable<int> Scheduler::run() {
+awaitable<Outcome> Scheduler::run() {
   auto query = parse_placement_query(options_.query);
-  if (!query) co_return report_failure(query.error().doing("invalid query"));
+  if (!query) co_return query.error().doing("invalid query");
   if (!options_.group.empty() && !is_group_name(options_.group))
-    co_return report_failure(errc::invalid_argument,
-                             fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group));
+    co_return Error(errc::invalid_argument,
+                    fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group));
   if (!options_.availability_zone.empty())
     query->params.emplace_back("member_of", availability_zone_aggregate(options_.availability_zone));
   WorkSpec spec;
-  if (auto read = read_guest_data(options_, spec); !read) co_return report_failure(read.error());
+  if (auto read = read_guest_data(options_, spec); !read) co_return read.error();
   // Checked before anything is claimed: an instance etcd cannot take in one request could
   // never be handed over, and its claim would only have to be given back.
   const int count = std::max(1, options_.count);
   const Placed biggest = instance(spec, new_uuid(), count - 1, new_uuid(), {});  // its host not known yet
   if (const TxnCost one = hand_over_cost(keys_, biggest.work, biggest.record); !split_by_limits({one}))
-    co_return report_failure(errc::invalid_argument,
-                             fmt::format("the instance's data ({} bytes with its user data and keys) is more than "
-                                         "etcd takes in one request ({} bytes)", one.bytes, etcd_request_budget));
+    co_return Error(errc::invalid_argument,
+                    fmt::format("the instance's data ({} bytes with its user data and keys) is more than etcd takes "
+                                "in one request ({} bytes)", one.bytes, etcd_request_budget));
 
   std::vector<std::string> uuids(static_cast<size_t>(count));
   for (std::string& uuid : uuids) uuid = new_uuid();
@@ -62,7 +63,7 @@ awaitable<int> Scheduler::run() {
   co_return std::get<0>(placed);
 }
 
-awaitable<int> Scheduler::place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids) {
+awaitable<Outcome> Scheduler::place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids) {
   const int count = int(uuids.size());
   uuids_ = uuids;
   HandOver handed;
@@ -80,12 +81,12 @@ awaitable<int> Scheduler::place(PlacementQuery query, WorkSpec spec, std::vector
     if (!claims) {
       co_await let_go();
       if (claims.error() == errc::no_allocations_left) {
-        std::printf("NO ALLOCATIONS LEFT\n");
-        co_return static_cast<int>(ExitCode::no_allocations);
+        say_.line("NO ALLOCATIONS LEFT");
+        co_return ExitCode::no_allocations;
       }
-      if (is_etcd_error(claims.error())) co_return etcd_failure(claims.error());
-      if (claiming_) co_await release_all(uuids);  // a claim whose answer was lost may have been made
-      co_return report_failure(claims.error());
+      // A claim whose answer was lost may have been made.
+      if (!is_etcd_error(claims.error()) && claiming_) co_await release_all(uuids);
+      co_return with_endpoints(*etcd_, claims.error());
     }
     spdlog::debug("schedule: claimed {} instance(s)", count);
 
@@ -111,15 +112,26 @@ awaitable<int> Scheduler::place(PlacementQuery query, WorkSpec spec, std::vector
   hold_lease_ = 0;
   spdlog::debug("schedule: handed over through etcd");
   for (const InstanceRecord& record : records)
-    std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", record.host.c_str(), record.uuid.c_str());
-  std::fflush(stdout);
-  if (!options_.wait) co_return 0;
-  int worst = 0;  // a failure outranks an instance that is only missing its address
-  for (const std::string& uuid : uuids) {
-    int code = co_await wait_until_settled(uuid, handed.revision);
-    if (code != 0 && (worst == 0 || worst == int(ExitCode::no_address))) worst = code;
+    say_.line(fmt::format("NOTIFIED TARGET, {}, OF INSTANCE {}", record.host, record.uuid));
+  if (!options_.wait) co_return ExitCode::ok;
+  if (uuids.size() == 1) {
+    auto settled = co_await wait_until_settled(uuids.front(), handed.revision);
+    if (!settled) co_return settled.error();
+    co_return ExitCode::ok;
   }
-  co_return worst;
+  // Of a batch, each instance that does not settle is told as it happens; the outcome is the
+  // worst of them (a failure outranks an instance that is only missing its address).
+  std::optional<Error> worst;
+  size_t unsettled = 0;
+  for (const std::string& uuid : uuids) {
+    auto settled = co_await wait_until_settled(uuid, handed.revision);
+    if (settled) continue;
+    say_.note(settled.error().message());
+    ++unsettled;
+    if (!worst || *worst == errc::no_address) worst = settled.error();
+  }
+  if (!worst) co_return ExitCode::ok;
+  co_return Error(worst->code, fmt::format("{} of {} instances did not settle as asked", unsettled, uuids.size()));
 }
 
 awaitable<result<void>> Scheduler::hold_claims() {
@@ -259,9 +271,9 @@ Placed Scheduler::instance(const WorkSpec& guest, std::string uuid, int index, s
   return one;
 }
 
-int run_schedule(const Config& config, const ScheduleOptions& options) {
-  return run_on_loop([&](asio::io_context& io) -> awaitable<int> {
-    Scheduler scheduler(io, config, options);
+Outcome run_schedule(const Config& config, const ScheduleOptions& options, Say& say) {
+  return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
+    Scheduler scheduler(io, config, options, say);
     co_return co_await scheduler.run();
   });
 }

@@ -74,7 +74,7 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
   co_return out;
 }
 
-awaitable<int> Scheduler::give_up_hand_over(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
+awaitable<Outcome> Scheduler::give_up_hand_over(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
                                             std::vector<InstanceRecord> records) {
   // Taken back in groups within etcd's limits, each only if no agent has touched it: the
   // first `undone` are out of etcd again, the rest of what was handed over is kept.
@@ -106,61 +106,57 @@ awaitable<int> Scheduler::give_up_hand_over(HandOver handed, std::vector<std::st
   co_await release_all(release);
   const size_t kept = handed.handed - undone;
   for (size_t i = undone; i < handed.handed; ++i)
-    std::printf("NOTIFIED TARGET, %s, OF INSTANCE %s\n", records[i].host.c_str(), records[i].uuid.c_str());
+    say_.line(fmt::format("NOTIFIED TARGET, {}, OF INSTANCE {}", records[i].host, records[i].uuid));
   std::string detail = fmt::format("cannot hand the instance(s) over through etcd at {}: {}", etcd_->endpoints_text(),
                                    handed.error.message());
   if (kept > 0) detail += fmt::format("; {} were handed over already and are kept", kept);
   if (handed.in_doubt > 0)
     detail += fmt::format("; {} may have been handed over, and keep their claims until `toyvm audit --fix`",
                           handed.in_doubt);
-  co_return report_failure(Error(handed.error.code, std::move(detail)));
+  co_return Error(handed.error.code, std::move(detail));
 }
 
-awaitable<int> Scheduler::wait_until_settled(const std::string& uuid, int64_t since_revision) {
+awaitable<result<void>> Scheduler::wait_until_settled(const std::string& uuid, int64_t since_revision) {
   std::optional<InstanceState> last;
   std::string last_ip;
-  int code = 0;
+  result<void> settled_as;
   auto settled = [&](const WatchEvent& event) {
     if (event.type == WatchEvent::Type::erase) {
-      code = report_failure(ExitCode::failed, fmt::format("instance {} was deleted", uuid));
+      settled_as = Error(errc::not_reached, fmt::format("instance {} was deleted", uuid));
       return true;
     }
     auto record = decode_instance(event.kv.value);
     // ERROR counts once its allocation is given back: then it holds nothing.
     if (!record || (record->state == InstanceState::error && record->releasing)) return false;
     if (record->state == InstanceState::active && record->ip.empty() && record->no_address) {
-      if (last != InstanceState::active) std::printf("INSTANCE %s ACTIVE\n", uuid.c_str());
-      code = report_failure(ExitCode::no_address,
-                            fmt::format("instance {} is ACTIVE but its guest got no address within its "
-                                        "host's address_timeout",
-                                        uuid));
+      if (last != InstanceState::active) say_.line(fmt::format("INSTANCE {} ACTIVE", uuid));
+      settled_as = Error(errc::no_address, fmt::format("instance {} is ACTIVE but its guest got no address within "
+                                                       "its host's address_timeout",
+                                                       uuid));
       return true;
     }
     if (record->state == last && record->ip == last_ip) return false;
     last = record->state;
     last_ip = record->ip;
     if (record->state == InstanceState::error) {
-      std::printf("INSTANCE %s ERROR\n", uuid.c_str());
-      code = report_failure(ExitCode::failed, fmt::format("instance {} failed: {}: {}", uuid, record->error_code,
-                                                          record->error_message));
+      say_.line(fmt::format("INSTANCE {} ERROR", uuid));
+      settled_as = Error(errc::launch_failure,
+                         fmt::format("instance {} failed: {}: {}", uuid, record->error_code, record->error_message));
       return true;
     }
-    std::printf("INSTANCE %s %s%s%s\n", uuid.c_str(), std::string(to_string(record->state)).c_str(),
-                record->ip.empty() ? "" : " ", record->ip.c_str());
-    std::fflush(stdout);
+    say_.line(fmt::format("INSTANCE {} {}{}{}", uuid, to_string(record->state), record->ip.empty() ? "" : " ",
+                          record->ip));
     // A guest with a NIC is settled once its address is known too.
     return record->state == InstanceState::active && (record->mac.empty() || !record->ip.empty());
   };
-  auto followed = co_await follow_key(*etcd_, keys_.instance(uuid), since_revision,
-                                      options_.wait_timeout, settled);
-  if (!followed) co_return etcd_failure(followed.error());
-  if (*followed) co_return code;
+  auto followed = co_await follow_key(*etcd_, keys_.instance(uuid), since_revision, options_.wait_timeout, settled);
+  if (!followed) co_return etcd_error(*etcd_, followed.error());
+  if (*followed) co_return settled_as;
   if (last == InstanceState::active)
-    co_return report_failure(ExitCode::no_address,
-                             fmt::format("instance {} is ACTIVE but has no address after {} s", uuid,
-                                         in_seconds(options_.wait_timeout)));
-  co_return report_failure(ExitCode::failed,
-                           fmt::format("instance {} did not settle within {} s", uuid, in_seconds(options_.wait_timeout)));
+    co_return Error(errc::no_address, fmt::format("instance {} is ACTIVE but has no address after {} s", uuid,
+                                                  in_seconds(options_.wait_timeout)));
+  co_return Error(errc::not_reached,
+                  fmt::format("instance {} did not settle within {} s", uuid, in_seconds(options_.wait_timeout)));
 }
 
 }  // namespace toyvm

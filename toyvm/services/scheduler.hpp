@@ -26,9 +26,9 @@ namespace toyvm {
 
 class Scheduler {
  public:
-  Scheduler(asio::io_context& io, const Config& config, const ScheduleOptions& options);
+  Scheduler(asio::io_context& io, const Config& config, const ScheduleOptions& options, Say& say);
 
-  awaitable<int> run();
+  awaitable<Outcome> run();
 
  private:
   // How long a schedule's hold on its claims outlives it (killed, or cut off from etcd).
@@ -44,7 +44,7 @@ class Scheduler {
     Error error;
   };
 
-  awaitable<int> place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids);
+  awaitable<Outcome> place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids);
 
   // Before anything is claimed: a key per instance, under a lease of this schedule's.
   awaitable<result<void>> hold_claims();
@@ -78,16 +78,16 @@ class Scheduler {
   // A batch is all or nothing: what was handed over is taken back while no agent has touched
   // it, and claims are released only for instances known not to be in etcd. An instance whose
   // fate etcd did not tell keeps its claim (`toyvm audit --fix` resolves it either way).
-  awaitable<int> give_up_hand_over(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
+  awaitable<Outcome> give_up_hand_over(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
                                    std::vector<InstanceRecord> records);
-  // Prints each state the instance reaches until it is settled; rides over a lost watch.
-  awaitable<int> wait_until_settled(const std::string& uuid, int64_t since_revision);
-
-  int etcd_failure(const Error& e) { return toyvm::etcd_failure(*etcd_, e); }
+  // Says each state the instance reaches until it is settled; rides over a lost watch. An
+  // ACTIVE guest without an address is errc::no_address.
+  awaitable<result<void>> wait_until_settled(const std::string& uuid, int64_t since_revision);
 
   asio::io_context& io_;
   const Config& config_;
   const ScheduleOptions& options_;
+  Say& say_;
   KeyLayout keys_;
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;

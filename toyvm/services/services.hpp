@@ -1,16 +1,17 @@
 #pragma once
-// One entry function per subcommand. Each runs its own event loop and returns the process
-// exit code; errors are reported on stderr in one line.
+// One entry function per subcommand. Each runs its own event loop, says what it has to say
+// through `say`, and returns its outcome; main prints an error's one line.
 
 #include "core/config.hpp"
 #include "model/records.hpp"
+#include "services/say.hpp"
 
 #include <string>
 #include <vector>
 
 namespace toyvm {
 
-int run_compute(const Config& config);
+Outcome run_compute(const Config& config);
 
 struct ScheduleOptions {
   std::string query;
@@ -30,7 +31,7 @@ struct ScheduleOptions {
   bool wait = false;
   Duration wait_timeout = std::chrono::seconds(600);
 };
-int run_schedule(const Config& config, const ScheduleOptions& options);
+Outcome run_schedule(const Config& config, const ScheduleOptions& options, Say& say);
 
 struct ShowOptions {
   std::string uuid;  // empty: list every instance
@@ -42,7 +43,7 @@ struct ShowOptions {
   bool watch = false;    // each change of state as it happens, until interrupted
   Duration timeout = std::chrono::seconds(10);  // how long the instance's host has to answer (usage, console)
 };
-int run_show(const Config& config, const ShowOptions& options);
+Outcome run_show(const Config& config, const ShowOptions& options, Say& say);
 
 struct DestroyOptions {
   std::string uuid;
@@ -50,7 +51,7 @@ struct DestroyOptions {
   bool wait = true;
   Duration wait_timeout = std::chrono::seconds(120);
 };
-int run_destroy(const Config& config, const DestroyOptions& options);
+Outcome run_destroy(const Config& config, const DestroyOptions& options, Say& say);
 
 struct PowerOptions {
   std::string uuid;
@@ -58,7 +59,7 @@ struct PowerOptions {
   bool wait = true;
   Duration wait_timeout = std::chrono::seconds(120);
 };
-int run_power(const Config& config, const PowerOptions& options);
+Outcome run_power(const Config& config, const PowerOptions& options, Say& say);
 
 struct AuditOptions {
   bool json = false;
@@ -66,7 +67,7 @@ struct AuditOptions {
   Duration grace = std::chrono::seconds(10);
   Duration move_deadline = std::chrono::seconds(3600);  // a move in flight longer is a finding
 };
-int run_audit(const Config& config, const AuditOptions& options);
+Outcome run_audit(const Config& config, const AuditOptions& options, Say& say);
 
 struct MigrateOptions {
   std::string uuid;
@@ -78,7 +79,7 @@ struct MigrateOptions {
   Duration wait_timeout = std::chrono::seconds(600);
 };
 // toyvm migrate and toyvm resize.
-int run_migrate(const Config& config, const MigrateOptions& options);
+Outcome run_migrate(const Config& config, const MigrateOptions& options, Say& say);
 
 struct HostOptions {
   enum class Action { disable, enable, drain };
@@ -88,14 +89,14 @@ struct HostOptions {
   int parallel = 1;     // drain: moves at once
   Duration move_timeout = std::chrono::seconds(600);  // drain: for each move
 };
-int run_host(const Config& config, const HostOptions& options);
+Outcome run_host(const Config& config, const HostOptions& options, Say& say);
 
 // toyvm evacuate: a dead host's instances rebuilt elsewhere.
-int run_evacuate(const Config& config, const std::string& host);
+Outcome run_evacuate(const Config& config, const std::string& host, Say& say);
 
 struct MdserverOptions {
   std::vector<std::string> listen;  // ADDRESS:PORT; empty: config's
 };
-int run_mdserver(const Config& config, const MdserverOptions& options);
+Outcome run_mdserver(const Config& config, const MdserverOptions& options);
 
 }  // namespace toyvm

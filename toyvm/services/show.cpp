@@ -46,37 +46,35 @@ std::string amounts_text(const ResourceAmounts& amounts) {
   return amounts.empty() ? "-" : format_amounts(amounts);
 }
 
-void print_usage(const InstanceUsage& u) {
+void say_usage(const InstanceUsage& u, Say& say) {
   if (u.simulated) {
-    std::printf("usage:  not measured (its host runs libvirt's test driver, whose figures are made up)\n");
+    say.line("usage:  not measured (its host runs libvirt's test driver, whose figures are made up)");
     return;
   }
   if (u.running)
-    std::printf("cpu:    %.2f s; %.1f%% of %lld vCPU(s) over the last %.1f s\n", u.cpu_time_s, u.cpu_share * 100,
-                (long long)u.vcpus, u.window_s);
+    say.line(fmt::format("cpu:    {:.2f} s; {:.1f}% of {} vCPU(s) over the last {:.1f} s", u.cpu_time_s,
+                         u.cpu_share * 100, u.vcpus, u.window_s));
   else
-    std::printf("cpu:    %.2f s (not running)\n", u.cpu_time_s);
+    say.line(fmt::format("cpu:    {:.2f} s (not running)", u.cpu_time_s));
   if (u.running)
-    std::printf("memory: %lld MB%s\n", (long long)u.memory_mb,
-                u.rss_mb < 0 ? "" : fmt::format("; {} MB held on the host", u.rss_mb).c_str());
+    say.line(fmt::format("memory: {} MB{}", u.memory_mb,
+                         u.rss_mb < 0 ? "" : fmt::format("; {} MB held on the host", u.rss_mb)));
   if (u.disk_capacity >= 0)
-    std::printf("disk:   %.1f MB allocated of %.1f MB (its overlay)\n", double(u.disk_allocation) / 1048576,
-                double(u.disk_capacity) / 1048576);
+    say.line(fmt::format("disk:   {:.1f} MB allocated of {:.1f} MB (its overlay)", double(u.disk_allocation) / 1048576,
+                         double(u.disk_capacity) / 1048576));
 }
 
 // What the instance uses, asked of its agent the way a console is (a request under a short
-// lease of our own, answered under it); nothing, and a line on stderr, when the host has no
-// running agent or it does not answer within `timeout`.
-awaitable<result<std::optional<InstanceUsage>>> ask_usage(EtcdClient& etcd,
-                                                          const KeyLayout& keys, const InstanceRecord& record,
-                                                          Duration timeout) {
+// lease of our own, answered under it); nothing, and a note, when the host has no running
+// agent or it does not answer within `timeout`.
+awaitable<result<std::optional<InstanceUsage>>> ask_usage(EtcdClient& etcd, const KeyLayout& keys,
+                                                          const InstanceRecord& record, Duration timeout, Say& say) {
   std::optional<InstanceUsage> none;
   if (record.state != InstanceState::active && record.state != InstanceState::stopped) co_return none;
   auto alive = co_await etcd.range(keys.host(record.host));
   if (!alive) co_return alive.error();
   if (alive->kvs.empty()) {
-    std::fprintf(stderr, "toyvm: the host of instance %s has no running agent: no usage figures\n",
-                 record.uuid.c_str());
+    say.note(fmt::format("the host of instance {} has no running agent: no usage figures", record.uuid));
     co_return none;
   }
   auto lease = co_await etcd.lease_grant(std::chrono::ceil<std::chrono::seconds>(timeout).count() + 5);
@@ -95,20 +93,19 @@ awaitable<result<std::optional<InstanceUsage>>> ask_usage(EtcdClient& etcd,
   co_await etcd.lease_revoke(*lease);  // the request and the answer go with it
   if (!followed) co_return followed.error();
   if (usage) co_return usage;
-  std::fprintf(stderr, "toyvm: the host of instance %s did not tell its usage within %g s\n", record.uuid.c_str(),
-               in_seconds(timeout));
+  say.note(fmt::format("the host of instance {} did not tell its usage within {:g} s", record.uuid, in_seconds(timeout)));
   co_return none;
 }
 
-awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+awaitable<Outcome> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say) {
   auto found = co_await find_instance(etcd, keys, options.uuid);
-  if (auto* code = std::get_if<int>(&found)) co_return *code;
-  const InstanceRecord* record = &std::get<FoundInstance>(found).record;
-  auto usage = co_await ask_usage(etcd, keys, *record, options.timeout);
-  if (!usage) co_return etcd_failure(etcd, usage.error());
+  if (!found) co_return found.error();
+  const InstanceRecord* record = &found->record;
+  auto usage = co_await ask_usage(etcd, keys, *record, options.timeout, say);
+  if (!usage) co_return etcd_error(etcd, usage.error());
   // A move in flight, as its agents last wrote it.
   auto moving = co_await etcd.range(keys.move(record->uuid));
-  if (!moving) co_return etcd_failure(etcd, moving.error());
+  if (!moving) co_return etcd_error(etcd, moving.error());
   std::optional<result<MoveRecord>> move;
   if (!moving->kvs.empty()) move = decode_move(moving->kvs.front().value);
   if (options.json) {
@@ -121,38 +118,37 @@ awaitable<int> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
                                    {"query", (*move)->query}};
     else if (move)
       shown["move"] = json::object{{"unreadable", move->error().message()}};
-    std::printf("%s\n", json::serialize(shown).c_str());
-    co_return 0;
+    say.line(json::serialize(shown));
+    co_return ExitCode::ok;
   }
-  std::printf("uuid:   %s\n", record->uuid.c_str());
+  say.line(fmt::format("uuid:   {}", record->uuid));
   // Names and messages are anyone's text: never an escape sequence to the terminal.
-  if (!record->name.empty()) std::printf("name:   %s\n", printable_line(record->name).c_str());
-  std::printf("state:  %s\n", std::string(to_string(record->state)).c_str());
-  std::printf("host:   %s\n", record->host.c_str());
-  std::printf("ip:     %s\n", !record->ip.empty() ? record->ip.c_str()
-                             : record->no_address ? "- (none within the host's address_timeout)"
-                                                  : "-");
+  if (!record->name.empty()) say.line(fmt::format("name:   {}", printable_line(record->name)));
+  say.line(fmt::format("state:  {}", to_string(record->state)));
+  say.line(fmt::format("host:   {}", record->host));
+  say.line(fmt::format("ip:     {}", !record->ip.empty()   ? record->ip
+                                     : record->no_address ? "- (none within the host's address_timeout)"
+                                                          : "-"));
   if (!record->error_code.empty())
-    std::printf("error:  %s: %s%s\n", printable_line(record->error_code).c_str(),
-                printable_line(record->error_message).c_str(),
-                record->releasing ? " (its allocation is being released)" : "");
+    say.line(fmt::format("error:  {}: {}{}", printable_line(record->error_code), printable_line(record->error_message),
+                         record->releasing ? " (its allocation is being released)" : ""));
   if (move && *move)
-    std::printf("moving: %s%s%s to host %s (%s%s%s)\n", std::string(to_string((*move)->kind)).c_str(),
-                (*move)->query.empty() ? "" : " to ", printable_line((*move)->query).c_str(),
-                (*move)->destination.empty() ? "not chosen yet" : (*move)->destination.c_str(),
-                std::string(to_string((*move)->state)).c_str(),
-                (*move)->error.empty() ? "" : ": ", printable_line((*move)->error).c_str());
+    say.line(fmt::format("moving: {}{}{} to host {} ({}{}{})", to_string((*move)->kind),
+                         (*move)->query.empty() ? "" : " to ", printable_line((*move)->query),
+                         (*move)->destination.empty() ? "not chosen yet" : (*move)->destination,
+                         to_string((*move)->state), (*move)->error.empty() ? "" : ": ",
+                         printable_line((*move)->error)));
   else if (move)
-    std::printf("moving: its move record cannot be read (%s)\n", printable_line(move->error().message()).c_str());
-  if (*usage) print_usage(**usage);
-  co_return 0;
+    say.line(fmt::format("moving: its move record cannot be read ({})", printable_line(move->error().message())));
+  if (*usage) say_usage(**usage, say);
+  co_return ExitCode::ok;
 }
 
-awaitable<int> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+awaitable<Outcome> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say) {
   auto listed = co_await etcd.range_prefix(keys.instances_prefix());
-  if (!listed) co_return etcd_failure(etcd, listed.error());
+  if (!listed) co_return etcd_error(etcd, listed.error());
   json::array all;
-  if (!options.json) std::printf("%-36s  %-9s  %-36s  %s\n", "UUID", "STATE", "HOST", "IP");
+  if (!options.json) say.line(fmt::format("{:<36}  {:<9}  {:<36}  {}", "UUID", "STATE", "HOST", "IP"));
   for (const KeyValue& kv : listed->kvs) {
     auto record = decode_instance(kv.value);
     if (!record) {
@@ -162,13 +158,12 @@ awaitable<int> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowOptio
     if (options.json) {
       all.push_back(instance_json(*record));
     } else {
-      std::printf("%-36s  %-9s  %-36s  %s\n", record->uuid.c_str(),
-                  std::string(to_string(record->state)).c_str(), record->host.c_str(),
-                  record->ip.empty() ? "-" : record->ip.c_str());
+      say.line(fmt::format("{:<36}  {:<9}  {:<36}  {}", record->uuid, to_string(record->state), record->host,
+                           record->ip.empty() ? "-" : record->ip));
     }
   }
-  if (options.json) std::printf("%s\n", json::serialize(all).c_str());
-  co_return 0;
+  if (options.json) say.line(json::serialize(all));
+  co_return ExitCode::ok;
 }
 
 json::object stats_json(const HostStats& s) {
@@ -181,13 +176,13 @@ json::object stats_json(const HostStats& s) {
 // Hosts with a record are alive (the record lives on the agent's lease); hosts that still
 // have work but no record are listed as dead. Beside Placement's capacity and the usage of
 // their work: the figures their agents measure, and an operator's disable.
-awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+awaitable<Outcome> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say) {
   // One transaction reads them all at the same revision.
   auto all_of = [](std::string prefix) { return EtcdOp::get(prefix, prefix_range_end(prefix)); };
   std::vector<EtcdOp> reads{all_of(keys.hosts_prefix()), all_of(keys.work_root()), all_of(keys.stats_prefix()),
                             all_of(keys.disabled_prefix()), all_of(keys.domains_root())};
   auto txn = co_await etcd.txn({}, std::move(reads));
-  if (!txn) co_return etcd_failure(etcd, txn.error());
+  if (!txn) co_return etcd_error(etcd, txn.error());
   struct Row {
     std::optional<HostRecord> record;
     std::optional<HostStats> stats;
@@ -226,8 +221,9 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
   }
   json::array all;
   if (!options.json)
-    std::printf("%-20s  %-36s  %-5s  %-8s  %-9s  %-7s  %-5s  %-13s  %-15s  %-40s  %s\n", "NAME", "PROVIDER", "ALIVE",
-                "STATUS", "INSTANCES", "DOMAINS", "LOAD", "MEM_AVAIL_MB", "DISK_AVAIL_MB", "CAPACITY", "USAGE");
+    say.line(fmt::format("{:<20}  {:<36}  {:<5}  {:<8}  {:<9}  {:<7}  {:<5}  {:<13}  {:<15}  {:<40}  {}", "NAME",
+                         "PROVIDER", "ALIVE", "STATUS", "INSTANCES", "DOMAINS", "LOAD", "MEM_AVAIL_MB", "DISK_AVAIL_MB",
+                         "CAPACITY", "USAGE"));
   for (auto& [provider, row] : rows) {
     std::string name = row.record ? printable_line(row.record->name) : "-";
     std::string status = row.record ? row.record->status : row.disabled ? "DISABLED" : "-";
@@ -252,29 +248,28 @@ awaitable<int> show_hosts(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
                                                                           ? "-"
                                                                           : printable_line(row.disabled->reason))
                                      : "";
-      std::printf("%-20s  %-36s  %-5s  %-8s  %-9d  %-7lld  %-5s  %-13s  %-15s  %-40s  %s%s\n", name.c_str(),
-                  provider.c_str(), row.record ? "yes" : "no", status.c_str(), row.instances,
-                  static_cast<long long>(row.domains), load.c_str(), memory.c_str(),
-                  disk.c_str(), amounts_text(capacity).c_str(), amounts_text(row.usage).c_str(), why.c_str());
+      say.line(fmt::format("{:<20}  {:<36}  {:<5}  {:<8}  {:<9}  {:<7}  {:<5}  {:<13}  {:<15}  {:<40}  {}{}", name,
+                           provider, row.record ? "yes" : "no", status, row.instances, row.domains, load, memory, disk,
+                           amounts_text(capacity), amounts_text(row.usage), why));
     }
   }
-  if (options.json) std::printf("%s\n", json::serialize(all).c_str());
-  co_return 0;
+  if (options.json) say.line(json::serialize(all));
+  co_return ExitCode::ok;
 }
 
 }  // namespace
 
-int run_show(const Config& config, const ShowOptions& options) {
+Outcome run_show(const Config& config, const ShowOptions& options, Say& say) {
   if (!options.uuid.empty() && !is_uuid(options.uuid))
-    return report_failure(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
-  return run_on_loop([&](asio::io_context&) -> awaitable<int> {
+    return Error(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  return run_on_loop([&](asio::io_context&) -> awaitable<Outcome> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
-    if (options.hosts) co_return co_await show_hosts(*etcd, keys, options);
-    if (options.watch) co_return co_await show_watch(*etcd, keys, options);
-    if (options.uuid.empty()) co_return co_await show_all(*etcd, keys, options);
-    if (options.console) co_return co_await show_console(*etcd, keys, options);
-    co_return co_await show_one(*etcd, keys, options);
+    if (options.hosts) co_return co_await show_hosts(*etcd, keys, options, say);
+    if (options.watch) co_return co_await show_watch(*etcd, keys, options, say);
+    if (options.uuid.empty()) co_return co_await show_all(*etcd, keys, options, say);
+    if (options.console) co_return co_await show_console(*etcd, keys, options, say);
+    co_return co_await show_one(*etcd, keys, options, say);
   });
 }
 

@@ -16,11 +16,11 @@ boost::json::object instance_json(const InstanceRecord& r);
 
 // The tail of the serial console: a request under a short lease of our own asks the
 // instance's agent to publish it (under the same lease, so both go when we do).
-awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options);
+awaitable<Outcome> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say);
 
-// Follows instance records in etcd and prints each change as it happens, until interrupted
+// Follows instance records in etcd and says each change as it happens, until interrupted
 // (or, for one instance, until it is deleted). After a lost watch the listing is compared
-// with what was last printed, so a change made meanwhile is still told, once.
-awaitable<int> show_watch(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options);
+// with what was last said, so a change made meanwhile is still told, once.
+awaitable<Outcome> show_watch(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say);
 
 }  // namespace toyvm

@@ -24,10 +24,8 @@ namespace {
 
 namespace json = boost::json;
 
-void print_console(std::string_view text, bool raw) {
-  const std::string shown = raw ? std::string(text) : printable_console(text);
-  std::fwrite(shown.data(), 1, shown.size(), stdout);
-  std::fflush(stdout);
+void say_console(std::string_view text, bool raw, Say& say) {
+  say.raw(raw ? std::string(text) : printable_console(text));
 }
 
 // While a console is followed: renews the request's lease every 3 s, and puts the request
@@ -65,37 +63,36 @@ std::string utc_time(int64_t unix_ms) {
   return fmt::format("{}.{:03d}Z", text, int(unix_ms % 1000));
 }
 
-void print_event(const InstanceRecord& r, bool deleted, bool as_json) {
+void say_event(const InstanceRecord& r, bool deleted, bool as_json, Say& say) {
   const int64_t at = deleted || r.updated_at == 0 ? unix_millis() : r.updated_at;
   if (as_json) {
     json::object o = instance_json(r);
     if (deleted) o["state"] = "DELETED";
     o["time"] = utc_time(at);
-    std::printf("%s\n", json::serialize(o).c_str());
+    say.line(json::serialize(o));
   } else {
     std::string line = fmt::format("{}  {}  {:<8}  host {}", utc_time(at), r.uuid,
                                    deleted ? "DELETED" : to_string(r.state), r.host.empty() ? "-" : r.host);
     if (!deleted && !r.ip.empty()) line += "  ip " + r.ip;
     if (!deleted && !r.error_code.empty())
       line += fmt::format("  error {}: {}", printable_line(r.error_code), printable_line(r.error_message));
-    std::printf("%s\n", line.c_str());
+    say.line(line);
   }
-  std::fflush(stdout);
 }
 
 }  // namespace
 
-awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+awaitable<Outcome> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say) {
   auto found = co_await find_instance(etcd, keys, options.uuid);
-  if (auto* code = std::get_if<int>(&found)) co_return *code;
-  const InstanceRecord* record = &std::get<FoundInstance>(found).record;
+  if (!found) co_return found.error();
+  const InstanceRecord* record = &found->record;
   auto lease = co_await etcd.lease_grant(10);
-  if (!lease) co_return etcd_failure(etcd, lease.error());
+  if (!lease) co_return etcd_error(etcd, lease.error());
   const std::string asker = fmt::format("{:x}", *lease);
   const std::string request_key = keys.console_request(record->host, options.uuid, asker);
   const std::string console_key = keys.console(options.uuid, asker);
   auto asked = co_await etcd.put(request_key, "", *lease);
-  if (!asked) co_return etcd_failure(etcd, asked.error());
+  if (!asked) co_return etcd_error(etcd, asked.error());
 
   int64_t revision = *asked;
   std::string shown;
@@ -103,9 +100,8 @@ awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowO
   std::function<bool(const WatchEvent&)> published = [&](const WatchEvent& event) {
     if (event.type != WatchEvent::Type::put) return false;
     const std::string& tail = event.kv.value;
-    if (!answered && tail.empty())
-      std::fprintf(stderr, "toyvm: instance %s has no console output yet\n", options.uuid.c_str());
-    print_console(console_growth(shown, tail), options.raw);
+    if (!answered && tail.empty()) say.note(fmt::format("instance {} has no console output yet", options.uuid));
+    say_console(console_growth(shown, tail), options.raw, say);
     shown = tail;
     revision = event.kv.mod_revision;
     return !std::exchange(answered, true) || !options.follow;
@@ -113,43 +109,43 @@ awaitable<int> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowO
   // The host has the timeout to answer.
   auto first = co_await follow_key(etcd, console_key, revision + 1,
                                    options.timeout, published);
-  if (!first) co_return etcd_failure(etcd, first.error());
+  if (!first) co_return etcd_error(etcd, first.error());
   if (!*first)
-    co_return report_failure(ExitCode::failed, fmt::format("the host of instance {} did not publish its console "
-                                                           "within {} s; it may be down",
-                                                           options.uuid, in_seconds(options.timeout)));
+    co_return Error(errc::not_reached, fmt::format("the host of instance {} did not publish its console within {} s; "
+                                                   "it may be down",
+                                                   options.uuid, in_seconds(options.timeout)));
   if (options.follow) {
     using namespace asio::experimental::awaitable_operators;
     // Until interrupted: follow_key rides over etcd going away, keep_asking keeps the request.
     co_await (follow_key(etcd, console_key, revision + 1, std::chrono::hours(24 * 365), published) ||
               keep_asking(etcd, request_key, *lease));
   }
-  if (!shown.empty() && shown.back() != '\n') std::fputc('\n', stdout);
+  if (!shown.empty() && shown.back() != '\n') say.raw("\n");
   co_await etcd.lease_revoke(*lease);  // the request and the console go with it
-  co_return 0;
+  co_return ExitCode::ok;
 }
 
-awaitable<int> show_watch(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options) {
+awaitable<Outcome> show_watch(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say) {
   const bool one = !options.uuid.empty();
   const std::string key = one ? keys.instance(options.uuid) : keys.instances_prefix();
   const std::string range_end = one ? std::string() : prefix_range_end(key);
   auto first = co_await etcd.range(key, range_end);
-  if (!first) co_return etcd_failure(etcd, first.error());
-  if (one && first->kvs.empty()) co_return report_failure(errc::not_found, fmt::format("no instance {}", options.uuid));
+  if (!first) co_return etcd_error(etcd, first.error());
+  if (one && first->kvs.empty()) co_return Error(errc::not_found, fmt::format("no instance {}", options.uuid));
   std::map<std::string, InstanceRecord> known;  // by key
   bool gone = false;
   auto changed = [&](const KeyValue& kv, bool erased) {
     auto was = known.find(kv.key);
     if (erased) {
       if (was == known.end()) return;
-      print_event(was->second, true, options.json);
+      say_event(was->second, true, options.json, say);
       known.erase(was);
       gone = one;
       return;
     }
     auto record = decode_instance(kv.value);
     if (!record) return;  // a corrupt record is `toyvm audit`'s business
-    if (was == known.end() || !same_news(was->second, *record)) print_event(*record, false, options.json);
+    if (was == known.end() || !same_news(was->second, *record)) say_event(*record, false, options.json, say);
     known[kv.key] = std::move(*record);
   };
   for (const KeyValue& kv : first->kvs)
@@ -172,7 +168,7 @@ awaitable<int> show_watch(EtcdClient& etcd, const KeyLayout& keys, const ShowOpt
       },
       [&](const WatchEvent& event) { changed(event.kv, event.type == WatchEvent::Type::erase); },
       [&] { return gone; });
-  co_return 0;
+  co_return ExitCode::ok;
 }
 
 }  // namespace toyvm

@@ -140,8 +140,8 @@ class ComputeAgent {
     sends_.join();
   }
 
-  awaitable<int> run() {
-    if (int code = serve_agent_metrics(); code != 0) co_return code;
+  awaitable<Outcome> run() {
+    if (auto served = serve_agent_metrics(); !served) co_return served.error();
     spawn_detached(ctx_.io, parts_.metadata.run(), "serving metadata");
     co_await parts_.maintenance.load();
     co_await parts_.registration.register_until_done();
@@ -167,7 +167,7 @@ class ComputeAgent {
     // again if an operator disabled the host).
     co_await parts_.presence.revoke();
     co_await parts_.registration.mark_disabled();
-    co_return 0;
+    co_return ExitCode::ok;
   }
 
   void stop() {
@@ -210,11 +210,10 @@ class ComputeAgent {
   }
 
   // Prometheus' /metrics, when asked for, with the instances by the state recorded here.
-  int serve_agent_metrics() {
+  result<void> serve_agent_metrics() {
     const std::string& address = config_.compute.metrics_listen;
-    if (address.empty()) return 0;
-    if (auto served = serve_metrics(ctx_.io, address, config_.mdserver.listen); !served)
-      return report_failure(served.error());
+    if (address.empty()) return {};
+    if (auto served = serve_metrics(ctx_.io, address, config_.mdserver.listen); !served) return served.error();
     metrics::on_render([this] {
       std::map<std::string, int> by_state;
       for (InstanceState state : {InstanceState::scheduled, InstanceState::building, InstanceState::active,
@@ -225,7 +224,7 @@ class ComputeAgent {
         if (auto state = recorded_state(instance->phase())) by_state[std::string(to_string(*state))] += 1;
       for (auto& [state, n] : by_state) metrics::set("toyvm_instances", n, {{"state", state}});
     });
-    return 0;
+    return {};
   }
 
   const Config& config_;
@@ -240,7 +239,7 @@ class ComputeAgent {
 
 // This host's provider (adopted by name when its state dir was lost), its parts, then the
 // agent until a signal. `agent` is the caller's: detached steps refer to it until the loop ends.
-awaitable<int> start(asio::io_context& io, const Config& config, Servers& servers,
+awaitable<Outcome> start(asio::io_context& io, const Config& config, Servers& servers,
                      std::unique_ptr<ComputeAgent>& agent) {
   const ComputeConfig& c = config.compute;
   asio::signal_set signals(io, SIGINT, SIGTERM);
@@ -255,16 +254,16 @@ awaitable<int> start(asio::io_context& io, const Config& config, Servers& server
   std::string name = c.name.empty() ? host_name() : c.name;
   co_await adopt_provider_by_name(servers.placement, *servers.etcd, std::move(keys), servers.stop, c.state_dir,
                                   std::move(name));
-  if (servers.stop.requested()) co_return 0;
+  if (servers.stop.requested()) co_return ExitCode::ok;
   auto setup = set_up_host(c);
-  if (!setup) co_return report_failure(setup.error());
+  if (!setup) co_return setup.error();
   agent = std::make_unique<ComputeAgent>(io, config, servers, std::move(*setup));
   co_return co_await agent->run();
 }
 
 }  // namespace
 
-int run_compute(const Config& base) {
+Outcome run_compute(const Config& base) {
   // libvirt's client writes to libvirtd's socket without MSG_NOSIGNAL: a libvirtd that
   // restarts must cost a reconnect, not the agent.
   std::signal(SIGPIPE, SIG_IGN);
