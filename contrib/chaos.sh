@@ -9,5 +9,5 @@ campaign=chaos
 if [ "${1:-}" = --moves ]; then campaign=moves; shift; fi
 "$root/contrib/install-deps.sh"
 [ -f "$root/build/build.ninja" ] || meson setup "$root/build" --wrap-mode=nodownload >/dev/null
-ninja -C "$root/build" -j2 toyvm/toyvm >/dev/null
+ninja -C "$root/build" -j2 toyvm/toyvm tests/integration/toyvm-testbed >/dev/null
 exec /usr/bin/python3 "$root/contrib/chaos/$campaign.py" --build "$root/build" "$@"

@@ -7,7 +7,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 "$root/contrib/install-deps.sh" gnuplot-nox wrk
 [ -f "$root/build/build.ninja" ] || meson setup "$root/build" --wrap-mode=nodownload >/dev/null
-ninja -C "$root/build" -j2 toyvm/toyvm contrib/bench/toyvm-bench contrib/bench/libvirt-floor >/dev/null
+ninja -C "$root/build" -j2 toyvm/toyvm contrib/bench/toyvm-bench contrib/bench/libvirt-floor \
+  tests/integration/toyvm-testbed >/dev/null
 if [ "${1:-}" = --scale ]; then
   shift
   exec /usr/bin/python3 "$root/contrib/bench/scale.py" "$@"

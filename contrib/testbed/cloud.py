@@ -1,12 +1,12 @@
 """A private cloud on loopback for the benchmark, the fault campaign, the scale and the
-evacuation runs: etcd (one member or a cluster), Placement under uWSGI (sqlite or a private
-PostgreSQL) and toyvm compute agents (on libvirt's test driver unless told otherwise), each a
-process of its own in one directory."""
+evacuation runs: etcd (one member or a cluster) and Placement under uWSGI (sqlite or a private
+PostgreSQL), started by the tests' own testbed (toyvm-testbed, tests/integration/testbed.cpp),
+and toyvm compute agents (on libvirt's test driver unless told otherwise), each a process of
+its own in one directory."""
 
 import json
 import os
 import pathlib
-import shutil
 import signal
 import socket
 import subprocess
@@ -54,14 +54,6 @@ def wait_until(what, check, timeout=30.0):
     raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
 
 
-def postgres_bin():
-    for version in ("15", "16", "14", "13"):
-        path = pathlib.Path(f"/usr/lib/postgresql/{version}/bin")
-        if (path / "initdb").exists():
-            return path
-    raise RuntimeError("PostgreSQL is not installed (contrib/install-deps.sh installs it)")
-
-
 class Cloud:
     """`toyvm`: the binary to run, if not the one in `build`."""
 
@@ -69,20 +61,31 @@ class Cloud:
         self.toyvm = str(toyvm or build / "toyvm" / "toyvm")
         self.dir = dir
         self.procs = {}
-        self.etcd = [(free_port(), free_port()) for _ in range(etcd_members)]
-        self.etcd_urls = [f"http://127.0.0.1:{client}" for client, _ in self.etcd]
+        args = [str(build / "tests" / "integration" / "toyvm-testbed"), "--dir", str(dir), "--etcd-members",
+                str(etcd_members), "--placement-workers", str(placement_workers)]
+        log = open(dir / "testbed.log", "a")
+        self.testbed = subprocess.Popen([*args, *(["--postgresql"] if postgresql else [])], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+        servers = self.ask(None)
+        self.etcd_urls = servers["etcd"]
         self.etcd_url = ",".join(self.etcd_urls)
-        for index in range(etcd_members):
-            self.start_etcd(index)
-        wait_until("etcd", lambda: self.run("--etcd", self.etcd_url, "show").returncode == 0, 30)
-        database = self.start_postgresql() if postgresql else ""
-        port = self.placement_port = free_port()
-        self.placement_url = f"http://127.0.0.1:{port}"
+        self.placement_url = servers["placement"]
+        self.placement_port = int(self.placement_url.rsplit(":", 1)[1])
         self.placement_log = dir / "placement" / "uwsgi.log"  # its request log (placement-setup.sh)
-        subprocess.run([str(ROOT / "contrib" / "placement-setup.sh"), str(dir / "placement"), str(port), "",
-                        str(placement_workers), database], check=True, stdout=subprocess.DEVNULL)
-        self.start_placement()
         self.env = dict(os.environ, TOYVM_ETCD=self.etcd_url, TOYVM_PLACEMENT=self.placement_url)
+
+    def ask(self, command):
+        """One command to the testbed (none: its first line), and its answer."""
+        if command:
+            self.testbed.stdin.write(command + "\n")
+            self.testbed.stdin.flush()
+        line = self.testbed.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the testbed ended: {(self.dir / 'testbed.log').read_text()[-2000:]}")
+        answer = json.loads(line)
+        if not answer.get("ok", True):
+            raise RuntimeError(f"testbed: {command}: {answer.get('error')}")
+        return answer
 
     def spawn(self, key, args, env=None):
         log = open(self.dir / f"{key}.log", "a")
@@ -90,63 +93,22 @@ class Cloud:
                                            env=env, start_new_session=True)
         return self.procs[key]
 
-    def start_etcd(self, index=0):
-        cluster = ",".join(f"e{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(self.etcd))
-        client, peer = self.etcd[index]
-        self.spawn(f"etcd{index}", [
-            "etcd", "--name", f"e{index}", "--data-dir", str(self.dir / f"etcd{index}"), "--logger=zap",
-            "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls",
-            f"http://127.0.0.1:{client}", "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}", "--initial-cluster", cluster,
-            "--initial-cluster-token", "toyvm-testbed"])
-
     def restart_etcd(self):
-        for index in range(len(self.etcd)):
-            self.stop(f"etcd{index}", signal.SIGKILL)
-        for index in range(len(self.etcd)):
-            self.start_etcd(index)
-        wait_until("etcd", lambda: self.run("show").returncode == 0, 30)
+        """Every member killed (-9) and started again on its data."""
+        self.ask("restart-etcd")
 
     def compact_etcd(self):
         """etcd's history compacted up to its current revision, as its auto-compaction does
         over time: watches that start from before it are refused."""
-        status = self.etcdctl("endpoint", "status", "-w", "json")
-        status.check_returncode()
-        revision = max(member["Status"]["header"]["revision"] for member in json.loads(status.stdout))
-        compacted = self.etcdctl("compact", str(revision))
-        # Nothing written since the last compaction: etcd says so, and there is nothing to do.
-        if compacted.returncode != 0 and "has been compacted" not in compacted.stderr:
-            raise RuntimeError(f"etcdctl compact {revision}: {compacted.stderr.strip()}")
-        return revision
+        return self.ask("compact-etcd")["revision"]
 
     def etcdctl(self, *args):
         return subprocess.run(["etcdctl", "--endpoints", self.etcd_url, *args], capture_output=True, text=True,
                               timeout=30)
 
-    def start_postgresql(self):
-        bin, data, port = postgres_bin(), self.dir / "pg", free_port()
-        os.chmod(self.dir, 0o755)
-        data.mkdir()
-        shutil.chown(data, "postgres")
-        subprocess.run(["runuser", "-u", "postgres", "--", str(bin / "initdb"), "-D", str(data), "-A", "trust",
-                        "-U", "postgres"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.spawn("postgres", ["runuser", "-u", "postgres", "--", str(bin / "postgres"), "-D", str(data), "-p",
-                                str(port), "-h", "127.0.0.1", "-k", str(data), "-c", "max_connections=300"])
-        wait_until("PostgreSQL", lambda: subprocess.run([str(bin / "pg_isready"), "-q", "-h", "127.0.0.1", "-p",
-                                                         str(port)]).returncode == 0, 30)
-        subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-q", "-h", "127.0.0.1", "-p", str(port), "-c",
-                        "CREATE DATABASE placement"], check=True, stdout=subprocess.DEVNULL)
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{port}/placement"
-
-    def start_placement(self):
-        self.spawn("placement", ["uwsgi", "--ini", str(self.dir / "placement" / "uwsgi.ini")])
-        wait_until("Placement", lambda: urllib.request.urlopen(self.placement_url + "/").status == 200, 30)
-
     def restart_placement(self):
-        self.stop("placement", signal.SIGKILL)
-        # Its workers are killed with it, but may hold the port a moment longer.
-        wait_until("Placement's port to close", lambda: not self.port_open(self.placement_port), 30)
-        self.start_placement()
+        """uWSGI killed (-9) and started again on the same database."""
+        self.ask("restart-placement")
 
     @staticmethod
     def port_open(port):
@@ -225,10 +187,16 @@ class Cloud:
         return prometheus_metrics(self.etcd_urls[member])
 
     def shutdown(self):
-        """The agents, then the servers: each group asked to stop at once, then waited for."""
-        servers = {"placement", "postgres"} | {f"etcd{i}" for i in range(len(self.etcd))}
-        self.stop_all([p for k, p in self.procs.items() if k not in servers])
-        self.stop_all([p for k, p in self.procs.items() if k in servers])
+        """The agents (asked to stop at once, then waited for), then the servers: the testbed
+        stops them at the end of its input."""
+        self.stop_all(list(self.procs.values()))
+        if self.testbed.poll() is None:
+            self.testbed.stdin.close()
+            try:
+                self.testbed.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.testbed.pid, signal.SIGKILL)
+                self.testbed.wait()
 
     @staticmethod
     def stop_all(procs):

@@ -38,9 +38,14 @@ TempDir::TempDir() {
   fs::permissions(path_, fs::perms(0755));
 }
 
+TempDir::TempDir(std::string path) : path_(std::move(path)), kept_(true) {
+  fs::create_directories(path_);
+  fs::permissions(path_, fs::perms(0755));
+}
+
 TempDir::~TempDir() {
   std::error_code ec;
-  if (!std::getenv("TOYVM_KEEP_TEST_DIRS")) fs::remove_all(path_, ec);
+  if (!kept_ && !std::getenv("TOYVM_KEEP_TEST_DIRS")) fs::remove_all(path_, ec);
 }
 
 // Never one port twice: the kernel offers a port it just freed again (143 repeats in 2,000

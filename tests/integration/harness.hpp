@@ -25,11 +25,14 @@ namespace toyvm::test {
 class TempDir {
  public:
   TempDir();
+  // `path`, made if need be and kept: the caller's.
+  explicit TempDir(std::string path);
   ~TempDir();
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
+  bool kept_ = false;
 };
 
 uint16_t free_port();
@@ -80,6 +83,7 @@ struct ServersOptions {
   bool placement_https = false;  // Placement behind a TLS-terminating uWSGI router
   int keystone_token_s = 0;      // > 0: Placement checks tokens with a private Keystone
                                  // whose tokens live this many seconds
+  std::string dir;               // where they keep their data and logs; empty: a temporary dir
 };
 
 class Servers {

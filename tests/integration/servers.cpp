@@ -76,7 +76,10 @@ void make_certificates(const std::string& pki) {
                     "-out client.crt 2>/dev/null");
 }
 
-Servers::Servers(ServersOptions options) : etcd_(size_t(options.etcd_members)), options_(options) {
+Servers::Servers(ServersOptions options)
+    : dir_(options.dir.empty() ? TempDir() : TempDir(options.dir)),
+      etcd_(size_t(options.etcd_members)),
+      options_(options) {
   if (options_.postgresql) start_postgresql();
   if (options_.etcd_tls || options_.placement_https) make_certificates(pki());
   if (options_.etcd_tls) {

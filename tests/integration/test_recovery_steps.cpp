@@ -222,7 +222,9 @@ TEST_CASE("a build whose work left the host before the feed said so stops at its
   CHECK(wait_for([&] { return compute_a->output().find("instance " + uuid + ": its work is no longer on this host") !=
                               std::string::npos; },
                  30));
-  CHECK(servers.etcd_prefix(KeyLayout().domain(a, uuid)).empty());
+  // Its domain's key is published apart from the build, as libvirt tells of the start: it is
+  // gone once the domain is.
+  CHECK(wait_for([&] { return servers.etcd_prefix(KeyLayout().domain(a, uuid)).empty(); }, 30));
   CHECK(compute_a->output().find("instance " + uuid + ": active") == std::string::npos);
 
   std::remove(feed_paused.c_str());
