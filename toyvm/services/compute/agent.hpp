@@ -9,7 +9,6 @@
 #include "services/compute/guest_metadata.hpp"
 #include "services/compute/guest_observer.hpp"
 #include "services/compute/instances.hpp"
-#include "services/compute/maintenance.hpp"
 #include "services/compute/mover.hpp"
 #include "services/compute/presence.hpp"
 #include "services/compute/recorder.hpp"
