@@ -70,7 +70,9 @@ CommandEntry schedule(CLI::App& command) {
                    "give the guest its metadata on a config drive too (for networks without 169.254.169.254)");
   command.add_flag("--wait", o->wait, "wait for ACTIVE (and the guest IP, with a NIC) or ERROR, printing each state");
   add_seconds(command, "--timeout", o->wait_timeout, "seconds to --wait");
-  command.footer("Example: toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait");
+  command.add_option("--project", o->project, "the instances' project (default: [schedule] project, \"default\")");
+  command.footer("Exit 7 when the project's quota cannot take the instances.\n"
+                 "Example: toyvm schedule 'resources=VCPU:1,DISK_GB:1,MEMORY_MB:256' --wait");
   return [o](const Config& c, Say& say) { return run_schedule(c, *o, say); };
 }
 
@@ -188,6 +190,40 @@ CommandEntry host(CLI::App& command) {
   return [o](const Config& c, Say& say) { return run_host(c, *o, say); };
 }
 
+CommandEntry project(CLI::App& command) {
+  using Action = ProjectOptions::Action;
+  auto o = std::make_shared<ProjectOptions>();
+  command.require_subcommand(1);
+  auto action = [&command, o](const char* name, const char* help, Action chosen) {
+    CLI::App* sub = command.add_subcommand(name, help);
+    sub->callback([o, chosen] { o->action = chosen; });
+    return sub;
+  };
+  const char* limit_help = "a limit as NAME=N: instances or a resource class (VCPU, MEMORY_MB, DISK_GB...); N may be "
+                           "unlimited, or default to follow the defaults (repeatable)";
+  auto* create = action("create", "make a project", Action::create);
+  create->add_option("name", o->name, "project name: 1 to 32 of a-z 0-9 - _")->required();
+  create->add_option("--limit", o->limits, limit_help);
+  create->footer("Example: toyvm project create team-a --limit instances=10 --limit VCPU=20");
+  action("list", "every project, its instances and limits", Action::list);
+  auto* show = action("show", "a project's use against its limits", Action::show);
+  show->add_option("name", o->name, "project name")->required();
+  show->add_flag("--json", o->json, "print JSON");
+  auto* set = action("set", "change a project's limits, or the defaults", Action::set);
+  set->add_option("name", o->name, "project name");
+  set->add_flag("--defaults", o->defaults, "the limits of every project that sets none of its own");
+  set->add_option("--limit", o->limits, limit_help)->required();
+  set->footer("A limit below today's use is taken: the project's requests are refused until it is under it.\n"
+              "Example: toyvm project set team-a --limit VCPU=40");
+  auto* remove = action("delete", "delete a project that has no instances", Action::remove);
+  remove->add_option("name", o->name, "project name")->required();
+  return [o](const Config& c, Say& say) -> Outcome {
+    if (o->action == Action::set && o->defaults == !o->name.empty())
+      return Error(errc::invalid_argument, "project set: give a project name or --defaults");
+    return run_project(c, *o, say);
+  };
+}
+
 CommandEntry evacuate(CLI::App& command) {
   auto host = std::make_shared<std::string>();
   command.add_option("host", *host, "host name or provider uuid")->required();
@@ -215,6 +251,7 @@ constexpr Command table[] = {
     {"migrate", "move an instance to another host, live while it runs", migrate},
     {"resize", "give an instance a new size, moving it powered off where it fits", resize},
     {"host", "take a compute host out of service or bring it back", host},
+    {"project", "make projects, and set what each may use", project},
     {"evacuate", "rebuild a dead host's instances on other hosts", evacuate},
     {"mdserver", "serve cloud-init metadata to guests", mdserver},
 };

@@ -113,7 +113,8 @@ awaitable<void> floor_worker(asio::io_context& io, const Config& config, std::sh
       ++failures;
       continue;
     }
-    auto claimed = co_await placement.claim(uuid, candidates->allocation_requests.front());
+    ConsumerOwner owner{config.placement.consumer_project, config.placement.consumer_user};
+    auto claimed = co_await placement.claim(uuid, candidates->allocation_requests.front(), std::move(owner));
     if (!claimed) {
       ++failures;  // a generation conflict: the floor does not retry
       continue;

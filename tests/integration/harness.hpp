@@ -83,7 +83,7 @@ struct ServersOptions {
   bool placement_https = false;  // Placement behind a TLS-terminating uWSGI router
   int keystone_token_s = 0;      // > 0: Placement checks tokens with a private Keystone
                                  // whose tokens live this many seconds
-  std::string dir;               // where they keep their data and logs; empty: a temporary dir
+  std::string dir{};             // where they keep their data and logs; empty: a temporary dir
 };
 
 class Servers {

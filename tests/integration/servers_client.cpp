@@ -121,7 +121,8 @@ Allocations Servers::allocations(const std::string& consumer) const {
 void Servers::claim(const std::string& consumer, const Allocations& allocations) const {
   run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
     PlacementClient placement(io.get_executor(), config.placement);
-    auto r = co_await placement.claim(consumer, allocations);
+    ConsumerOwner owner{config.placement.consumer_project, config.placement.consumer_user};
+    auto r = co_await placement.claim(consumer, allocations, std::move(owner));
     if (!r) throw std::runtime_error("claim failed: " + r.error().message());
     co_return true;
   });
@@ -133,8 +134,8 @@ void Servers::move_books(const std::string& instance, const std::string& migrati
     auto held = co_await placement.consumer_allocations(instance);
     if (!held || held->allocations.size() != 1) throw std::runtime_error("move_books: the instance holds no one host");
     Allocations there{{to, held->allocations.begin()->second}};
-    std::vector<ConsumerWrite> writes{{instance, std::move(there), held->generation, ConsumerType::instance},
-                                      {migration, held->allocations, std::nullopt, ConsumerType::migration}};
+    std::vector<ConsumerWrite> writes{{instance, std::move(there), held->generation, ConsumerType::instance, held->owner},
+                                      {migration, held->allocations, std::nullopt, ConsumerType::migration, held->owner}};
     auto r = co_await placement.write_together(std::move(writes));
     if (!r) throw std::runtime_error("move_books failed: " + r.error().message());
     co_return true;

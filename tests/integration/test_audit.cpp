@@ -97,8 +97,9 @@ TEST_CASE("audit --fix leaves another service's providers and consumers in the s
     Allocations there{{node, {{"VCPU", 2}}}}, here{{rp, {{"VCPU", 1}}}};
     auto provider = co_await placement.ensure_provider(node, "nova-compute-1");
     auto stocked = co_await placement.set_inventory(node, std::move(inventory));
-    auto first = co_await placement.claim(on_node, std::move(there));
-    auto second = co_await placement.claim(on_toyvm, std::move(here));
+    ConsumerOwner owner{nova.consumer_project, nova.consumer_user};
+    auto first = co_await placement.claim(on_node, std::move(there), owner);
+    auto second = co_await placement.claim(on_toyvm, std::move(here), owner);
     co_return provider && stocked && first && second;
   });
   REQUIRE(made);
@@ -225,7 +226,7 @@ TEST_CASE("audit --fix releases only what the consumer still holds as it last re
     auto read = co_await placement.consumer_allocations(leaked);
     if (!read || !read->generation) co_return false;
     Allocations more{{rp, {{"VCPU", 2}}}};
-    auto replaced = co_await placement.replace(leaked, std::move(more), *read->generation);
+    auto replaced = co_await placement.replace(leaked, std::move(more), *read->generation, read->owner);
     co_return bool(replaced);
   });
   REQUIRE(changed);

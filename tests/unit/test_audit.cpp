@@ -49,20 +49,23 @@ TEST_CASE("every kind of disagreement is named") {
   AuditSnapshot s = consistent();
   SECTION("an allocation of toyvm's that no instance owns; another service's is not toyvm's to judge") {
     s.allocations["ghost"] = Allocations{{host_a, {{"VCPU", 2}}}};
-    s.consumers["ghost"].project = "toyvm";
+    s.consumers["ghost"].owner.project = "toyvm";
     s.allocations["nova-server"] = Allocations{{"cccccccc-0000-4000-8000-000000000000", {{"VCPU", 4}}}};
-    s.consumers["nova-server"].project = "3f1c0a";
+    s.consumers["nova-server"].owner.project = "3f1c0a";
     s.allocations["another-toyvm"] = Allocations{{host_b, {{"VCPU", 1}}}};
-    s.consumers["another-toyvm"].project = "toyvm-east";
+    s.consumers["another-toyvm"].owner.project = "toyvm-east";
+    s.allocations["east-project"] = Allocations{{host_b, {{"VCPU", 1}}}};
+    s.consumers["east-project"].owner.project = "toyvm-east:team-a";
     CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance});
-    s.own_project = "toyvm-east";
+    s.own_project = "toyvm-east";  // its projects' consumers are its own too
     auto found = find_discrepancies(s);
-    REQUIRE(found.size() == 1);
+    REQUIRE(found.size() == 2);
     CHECK(found[0].instance == "another-toyvm");
+    CHECK(found[1].instance == "east-project");
   }
   SECTION("a claim a running schedule holds is on its way, not a leak") {
     s.allocations["claimed"] = Allocations{{host_a, {{"VCPU", 1}}}};
-    s.consumers["claimed"].project = "toyvm";
+    s.consumers["claimed"].owner.project = "toyvm";
     s.claiming.insert("claimed");
     CHECK(kinds(s).empty());
     s.claiming.clear();  // the schedule is gone: nothing can hand it over any more
@@ -138,7 +141,7 @@ TEST_CASE("a move in flight: its migration consumer holds the source, the instan
   // i-1 moves from host_a to host_b: its work is still on host_a.
   const std::string migration = "11111111-2222-4333-8444-555555555555";
   s.allocations[migration] = Allocations{{host_a, {{"VCPU", 1}}}};
-  s.consumers[migration].project = "toyvm";
+  s.consumers[migration].owner.project = "toyvm";
   s.allocations["i-1"] = Allocations{{host_b, {{"VCPU", 1}}}};
   const MoveRecord moving{
       .instance = "i-1", .migration = migration, .source = host_a, .destination = host_b, .state = MoveState::claimed};

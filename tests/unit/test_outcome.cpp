@@ -25,6 +25,7 @@ TEST_CASE("an error's category is its exit code, documented in README") {
   CHECK(exit_code_for(make_error_code(errc::not_found)) == ExitCode::not_found);
   CHECK(exit_code_for(make_error_code(errc::etcd_unavailable)) == ExitCode::unavailable);
   CHECK(exit_code_for(make_error_code(errc::no_address)) == ExitCode::no_address);
+  CHECK(exit_code_for(make_error_code(errc::over_quota)) == ExitCode::over_quota);
   CHECK(exit_code_for(make_error_code(errc::not_reached)) == ExitCode::failed);
   CHECK(exit_code_for(make_error_code(errc::changed)) == ExitCode::failed);
 }

@@ -64,8 +64,10 @@ struct Bench : Loop {
       placement.add_provider(host, host.substr(0, 8), {{"VCPU", 2}});
       placement.providers_by_uuid[host].traits.insert(config.placement.provider_trait);  // toyvm's hosts
     }
-    placement.consumers[uuid] = {{{host_a, {{"VCPU", 1}}}}, 1};
+    placement.consumers[uuid] = {{{host_a, {{"VCPU", 1}}}}, 1, ConsumerType::instance, team_a};
   }
+
+  const ConsumerOwner team_a{"toyvm:team-a", "alice"};
 
   void live(const std::vector<std::string>& hosts) {
     for (const std::string& host : hosts) {
@@ -137,11 +139,14 @@ TEST_CASE("a first-fit claim retries a host whose generation moved and passes on
   };
   Allocations on_a{{host_a, {{"VCPU", 1}}}}, on_b{{host_b, {{"VCPU", 1}}}};
   std::vector<Choice> choices{{host_a, &on_a}, {host_b, &on_b}};
-  auto claimed = bench.run(bench.placer.claim_first_fit(uuid, choices));
+  auto claimed = bench.run(bench.placer.claim_first_fit(uuid, choices, ConsumerOwner{"toyvm:team-a", "alice"}));
   REQUIRE(claimed);
   CHECK(claimed->host == host_b);
   const auto& requests = bench.placement_server.requests;
   REQUIRE(requests.size() == 3);
+  // The consumer is its project's, and its maker's.
+  CHECK(requests[2].body.find(R"("project_id":"toyvm:team-a")") != std::string::npos);
+  CHECK(requests[2].body.find(R"("user_id":"alice")") != std::string::npos);
   CHECK(requests[0].body.find(host_a) != std::string::npos);  // the same host again after the generation conflict
   CHECK(requests[1].body.find(host_a) != std::string::npos);
   CHECK(requests[2].body.find(host_b) != std::string::npos);
@@ -154,7 +159,7 @@ TEST_CASE("a first-fit claim with no host that fits says no allocations left") {
   };
   Allocations on_a{{host_a, {{"VCPU", 1}}}};
   std::vector<Choice> choices{{host_a, &on_a}};
-  auto claimed = bench.run(bench.placer.claim_first_fit(uuid, choices));
+  auto claimed = bench.run(bench.placer.claim_first_fit(uuid, choices, ConsumerOwner{"toyvm", "toyvm"}));
   REQUIRE_FALSE(claimed);
   CHECK(claimed.error() == errc::no_allocations_left);
 }
@@ -247,6 +252,13 @@ TEST_CASE("claim_move claims the best other host: the migration consumer keeps t
   CHECK(moved->host == host_b);
   CHECK(bench.placement.held_on(uuid) == host_b);
   CHECK(bench.placement.held_on(migration) == host_a);
+  // Both consumers stay the instance's owner's, and its project counts the instance once.
+  CHECK(bench.placement.consumers[uuid].owner == bench.team_a);
+  CHECK(bench.placement.consumers[migration].owner == bench.team_a);
+  CHECK(bench.placement.consumers[migration].type == ConsumerType::migration);
+  auto used = bench.run(bench.placement.project_usage("toyvm:team-a"));
+  REQUIRE(used);
+  CHECK(*used == ProjectUsage{1, {{"VCPU", 1}}});
   // The work stays with its source until the guest has moved; the record names where it goes.
   CHECK(bench.etcd->find(bench.keys.work(host_a, uuid)));
   CHECK_FALSE(bench.etcd->find(bench.keys.work(host_b, uuid)));

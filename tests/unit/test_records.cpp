@@ -25,6 +25,8 @@ TEST_CASE("work specs survive a round trip") {
   s.power = PowerState::stopped;
   s.attempt = 2;
   s.created_at = 42;
+  s.project = "team-a";
+  s.user = "alice";
   auto back = decode_work(encode(s));
   REQUIRE(back);
   CHECK(*back == s);

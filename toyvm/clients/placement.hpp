@@ -6,6 +6,7 @@
 #include "model/candidates.hpp"
 #include "model/inventory.hpp"
 #include "model/placement_error.hpp"
+#include "model/projects.hpp"
 #include "model/query.hpp"
 
 #include <map>
@@ -22,6 +23,8 @@ struct ConsumerWrite {
   Allocations allocations;            // empty: it gives up all it holds
   std::optional<int64_t> generation;  // the consumer's, as read; none for a consumer new to Placement
   ConsumerType type = ConsumerType::instance;
+  ConsumerOwner owner;                // as read, for a consumer Placement knows: a write that names
+                                      // another owner gives the consumer to it
 };
 
 // Placement as the services use it: the HTTP client below, or an in-memory one in unit tests.
@@ -31,25 +34,30 @@ class Placement {
 
   // GET /allocation_candidates?<query>
   virtual awaitable<result<Candidates>> allocation_candidates(std::string query) = 0;
-  // PUT /allocations/{consumer} for a new consumer (consumer_generation null).
-  virtual awaitable<result<void>> claim(std::string consumer, Allocations allocations) = 0;
-  // POST /allocations for new consumers: all of them or none, in one request under each
-  // provider's generation (Placement retries its own generation conflicts).
-  virtual awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> consumers) = 0;
+  // PUT /allocations/{consumer} for a new consumer (consumer_generation null) of `owner`.
+  virtual awaitable<result<void>> claim(std::string consumer, Allocations allocations, ConsumerOwner owner) = 0;
+  // POST /allocations for new consumers of `owner`: all of them or none, in one request under
+  // each provider's generation (Placement retries its own generation conflicts).
+  virtual awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> consumers,
+                                            ConsumerOwner owner) = 0;
   // POST /allocations: every consumer's allocations replaced at once, or none if any
   // consumer's generation moved (placement_consumer_changed) or a provider lacks room. Nova's
   // move: the instance's share of the source handed to a migration consumer, and back.
   virtual awaitable<result<void>> write_together(std::vector<ConsumerWrite> writes) = 0;
   // PUT /allocations/{consumer} for one that holds allocations: replaces them all in one
   // step (a move to another provider) unless the consumer changed since `generation`
-  // (placement_concurrent_update).
-  virtual awaitable<result<void>> replace(std::string consumer, Allocations allocations, int64_t generation) = 0;
+  // (placement_concurrent_update). `owner` as read: the consumer stays its owner's.
+  virtual awaitable<result<void>> replace(std::string consumer, Allocations allocations, int64_t generation,
+                                          ConsumerOwner owner) = 0;
   // GET /allocations/{consumer}, with the consumer's generation.
   virtual awaitable<result<ConsumerAllocations>> consumer_allocations(std::string consumer) = 0;
   // DELETE /allocations/{consumer}; releasing what is already gone succeeds.
   virtual awaitable<result<void>> release(std::string consumer) = 0;
   virtual awaitable<result<Allocations>> allocations_of(std::string consumer) = 0;
   virtual awaitable<result<ResourceAmounts>> usages(std::string provider) = 0;
+  // GET /usages?project_id=&consumer_type=INSTANCE: what a project's instances hold (its
+  // migrations' consumers not counted), and how many hold anything.
+  virtual awaitable<result<ProjectUsage>> project_usage(std::string project_id) = 0;
   // The uuid of the provider named `name`, if there is one.
   virtual awaitable<result<std::optional<std::string>>> provider_named(std::string name) = 0;
   // The uuids of the providers that carry `trait`, and what each consumer holds of one
@@ -83,14 +91,17 @@ class PlacementClient final : public Placement {
   PlacementClient(asio::any_io_executor executor, const PlacementConfig& config);
 
   awaitable<result<Candidates>> allocation_candidates(std::string query) override;
-  awaitable<result<void>> claim(std::string consumer, Allocations allocations) override;
-  awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> consumers) override;
+  awaitable<result<void>> claim(std::string consumer, Allocations allocations, ConsumerOwner owner) override;
+  awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> consumers,
+                                    ConsumerOwner owner) override;
   awaitable<result<void>> write_together(std::vector<ConsumerWrite> writes) override;
-  awaitable<result<void>> replace(std::string consumer, Allocations allocations, int64_t generation) override;
+  awaitable<result<void>> replace(std::string consumer, Allocations allocations, int64_t generation,
+                                  ConsumerOwner owner) override;
   awaitable<result<ConsumerAllocations>> consumer_allocations(std::string consumer) override;
   awaitable<result<void>> release(std::string consumer) override;
   awaitable<result<Allocations>> allocations_of(std::string consumer) override;
   awaitable<result<ResourceAmounts>> usages(std::string provider) override;
+  awaitable<result<ProjectUsage>> project_usage(std::string project_id) override;
   awaitable<result<std::optional<std::string>>> provider_named(std::string name) override;
   awaitable<result<std::vector<std::string>>> providers(std::string trait) override;
   awaitable<result<std::map<std::string, ResourceAmounts>>> provider_allocations(std::string provider) override;
@@ -108,7 +119,7 @@ class PlacementClient final : public Placement {
 
  private:
   awaitable<result<void>> put_allocations(std::string consumer, Allocations allocations,
-                                         std::optional<int64_t> generation);
+                                         std::optional<int64_t> generation, ConsumerOwner owner);
   awaitable<result<HttpResponse>> call(std::string method, std::string target, std::string microversion,
                                        std::string body = {}, std::chrono::milliseconds timeout = {});
   // After a consumer's generation conflict on new consumers: whether the first holds allocations already, which

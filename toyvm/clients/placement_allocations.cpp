@@ -4,8 +4,10 @@
 
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
+#include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 
 namespace toyvm {
 namespace {
@@ -21,15 +23,15 @@ json::object amounts_json(const ResourceAmounts& amounts) {
 }
 
 json::object allocations_json(const Allocations& allocations, std::optional<int64_t> generation,
-                              ConsumerType type, const PlacementConfig& config) {
+                              ConsumerType type, const ConsumerOwner& owner) {
   json::object body;
   json::object by_provider;
   for (auto& [rp, resources] : allocations)
     by_provider[rp] = json::object{{"resources", amounts_json(resources)}};
   body["allocations"] = std::move(by_provider);
-  // Placement requires both ids; they mark the consumer as this toyvm's.
-  body["project_id"] = config.consumer_project;
-  body["user_id"] = config.consumer_user;
+  // Placement requires both ids; the project's marks the consumer as this toyvm's.
+  body["project_id"] = owner.project;
+  body["user_id"] = owner.user;
   if (generation) {
     body["consumer_generation"] = *generation;
   } else {
@@ -39,14 +41,28 @@ json::object allocations_json(const Allocations& allocations, std::optional<int6
   return body;
 }
 
-}  // namespace
-
-awaitable<result<void>> PlacementClient::claim(std::string consumer, Allocations allocations) {
-  co_return co_await put_allocations(std::move(consumer), std::move(allocations), std::nullopt);
+// A query parameter's value, percent-encoded but for RFC 3986's unreserved characters.
+std::string query_value(std::string_view text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += char(c);
+    } else {
+      out += fmt::format("%{:02X}", c);
+    }
+  }
+  return out;
 }
 
-awaitable<result<void>> PlacementClient::replace(std::string consumer, Allocations allocations, int64_t generation) {
-  co_return co_await put_allocations(std::move(consumer), std::move(allocations), generation);
+}  // namespace
+
+awaitable<result<void>> PlacementClient::claim(std::string consumer, Allocations allocations, ConsumerOwner owner) {
+  co_return co_await put_allocations(std::move(consumer), std::move(allocations), std::nullopt, std::move(owner));
+}
+
+awaitable<result<void>> PlacementClient::replace(std::string consumer, Allocations allocations, int64_t generation,
+                                                 ConsumerOwner owner) {
+  co_return co_await put_allocations(std::move(consumer), std::move(allocations), generation, std::move(owner));
 }
 
 awaitable<result<ConsumerAllocations>> PlacementClient::consumer_allocations(std::string consumer) {
@@ -56,9 +72,11 @@ awaitable<result<ConsumerAllocations>> PlacementClient::consumer_allocations(std
   co_return parse_consumer_allocations(response->body);
 }
 
-awaitable<result<void>> PlacementClient::claim_all(std::vector<std::pair<std::string, Allocations>> consumers) {
+awaitable<result<void>> PlacementClient::claim_all(std::vector<std::pair<std::string, Allocations>> consumers,
+                                                   ConsumerOwner owner) {
   json::object body;
-  for (auto& [consumer, allocations] : consumers) body[consumer] = allocations_json(allocations, std::nullopt, ConsumerType::instance, config_);
+  for (auto& [consumer, allocations] : consumers)
+    body[consumer] = allocations_json(allocations, std::nullopt, ConsumerType::instance, owner);
   // Placement takes its time over a large batch: give it 50 ms per instance.
   const auto timeout = std::max(config_.timeout,
                                 std::chrono::milliseconds(50 * int64_t(consumers.size())));
@@ -77,8 +95,8 @@ awaitable<bool> PlacementClient::claimed_before(const std::string& consumer) {
 }
 
 awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, Allocations allocations,
-                                                         std::optional<int64_t> generation) {
-  json::object body = allocations_json(allocations, generation, ConsumerType::instance, config_);
+                                                         std::optional<int64_t> generation, ConsumerOwner owner) {
+  json::object body = allocations_json(allocations, generation, ConsumerType::instance, owner);
   auto response = co_await call("PUT", "/allocations/" + consumer, mv_allocations,
                                 json::serialize(body));
   if (!response) co_return response.error();
@@ -96,6 +114,14 @@ awaitable<result<void>> PlacementClient::release(std::string consumer) {
   co_return result<void>{};
 }
 
+awaitable<result<ProjectUsage>> PlacementClient::project_usage(std::string project_id) {
+  auto response = co_await call("GET", "/usages?project_id=" + query_value(project_id) + "&consumer_type=INSTANCE",
+                                mv_allocations);
+  if (!response) co_return response.error();
+  if (response->status != 200) co_return refused(*response);
+  co_return parse_project_usage(response->body);
+}
+
 awaitable<result<Allocations>> PlacementClient::allocations_of(std::string consumer) {
   auto response = co_await call("GET", "/allocations/" + consumer, mv_allocations);
   if (!response) co_return response.error();
@@ -106,7 +132,7 @@ awaitable<result<Allocations>> PlacementClient::allocations_of(std::string consu
 awaitable<result<void>> PlacementClient::write_together(std::vector<ConsumerWrite> writes) {
   json::object body;
   for (const ConsumerWrite& write : writes)
-    body[write.consumer] = allocations_json(write.allocations, write.generation, write.type, config_);
+    body[write.consumer] = allocations_json(write.allocations, write.generation, write.type, write.owner);
   auto response = co_await call("POST", "/allocations", mv_allocations, json::serialize(body));
   if (!response) co_return response.error();
   if (response->status == 204) co_return result<void>{};

@@ -217,6 +217,7 @@ result<Config> parse_config(std::string_view text) {
   schedule.get("cpu_weight_multiplier", config.schedule.cpu_weight_multiplier);
   schedule.get("disk_weight_multiplier", config.schedule.disk_weight_multiplier);
   schedule.get("host_subset_size", config.schedule.host_subset_size);
+  schedule.get("project", config.schedule.project);
   schedule.finish();
 
   TableReader mdserver(section("mdserver"), "mdserver", &error);

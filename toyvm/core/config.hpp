@@ -124,6 +124,7 @@ struct ScheduleConfig {
   double disk_weight_multiplier = 1.0;
   int host_subset_size = 1;
   int max_claim_attempts = 8;  // PUT /allocations retries on concurrent_update per candidate
+  std::string project = "default";  // the project of instances scheduled without --project
 };
 
 struct MdserverConfig {

@@ -41,6 +41,7 @@ class Category final : public boost::system::error_category {
       case errc::not_ready: return "not ready";
       case errc::not_reached: return "not reached";
       case errc::no_address: return "no address";
+      case errc::over_quota: return "over quota";
     }
     return "unknown toyvm error";
   }
@@ -85,6 +86,7 @@ ExitCode exit_code_for(const error_code& ec) noexcept {
     case errc::invalid_config: return ExitCode::usage;
     case errc::not_found: return ExitCode::not_found;
     case errc::no_address: return ExitCode::no_address;
+    case errc::over_quota: return ExitCode::over_quota;
     case errc::etcd_unavailable:
     case errc::placement_unavailable:
     case errc::timeout: return ExitCode::unavailable;

@@ -44,6 +44,7 @@ enum class errc {
   not_ready,              // refused for now by a peer that may take it a moment later
   not_reached,            // a wait ended (timed out, or the instance went elsewhere) before what was asked
   no_address,             // the guest is ACTIVE but got no address
+  over_quota,             // the request would take its project above its quota
 };
 
 const boost::system::error_category& toyvm_category() noexcept;
@@ -103,6 +104,7 @@ enum class ExitCode : int {
   unavailable = 4,      // etcd or Placement unreachable
   failed = 5,           // anything else, including an instance in ERROR with --wait
   no_address = 6,       // --wait: the instance is ACTIVE but its guest got no address
+  over_quota = 7,       // the request would take its project above its quota
 };
 
 ExitCode exit_code_for(const error_code& ec) noexcept;

@@ -45,7 +45,7 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
     // Unknown is not absent: with a move record that cannot be read, no consumer is judged.
     if (allocations.empty() || migrations.count(consumer) || s.moves_unreadable) continue;
     auto read = s.consumers.find(consumer);
-    const bool ours = read != s.consumers.end() && read->second.project == s.own_project;
+    const bool ours = read != s.consumers.end() && is_own_placement_project(s.own_project, read->second.owner.project);
     // A running schedule's claim is on its way to becoming an instance.
     if (ours && !s.instances.count(consumer) && !s.work_host.count(consumer) && !s.claiming.count(consumer))
       add(AuditKind::allocation_without_instance, consumer, providers_of(allocations),

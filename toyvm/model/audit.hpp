@@ -41,7 +41,8 @@ struct AuditSnapshot {
   int64_t move_deadline_ms = 0;   // a move started longer ago than this is overdue; 0: never
   // Consumers read one by one (those that hold resources and are no instance, and ERROR
   // instances that hold some): whose they are, and the generation a fix is guarded by. Only
-  // `own_project`'s are toyvm's to judge (Nova's, or another toyvm's, share the Placement).
+  // The consumers of `own_project` (the consumer_project) and of its projects are toyvm's to
+  // judge (Nova's, or another toyvm's, share the Placement).
   std::string own_project = "toyvm";
   std::map<std::string, ConsumerAllocations> consumers;
 };

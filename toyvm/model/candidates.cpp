@@ -47,8 +47,9 @@ result<ConsumerAllocations> parse_consumer_allocations(const std::string& body) 
     return errc::placement_error;
   int64_t generation = 0;
   if (!doc["consumer_generation"].get_int64().get(generation)) out.generation = generation;
-  std::string_view project;
-  if (!doc["project_id"].get_string().get(project)) out.project = project;
+  std::string_view id;
+  if (!doc["project_id"].get_string().get(id)) out.owner.project = id;
+  if (!doc["user_id"].get_string().get(id)) out.owner.user = id;
   return out;
 }
 

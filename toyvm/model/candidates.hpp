@@ -35,10 +35,18 @@ result<Candidates> parse_allocation_candidates(const std::string& body);
 
 // The body of GET /allocations/{consumer}.
 result<Allocations> parse_allocations(const std::string& body);
+// Whose a consumer is, as Placement names it: every allocation write carries both, and one
+// that names others changes the consumer's.
+struct ConsumerOwner {
+  std::string project;  // project_id
+  std::string user;     // user_id
+
+  bool operator==(const ConsumerOwner&) const = default;
+};
 struct ConsumerAllocations {
   Allocations allocations;
   std::optional<int64_t> generation;  // none for a consumer Placement does not know
-  std::string project;                // its project_id; empty when it holds nothing
+  ConsumerOwner owner;                // empty when it holds nothing
 };
 result<ConsumerAllocations> parse_consumer_allocations(const std::string& body);
 // The uuids in the body of GET /resource_providers.

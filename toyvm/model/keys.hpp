@@ -13,6 +13,9 @@
 //   <prefix>/disabled/<rp>           an operator took the host out of service, and why
 //   <prefix>/claims/<instance>       a schedule is claiming for it (under that schedule's lease)
 //   <prefix>/moves/<instance>        a move of the instance in flight (model/moves.hpp)
+//   <prefix>/projects/<name>         a project (the default project needs none)
+//   <prefix>/quotas/<name>           a project's own limits
+//   <prefix>/quota-defaults          the limits of every project that sets none of its own
 
 #include <optional>
 #include <string>
@@ -68,6 +71,10 @@ class KeyLayout {
   std::string claim(std::string_view instance) const { return claims_prefix() + std::string(instance); }
   std::string moves_prefix() const { return prefix_ + "/moves/"; }
   std::string move(std::string_view instance) const { return moves_prefix() + std::string(instance); }
+  std::string projects_prefix() const { return prefix_ + "/projects/"; }
+  std::string project(std::string_view name) const { return projects_prefix() + std::string(name); }
+  std::string quota(std::string_view project) const { return prefix_ + "/quotas/" + std::string(project); }
+  std::string quota_defaults() const { return prefix_ + "/quota-defaults"; }
   std::string groups_root() const { return prefix_ + "/groups/"; }
   std::string group_prefix(std::string_view group) const;
   std::string group_member(std::string_view group, std::string_view instance) const;

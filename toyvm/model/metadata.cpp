@@ -78,7 +78,7 @@ json::object openstack_meta_data(const GuestView& g) {
                       {"keys", key_list},
                       {"launch_index", g.launch_index},
                       {"availability_zone", g.availability_zone},
-                      {"project_id", "toyvm"},
+                      {"project_id", g.project},
                       {"meta", json::object{}},
                       {"devices", json::array{}}};
 }
@@ -195,6 +195,7 @@ GuestView guest_view(const WorkSpec& spec, const std::string& ip, const std::str
   view.availability_zone = availability_zone;
   view.user_data = spec.user_data;
   view.public_keys = spec.keys;
+  view.project = spec.project;
   return view;
 }
 

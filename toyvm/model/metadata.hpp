@@ -18,6 +18,7 @@ struct GuestView {
   std::string hostname;
   std::string ip;
   std::string availability_zone = "nova";
+  std::string project = "default";  // the instance's project, its meta_data's project_id
   std::string user_data;  // raw bytes; empty: none
   std::vector<std::pair<std::string, std::string>> public_keys;  // name, OpenSSH public key
   int launch_index = 0;

@@ -162,6 +162,18 @@ std::string encode(const InstanceUsage& u) {
   return json::serialize(o);
 }
 
+std::string encode(const ProjectRecord& p) {
+  json::object o{{"created_at", p.created_at}};
+  if (p.deleting) o["deleting"] = true;
+  return json::serialize(o);
+}
+
+std::string encode_limits(const Limits& limits) {
+  json::object o;
+  for (const auto& [name, value] : limits) o[name] = value;
+  return json::serialize(json::object{{"limits", std::move(o)}});
+}
+
 std::string encode(const HostMaintenance& m) {
   return json::serialize(json::object{{"reason", m.reason}, {"at", m.at}});
 }
@@ -170,6 +182,8 @@ std::string encode(const WorkSpec& s) {
   json::object o;
   o["uuid"] = s.uuid;
   o["name"] = s.name;
+  o["project"] = s.project;
+  if (!s.user.empty()) o["user"] = s.user;
   o["image"] = s.image;
   if (!s.image_sha256.empty()) o["image_sha256"] = s.image_sha256;
   if (!s.image_format.empty()) o["image_format"] = s.image_format;
@@ -197,6 +211,7 @@ std::string encode(const InstanceRecord& r) {
   json::object o;
   o["uuid"] = r.uuid;
   o["name"] = r.name;
+  o["project"] = r.project;
   o["host"] = r.host;
   o["state"] = to_string(r.state);
   o["ip"] = r.ip;
@@ -284,6 +299,8 @@ result<WorkSpec> decode_work(std::string_view text) {
   auto parsed = reader.each_field([&](std::string_view key, od::value& v) {
     if (key == "uuid") return read_string(v, s.uuid);
     if (key == "name") return read_string(v, s.name);
+    if (key == "project") return read_string(v, s.project) && is_project_name(s.project);
+    if (key == "user") return read_string(v, s.user);
     if (key == "image") return read_string(v, s.image);
     if (key == "image_sha256") return read_string(v, s.image_sha256);
     if (key == "image_format") return read_string(v, s.image_format);
@@ -335,6 +352,7 @@ result<InstanceRecord> decode_instance(std::string_view text) {
   auto parsed = reader.each_field([&](std::string_view key, od::value& v) {
     if (key == "uuid") return read_string(v, r.uuid);
     if (key == "name") return read_string(v, r.name);
+    if (key == "project") return read_string(v, r.project) && is_project_name(r.project);
     if (key == "host") return read_string(v, r.host);
     if (key == "state") return read_enum(v, state_names, r.state);
     if (key == "ip") return read_string(v, r.ip);
@@ -360,6 +378,45 @@ result<InstanceRecord> decode_instance(std::string_view text) {
   if (!parsed) return parsed.error();
   if (auto ok = require(is_uuid(r.uuid), "uuid"); !ok) return ok.error();
   return r;
+}
+
+result<ProjectRecord> decode_project(std::string_view text) {
+  ProjectRecord p;
+  Reader reader(text);
+  auto parsed = reader.each_field([&](std::string_view key, od::value& v) {
+    if (key == "created_at") return read_int(v, p.created_at);
+    if (key == "deleting") return !v.get_bool().get(p.deleting);
+    return true;
+  });
+  if (!parsed) return parsed.error();
+  return p;
+}
+
+result<Limits> decode_limits(std::string_view text) {
+  Limits limits;
+  Reader reader(text);
+  auto parsed = reader.each_field([&](std::string_view key, od::value& v) {
+    if (key == "limits") {
+      od::object object;
+      if (v.get_object().get(object)) return false;
+      for (auto field : object) {
+        std::string_view name;
+        int64_t limit = 0;
+        if (field.unescaped_key().get(name) || field.value().get_int64().get(limit)) return false;
+        if (!is_limit_name(name) || limit < unlimited) return false;
+        limits[std::string(name)] = limit;
+      }
+      return true;
+    }
+    return true;
+  });
+  if (!parsed) return parsed.error();
+  return limits;
+}
+
+ConsumerOwner owner_of(const WorkSpec& work, std::string_view consumer_project, std::string_view consumer_user) {
+  return {placement_project_id(consumer_project, work.project),
+          std::string(work.user.empty() ? consumer_user : work.user)};
 }
 
 }  // namespace toyvm

@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "model/groups.hpp"
+#include "model/projects.hpp"
 #include "model/query.hpp"
 
 #include <cstdint>
@@ -56,6 +57,15 @@ struct InstanceUsage {
 };
 
 // An operator took the host out of service (`toyvm host disable`); kept until enabled.
+// A project (`projects/<name>`); its limits are apart (`quotas/<name>`, model/projects.hpp), so
+// that changing them leaves the record, which hand-overs into the project require, as it is.
+struct ProjectRecord {
+  int64_t created_at = 0;  // unix seconds
+  bool deleting = false;   // `project delete` is looking for its instances: it takes nothing new
+
+  bool operator==(const ProjectRecord&) const = default;
+};
+
 struct HostMaintenance {
   std::string reason;
   int64_t at = 0;  // unix seconds
@@ -68,6 +78,8 @@ enum class PowerState { running, stopped, deleted };
 struct WorkSpec {
   std::string uuid;
   std::string name;
+  std::string project{default_project};  // whose it is (written before projects: the default)
+  std::string user;                       // who made it; empty: not known
   std::string image;          // image reference: a name in the image dir or a URL
   std::string image_sha256;   // expected digest of a fetched image, lowercase hex; empty: unchecked
   std::string image_format;   // raw or qcow2; empty: as the image's name says
@@ -91,6 +103,7 @@ enum class InstanceState { scheduled, building, active, stopped, error, deleting
 struct InstanceRecord {
   std::string uuid;
   std::string name;
+  std::string project{default_project};
   std::string host;
   InstanceState state = InstanceState::scheduled;
   std::string ip;
@@ -113,6 +126,8 @@ std::string encode(const HostMaintenance& maintenance);
 std::string encode(const InstanceUsage& usage);
 std::string encode(const WorkSpec& spec);
 std::string encode(const InstanceRecord& record);
+std::string encode(const ProjectRecord& project);
+std::string encode_limits(const Limits& limits);
 
 result<HostRecord> decode_host(std::string_view json);
 result<HostStats> decode_host_stats(std::string_view json);
@@ -120,6 +135,12 @@ result<HostMaintenance> decode_maintenance(std::string_view json);
 result<InstanceUsage> decode_usage(std::string_view json);
 result<WorkSpec> decode_work(std::string_view json);
 result<InstanceRecord> decode_instance(std::string_view json);
+result<ProjectRecord> decode_project(std::string_view json);
+result<Limits> decode_limits(std::string_view json);
+
+// Placement's owner of an instance's consumers (and of its migration's): its project's id and
+// the user who made it (`consumer_user` when not known).
+ConsumerOwner owner_of(const WorkSpec& work, std::string_view consumer_project, std::string_view consumer_user);
 
 int64_t unix_seconds();
 int64_t unix_millis();

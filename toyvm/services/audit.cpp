@@ -147,7 +147,7 @@ class Auditor {
     auto read = s.consumers.find(d.instance);
     if (read == s.consumers.end() || !read->second.generation) co_return Error(errc::changed, "its allocation is gone");
     Allocations none;
-    co_return co_await placement_.replace(d.instance, std::move(none), *read->second.generation);
+    co_return co_await placement_.replace(d.instance, std::move(none), *read->second.generation, read->second.owner);
   }
 
   void report(const std::vector<Discrepancy>& found, const std::vector<bool>& fixed, const AuditSnapshot& s) {

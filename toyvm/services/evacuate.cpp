@@ -178,6 +178,7 @@ class Evacuation {
     InstanceRecord record;
     record.uuid = move.work.uuid;
     record.name = move.work.name;
+    record.project = move.work.project;
     record.updated_at = unix_millis();
     move.from = provider;
     move.work_revision = revision;

@@ -67,7 +67,7 @@ awaitable<Outcome> force_destroy(asio::io_context& io, EtcdClient& etcd, const K
                                                          "evacuated, or its host came back); nothing removed",
                                                          record.uuid));
   if (held->generation && !held->allocations.empty()) {
-    auto released = co_await placement.replace(record.uuid, {}, *held->generation);
+    auto released = co_await placement.replace(record.uuid, {}, *held->generation, held->owner);
     if (!released)
       co_return Error(released.error().code,
                       fmt::format("instance {} is removed, but its allocation was not released ({}); "

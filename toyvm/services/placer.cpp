@@ -51,10 +51,10 @@ std::vector<Choice> Placer::rank(const PlacementView& view, const WeighPolicy& p
   return ranked;
 }
 
-awaitable<result<Claim>> Placer::claim_first_fit(std::string uuid, std::vector<Choice> choices) {
+awaitable<result<Claim>> Placer::claim_first_fit(std::string uuid, std::vector<Choice> choices, ConsumerOwner owner) {
   for (const Choice& choice : choices) {
     for (int attempt = 1; attempt <= config_.schedule.max_claim_attempts; ++attempt) {
-      auto claimed = co_await placement_.claim(uuid, *choice.allocations);
+      auto claimed = co_await placement_.claim(uuid, *choice.allocations, owner);
       if (claimed) co_return Claim{choice.host, *choice.allocations};
       // A provider's generation moved (a claim beside ours), or a consumer of that uuid
       // came and went: the same choice again.
@@ -72,7 +72,7 @@ awaitable<result<Placer::Move>> Placer::move_allocation(std::string uuid, Consum
   if (!read.generation || read.allocations.empty()) co_return Move::changed;
   if (read.allocations == to) co_return Move::moved;
   for (int attempt = 1; attempt <= config_.schedule.max_claim_attempts; ++attempt) {
-    auto put = co_await placement_.replace(uuid, to, *read.generation);
+    auto put = co_await placement_.replace(uuid, to, *read.generation, read.owner);
     if (put) co_return Move::moved;
     if (put.error() == errc::placement_capacity) co_return Move::no_room;
     // Someone else changed its allocations after they were read.
@@ -273,8 +273,10 @@ awaitable<Relocated::Outcome> Placer::put_back(std::string uuid, std::string fro
 awaitable<result<Placer::Move>> Placer::begin_move(std::string uuid, std::string migration, ConsumerAllocations held,
                                                    Allocations to) {
   if (!held.generation || held.allocations.empty()) co_return Move::changed;
-  std::vector<ConsumerWrite> writes{{uuid, std::move(to), held.generation, ConsumerType::instance},
-                                    {migration, std::move(held.allocations), std::nullopt, ConsumerType::migration}};
+  // The migration consumer is the instance's owner's too: Placement counts it apart by its type.
+  std::vector<ConsumerWrite> writes{
+      {uuid, std::move(to), held.generation, ConsumerType::instance, held.owner},
+      {migration, std::move(held.allocations), std::nullopt, ConsumerType::migration, held.owner}};
   auto written = co_await placement_.write_together(std::move(writes));
   if (written) co_return Move::moved;
   if (written.error() == errc::placement_capacity) co_return Move::no_room;
@@ -288,7 +290,7 @@ awaitable<result<void>> Placer::finish_move(std::string migration) {
     if (!held) co_return held.error();
     if (!held->generation || held->allocations.empty()) co_return result<void>{};
     Allocations none;  // a named local: GCC 12 cannot keep a braced temporary in co_await
-    auto released = co_await placement_.replace(migration, std::move(none), *held->generation);
+    auto released = co_await placement_.replace(migration, std::move(none), *held->generation, held->owner);
     if (released || released.error() != errc::placement_consumer_changed) co_return released;
   }
   co_return Error(errc::placement_consumer_changed, "the migration consumer " + migration + " kept changing");
@@ -301,8 +303,8 @@ awaitable<result<Placer::Move>> Placer::revert_move(std::string uuid, std::strin
   if (!kept) co_return kept.error();
   if (!kept->generation || kept->allocations.empty()) co_return Move::changed;
   std::vector<ConsumerWrite> writes{
-      {uuid, std::move(kept->allocations), instance->generation, ConsumerType::instance},
-      {migration, {}, kept->generation, ConsumerType::migration}};
+      {uuid, std::move(kept->allocations), instance->generation, ConsumerType::instance, kept->owner},
+      {migration, {}, kept->generation, ConsumerType::migration, kept->owner}};
   auto written = co_await placement_.write_together(std::move(writes));
   if (written) co_return Move::moved;
   if (written.error() == errc::placement_consumer_changed) co_return Move::changed;

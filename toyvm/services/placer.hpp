@@ -101,8 +101,8 @@ class Placer {
                                   std::optional<GroupPolicy> group);
 
   // Tries the choices in order: a generation conflict retries the same one, a capacity
-  // conflict moves on to the next; no_allocations_left when none fits.
-  awaitable<result<Claim>> claim_first_fit(std::string uuid, std::vector<Choice> choices);
+  // conflict moves on to the next; no_allocations_left when none fits. The consumer is `owner`'s.
+  awaitable<result<Claim>> claim_first_fit(std::string uuid, std::vector<Choice> choices, ConsumerOwner owner);
 
   // The consumer's allocations replaced by `to` in one step, only while they are still what
   // the caller read and decided on (`read`, whose consumer generation guards the write):

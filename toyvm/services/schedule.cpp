@@ -57,6 +57,18 @@ awaitable<Outcome> Scheduler::run() {
                     fmt::format("the instance's data ({} bytes with its user data and keys) is more than etcd takes "
                                 "in one request ({} bytes)", one.bytes, etcd_request_budget));
 
+  // Nothing is claimed for a request its project's quota refuses.
+  auto project = co_await read_project(*etcd_, keys_, options_.project.empty() ? config_.schedule.project
+                                                                                 : options_.project);
+  if (!project) co_return with_endpoints(*etcd_, project.error());
+  project_ = std::move(*project);
+  owner_ = ConsumerOwner{placement_project_id(config_.placement.consumer_project, project_.name),
+                         asking_user(config_)};
+  asked_.instances = count;
+  for (const auto& [rc, amount] : query->resources) asked_.amounts[rc] = amount * count;
+  if (auto fits = co_await check_quota(placement_, config_.placement, project_, asked_, false); !fits)
+    co_return fits.error();
+
   std::vector<std::string> uuids(static_cast<size_t>(count));
   for (std::string& uuid : uuids) uuid = new_uuid();
   auto placed = co_await (place(std::move(*query), std::move(spec), std::move(uuids)) || keep_holding());
@@ -89,6 +101,13 @@ awaitable<Outcome> Scheduler::place(PlacementQuery query, WorkSpec spec, std::ve
       co_return with_endpoints(*etcd_, claims.error());
     }
     spdlog::debug("schedule: claimed {} instance(s)", count);
+    // Again with the claims counted: of requests that raced for the project's last room, those
+    // left above its quota give their claims back.
+    if (auto fits = co_await check_quota(placement_, config_.placement, project_, asked_, true); !fits) {
+      co_await release_all(uuids);
+      co_await let_go();
+      co_return with_endpoints(*etcd_, fits.error());
+    }
 
     specs.clear();
     records.clear();
@@ -196,7 +215,7 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_one(PlacementQuery query,
   std::mt19937_64 rng{random_seed()};
   auto ranked = placer_.rank(*view, placer_.weigh_policy(options_.policy), uniform(rng), group_policy());
   claiming_ = true;
-  auto claim = co_await placer_.claim_first_fit(uuid, std::move(ranked));
+  auto claim = co_await placer_.claim_first_fit(uuid, std::move(ranked), owner_);
   if (!claim) co_return claim.error();
   co_return std::vector<Claim>{std::move(*claim)};
 }
@@ -224,7 +243,7 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_batch(PlacementQuery quer
     std::vector<std::pair<std::string, Allocations>> consumers;
     for (size_t i = 0; i < uuids.size(); ++i) consumers.emplace_back(uuids[i], (*plan)[i].allocations);
     claiming_ = true;
-    auto claimed = co_await placement_.claim_all(std::move(consumers));
+    auto claimed = co_await placement_.claim_all(std::move(consumers), owner_);
     if (claimed) co_return std::move(*plan);
     const bool raced = claimed.error() == errc::placement_capacity ||
                        claimed.error() == errc::placement_concurrent_update ||
@@ -252,6 +271,8 @@ Placed Scheduler::instance(const WorkSpec& guest, std::string uuid, int index, s
   work.uuid = std::move(uuid);
   work.name = options_.count <= 1 || options_.name.empty() ? options_.name
                                                            : fmt::format("{}-{}", options_.name, index + 1);
+  work.project = project_.name;
+  work.user = owner_.user;
   work.image = options_.image.empty() ? config_.schedule.image : options_.image;
   work.image_sha256 = options_.image_sha256;
   work.image_format = options_.image_format;
@@ -265,6 +286,7 @@ Placed Scheduler::instance(const WorkSpec& guest, std::string uuid, int index, s
   InstanceRecord& record = one.record;
   record.uuid = work.uuid;
   record.name = work.name;
+  record.project = work.project;
   record.host = std::move(host);
   record.state = InstanceState::scheduled;
   record.updated_at = unix_millis();

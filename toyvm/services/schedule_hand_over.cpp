@@ -41,6 +41,7 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
       absent.push_back(EtcdCompare::absent(keys_.disabled(records[i].host)));
       if (!specs[i].group.empty()) absent.push_back(EtcdCompare::absent(keys_.group_member(specs[i].group, specs[i].uuid)));
     }
+    if (auto standing = project_guard(keys_, project_)) absent.push_back(std::move(*standing));
     HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), std::move(done), deadline);
     switch (txn.outcome) {
       case HandOverResult::Outcome::committed:
@@ -56,6 +57,13 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
           out.error = Error(errc::changed, fmt::format("host {} was disabled before the instance(s) reached it",
                                                        out.disabled_host));
           co_return out;
+        }
+        if (project_.revision != 0) {
+          auto project = co_await etcd_->range(keys_.project(project_.name));
+          if (project && (project->kvs.empty() || project->kvs.front().mod_revision != project_.revision)) {
+            out.error = Error(errc::changed, fmt::format("project '{}' is being deleted", project_.name));
+            co_return out;
+          }
         }
         auto hold = co_await etcd_->range(keys_.claim(specs[first].uuid));
         out.hold_lapsed = hold && hold->kvs.empty();

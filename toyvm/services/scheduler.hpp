@@ -12,6 +12,7 @@
 #include "model/records.hpp"
 #include "services/common.hpp"
 #include "services/placer.hpp"
+#include "services/quota.hpp"
 #include "services/services.hpp"
 
 #include <boost/asio/io_context.hpp>
@@ -96,6 +97,9 @@ class Scheduler {
   int64_t hold_lease_ = 0;          // the lease its claims are held under, while they are
   std::optional<GroupPolicy> group_policy_;  // with a group
   bool claiming_ = false;    // a claim went to Placement
+  ProjectStanding project_;  // the instances' project, as read before claiming
+  ConsumerOwner owner_;      // their consumers' in Placement
+  ProjectUsage asked_;       // what they count against its quota
 };
 
 }  // namespace toyvm

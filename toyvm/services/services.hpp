@@ -30,6 +30,7 @@ struct ScheduleOptions {
   bool config_drive = false;
   bool wait = false;
   Duration wait_timeout = std::chrono::seconds(600);
+  std::string project;  // empty: the config's
 };
 Outcome run_schedule(const Config& config, const ScheduleOptions& options, Say& say);
 
@@ -90,6 +91,16 @@ struct HostOptions {
   Duration move_timeout = std::chrono::seconds(600);  // drain: for each move
 };
 Outcome run_host(const Config& config, const HostOptions& options, Say& say);
+
+struct ProjectOptions {
+  enum class Action { create, list, show, set, remove };
+  Action action = Action::list;
+  std::string name;
+  std::vector<std::string> limits;  // NAME=N, NAME=unlimited, NAME=default
+  bool defaults = false;            // set: the defaults of every project without its own
+  bool json = false;
+};
+Outcome run_project(const Config& config, const ProjectOptions& options, Say& say);
 
 // toyvm evacuate: a dead host's instances rebuilt elsewhere.
 Outcome run_evacuate(const Config& config, const std::string& host, Say& say);

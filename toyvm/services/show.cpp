@@ -27,7 +27,7 @@ namespace toyvm {
 namespace json = boost::json;
 
 json::object instance_json(const InstanceRecord& r) {
-  json::object o{{"uuid", r.uuid}, {"name", r.name}, {"state", to_string(r.state)},
+  json::object o{{"uuid", r.uuid}, {"name", r.name}, {"project", r.project}, {"state", to_string(r.state)},
                  {"host", r.host}, {"ip", r.ip},     {"mac", r.mac}};
   if (r.error_code.empty()) {
     o["error"] = nullptr;
@@ -124,6 +124,7 @@ awaitable<Outcome> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowO
   say.line(fmt::format("uuid:   {}", record->uuid));
   // Names and messages are anyone's text: never an escape sequence to the terminal.
   if (!record->name.empty()) say.line(fmt::format("name:   {}", printable_line(record->name)));
+  say.line(fmt::format("project: {}", record->project));
   say.line(fmt::format("state:  {}", to_string(record->state)));
   say.line(fmt::format("host:   {}", record->host));
   say.line(fmt::format("ip:     {}", !record->ip.empty()   ? record->ip
@@ -148,7 +149,8 @@ awaitable<Outcome> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowO
   auto listed = co_await etcd.range_prefix(keys.instances_prefix());
   if (!listed) co_return etcd_error(etcd, listed.error());
   json::array all;
-  if (!options.json) say.line(fmt::format("{:<36}  {:<9}  {:<36}  {}", "UUID", "STATE", "HOST", "IP"));
+  if (!options.json)
+    say.line(fmt::format("{:<36}  {:<9}  {:<36}  {:<15}  {}", "UUID", "STATE", "HOST", "IP", "PROJECT"));
   for (const KeyValue& kv : listed->kvs) {
     auto record = decode_instance(kv.value);
     if (!record) {
@@ -158,8 +160,8 @@ awaitable<Outcome> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowO
     if (options.json) {
       all.push_back(instance_json(*record));
     } else {
-      say.line(fmt::format("{:<36}  {:<9}  {:<36}  {}", record->uuid, to_string(record->state), record->host,
-                           record->ip.empty() ? "-" : record->ip));
+      say.line(fmt::format("{:<36}  {:<9}  {:<36}  {:<15}  {}", record->uuid, to_string(record->state), record->host,
+                           record->ip.empty() ? "-" : record->ip, record->project));
     }
   }
   if (options.json) say.line(json::serialize(all));

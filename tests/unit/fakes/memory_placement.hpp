@@ -30,6 +30,8 @@ class MemoryPlacement final : public Placement {
   struct Consumer {
     Allocations allocations;
     int64_t generation = 0;
+    ConsumerType type = ConsumerType::instance;
+    ConsumerOwner owner{};
   };
   std::map<std::string, Provider> providers_by_uuid;
   std::map<std::string, Consumer> consumers;
@@ -86,14 +88,17 @@ class MemoryPlacement final : public Placement {
     co_return out;
   }
 
-  awaitable<result<void>> claim(std::string consumer, Allocations allocations) override {
-    std::vector<ConsumerWrite> writes(1, ConsumerWrite{consumer, std::move(allocations), std::nullopt});
+  awaitable<result<void>> claim(std::string consumer, Allocations allocations, ConsumerOwner owner) override {
+    std::vector<ConsumerWrite> writes(1, ConsumerWrite{consumer, std::move(allocations), std::nullopt,
+                                                       ConsumerType::instance, std::move(owner)});
     co_return co_await write_together(std::move(writes));
   }
 
-  awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> claims) override {
+  awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> claims,
+                                    ConsumerOwner owner) override {
     std::vector<ConsumerWrite> writes;
-    for (auto& [consumer, allocations] : claims) writes.push_back({consumer, std::move(allocations), std::nullopt});
+    for (auto& [consumer, allocations] : claims)
+      writes.push_back({consumer, std::move(allocations), std::nullopt, ConsumerType::instance, owner});
     co_return co_await write_together(std::move(writes));
   }
 
@@ -119,13 +124,17 @@ class MemoryPlacement final : public Placement {
       }
       Consumer& c = consumers[w.consumer];
       c.allocations = std::move(w.allocations);
+      c.type = w.type;
+      c.owner = std::move(w.owner);
       ++c.generation;
     }
     co_return result<void>{};
   }
 
-  awaitable<result<void>> replace(std::string consumer, Allocations allocations, int64_t generation) override {
-    std::vector<ConsumerWrite> writes(1, ConsumerWrite{consumer, std::move(allocations), generation});
+  awaitable<result<void>> replace(std::string consumer, Allocations allocations, int64_t generation,
+                                  ConsumerOwner owner) override {
+    std::vector<ConsumerWrite> writes(1, ConsumerWrite{consumer, std::move(allocations), generation,
+                                                       ConsumerType::instance, std::move(owner)});
     co_return co_await write_together(std::move(writes));
   }
 
@@ -135,6 +144,7 @@ class MemoryPlacement final : public Placement {
     if (auto found = consumers.find(consumer); found != consumers.end()) {
       out.allocations = found->second.allocations;
       out.generation = found->second.generation;
+      out.owner = found->second.owner;
     }
     co_return out;
   }
@@ -155,6 +165,18 @@ class MemoryPlacement final : public Placement {
   awaitable<result<ResourceAmounts>> usages(std::string provider) override {
     if (auto e = unreachable()) co_return *e;
     co_return used_on(provider);
+  }
+
+  awaitable<result<ProjectUsage>> project_usage(std::string project_id) override {
+    if (auto e = unreachable()) co_return *e;
+    ProjectUsage out;
+    for (const auto& [uuid, c] : consumers) {
+      if (c.owner.project != project_id || c.type != ConsumerType::instance || c.allocations.empty()) continue;
+      ++out.instances;
+      for (const auto& [provider, amounts] : c.allocations)
+        for (const auto& [rc, amount] : amounts) out.amounts[rc] += amount;
+    }
+    co_return out;
   }
 
   awaitable<result<std::optional<std::string>>> provider_named(std::string name) override {

@@ -133,6 +133,7 @@ awaitable<result<std::optional<int64_t>>> Mover::switch_over(MoveRecord move, in
     if (auto decoded = decode_instance(recorded->kvs.front().value)) record = std::move(*decoded);
   record.uuid = work->uuid;
   record.name = work->name;
+  record.project = work->project;
   record.host = move.destination;
   // A guest that moved live runs there already; one moved powered off, to run, is started
   // there after this write, and is ACTIVE only once it runs (its agent records it).

@@ -9,6 +9,7 @@ InstanceRecord InstanceRecorder::make(const WorkSpec& spec, InstanceState state,
   InstanceRecord record;
   record.uuid = spec.uuid;
   record.name = spec.name;
+  record.project = spec.project;
   record.host = ctx_.host.provider;
   record.state = state;
   if (state == InstanceState::active) {

@@ -1,0 +1,101 @@
+#include "model/projects.hpp"
+#include "model/records.hpp"
+
+#include "catch_result.hpp"
+
+using namespace toyvm;
+
+TEST_CASE("project names are safe key segments and Placement ids") {
+  for (const char* good : {"a", "team-a", "default", "p0_1", "0abc", "abcdefghijklmnopqrstuvwxyz012345"})
+    CHECK(is_project_name(good));
+  for (const char* bad : {"", "-a", "_a", "Team", "a/b", "a.b", "..", "a b", "abcdefghijklmnopqrstuvwxyz0123456", "é"})
+    CHECK_FALSE(is_project_name(bad));
+}
+
+TEST_CASE("the default project keeps the Placement id toyvm's claims always had") {
+  CHECK(placement_project_id("toyvm", "default") == "toyvm");
+  CHECK(placement_project_id("toyvm", "team-a") == "toyvm:team-a");
+  CHECK(is_own_placement_project("toyvm", "toyvm"));
+  CHECK(is_own_placement_project("toyvm", "toyvm:team-a"));
+  CHECK_FALSE(is_own_placement_project("toyvm", "toyvm-east"));
+  CHECK_FALSE(is_own_placement_project("toyvm", "toyvm-east:team-a"));
+  CHECK_FALSE(is_own_placement_project("toyvm", "toyvm:"));
+  CHECK_FALSE(is_own_placement_project("toyvm", "toyvm:Bad/Name"));
+  CHECK_FALSE(is_own_placement_project("toyvm", "6b3c9a7e0e5d4c4f9d1a2b3c4d5e6f70"));
+}
+
+TEST_CASE("limits are set as NAME=N, unlimited or default") {
+  auto twenty = parse_limit_setting("VCPU=20");
+  REQUIRE(twenty);
+  CHECK(twenty->name == "VCPU");
+  CHECK(twenty->value == 20);
+  CHECK(parse_limit_setting("instances=unlimited")->value == unlimited);
+  CHECK_FALSE(parse_limit_setting("CUSTOM_GPU=default")->value.has_value());
+  CHECK(parse_limit_setting("instances=0")->value == 0);
+  for (const char* bad : {"VCPU", "VCPU=", "VCPU=-1", "VCPU=2x", "vcpu=2", "=2", "VCPU=99999999999999999999"})
+    CHECK_FALSE(parse_limit_setting(bad));
+  CHECK(parse_limit_setting("VCPU=x").error() == errc::invalid_argument);
+}
+
+TEST_CASE("a project's own limits go over the defaults") {
+  const Limits defaults{{"VCPU", 20}, {"instances", 10}};
+  const Limits own{{"VCPU", unlimited}, {"MEMORY_MB", 4096}};
+  CHECK(effective_limits(defaults, own) == Limits{{"VCPU", unlimited}, {"instances", 10}, {"MEMORY_MB", 4096}});
+  CHECK(effective_limits(defaults, {}) == defaults);
+}
+
+TEST_CASE("a request over quota is told in numbers, one line per limit passed") {
+  const Limits limits{{"VCPU", 20}, {"instances", 5}, {"MEMORY_MB", unlimited}};
+  const ProjectUsage used{4, {{"VCPU", 18}, {"MEMORY_MB", 9000}}};
+  CHECK(over_quota(limits, used, ProjectUsage{1, {{"VCPU", 2}, {"MEMORY_MB", 100000}}}).empty());  // to the edge
+  CHECK(over_quota(limits, used, ProjectUsage{1, {{"VCPU", 4}}}) ==
+        std::vector<std::string>{"VCPU: 18 used + 4 asked > 20"});
+  CHECK(over_quota(limits, used, ProjectUsage{2, {{"VCPU", 4}, {"DISK_GB", 50}}}) ==
+        std::vector<std::string>{"instances: 4 used + 2 asked > 5", "VCPU: 18 used + 4 asked > 20"});
+  // A limit set below what is used already refuses more, and nothing else.
+  const Limits lowered{{"VCPU", 10}};
+  CHECK(over_quota(lowered, used, ProjectUsage{1, {{"VCPU", 1}}}).size() == 1);
+  CHECK(over_quota(lowered, used, ProjectUsage{1, {{"MEMORY_MB", 1}}}).empty());
+  // After claiming, the use counts the asked claims: as before them, the same answer.
+  const ProjectUsage asked{1, {{"VCPU", 4}}};
+  const ProjectUsage after{5, {{"VCPU", 22}, {"MEMORY_MB", 9000}}};
+  CHECK(without(after, asked) == ProjectUsage{4, {{"VCPU", 18}, {"MEMORY_MB", 9000}}});
+  CHECK(over_quota(limits, without(after, asked), asked) == std::vector<std::string>{"VCPU: 18 used + 4 asked > 20"});
+}
+
+TEST_CASE("Placement's usages count the project's instances, never its migrations") {
+  auto used = parse_project_usage(
+      R"({"usages": {"INSTANCE": {"consumer_count": 3, "VCPU": 6, "MEMORY_MB": 768}, "MIGRATION": {"consumer_count": 1, "VCPU": 2}}})");
+  REQUIRE(used);
+  CHECK(*used == ProjectUsage{3, {{"VCPU", 6}, {"MEMORY_MB", 768}}});
+  CHECK(*parse_project_usage(R"({"usages": {}})") == ProjectUsage{});
+  CHECK_FALSE(parse_project_usage("{}"));
+  CHECK_FALSE(parse_project_usage(R"({"usages": {"INSTANCE": {"VCPU": "six"}}})"));
+}
+
+TEST_CASE("project records and limits survive a round trip; values a reader cannot judge are refused") {
+  ProjectRecord p{1700000000, true};
+  CHECK(*decode_project(encode(p)) == p);
+  const Limits limits{{"VCPU", 20}, {"instances", unlimited}};
+  CHECK(*decode_limits(encode_limits(limits)) == limits);
+  CHECK_FALSE(decode_limits(R"({"limits": {"VCPU": -2}})"));
+  CHECK_FALSE(decode_limits(R"({"limits": {"vcpu": 2}})"));
+  CHECK_FALSE(decode_limits(R"({"limits": {"VCPU": "20"}})"));
+}
+
+TEST_CASE("work and records written before projects are the default project's") {
+  auto work = decode_work(R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","power":"running"})");
+  REQUIRE(work);
+  CHECK(work->project == "default");
+  CHECK(work->user.empty());
+  CHECK(owner_of(*work, "toyvm", "toyvm") == ConsumerOwner{"toyvm", "toyvm"});
+  work->project = "team-a";
+  work->user = "alice";
+  CHECK(owner_of(*work, "toyvm", "toyvm") == ConsumerOwner{"toyvm:team-a", "alice"});
+  auto record = decode_instance(R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","state":"ACTIVE"})");
+  REQUIRE(record);
+  CHECK(record->project == "default");
+  // A project name no reader could use is an unreadable value, not the default project.
+  CHECK_FALSE(decode_work(R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","project":"../x"})"));
+  CHECK_FALSE(decode_instance(R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","project":""})"));
+}
