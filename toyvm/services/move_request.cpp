@@ -2,6 +2,7 @@
 
 #include "model/query.hpp"
 #include "model/uuid.hpp"
+#include "services/quota.hpp"
 
 #include <fmt/format.h>
 
@@ -57,6 +58,20 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
   if (resize) {
     auto after = resized(*work, resize_to);
     if (!after) co_return after.error().doing(fmt::format("resizing instance {}", uuid));
+    // What it grows by counts against its project's quota (Placement counts its new size once,
+    // never the old size its migration consumer keeps meanwhile); shrinking is always allowed.
+    ProjectUsage grows;
+    for (const auto& [rc, amount] : after->resources) {
+      auto before = work->resources.find(rc);
+      const int64_t more = amount - (before == work->resources.end() ? 0 : before->second);
+      if (more > 0) grows.amounts[rc] = more;
+    }
+    if (!grows.amounts.empty()) {
+      auto project = co_await read_project(etcd_, keys_, work->project);
+      if (!project) co_return project.error();
+      auto fits = co_await check_quota(placer_.placement(), placer_.config().placement, *project, grows, false);
+      if (!fits) co_return fits.error();
+    }
     work = std::move(*after);
   }
   if (!destination.empty()) {

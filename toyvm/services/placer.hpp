@@ -167,6 +167,9 @@ class Placer {
   // The weighers as configured, `policy_name` ("spread"/"pack") overriding the config's.
   WeighPolicy weigh_policy(const std::string& policy_name = {}) const;
 
+  Placement& placement() { return placement_; }
+  const Config& config() const { return config_; }
+
  private:
   // Where a relocation may go, best first, and what the instance held when that was read
   // (lost_race: nothing on `from` any more).
