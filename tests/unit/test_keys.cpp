@@ -81,13 +81,15 @@ TEST_CASE("an instance's keys are listed in one place: work, record, membership,
   using Range = KeyLayout::Range;
   const std::vector<Range> alone{{"/p/work/rp/i-1", ""},
                                  {"/p/instances/i-1", ""},
+                                 {"/p/project-instances/team-a/i-1", ""},
                                  {"/p/console/i-1/", "/p/console/i-10"},
                                  {"/p/usage/i-1", ""},
                                  {"/p/moves/i-1", ""}};
-  CHECK(keys.instance_keys("rp", "i-1", "") == alone);
+  CHECK(keys.instance_keys("rp", "i-1", "", "team-a") == alone);
+  CHECK(keys.record_keys("team-a", "i-1") == std::vector<std::string>{"/p/instances/i-1", "/p/project-instances/team-a/i-1"});
   std::vector<Range> grouped = alone;
   grouped.push_back({"/p/groups/web/i-1", ""});
-  CHECK(keys.instance_keys("rp", "i-1", "web") == grouped);
+  CHECK(keys.instance_keys("rp", "i-1", "web", "team-a") == grouped);
 }
 
 TEST_CASE("a group membership key names its group and its instance") {

@@ -188,6 +188,94 @@ class GrpcEtcdClient final : public EtcdClient {
     return etcd_grpc::open_watch(*stubs().watch, token_, options);
   }
 
+  awaitable<result<void>> user_add(std::string name, std::string password) override {
+    pb::AuthUserAddRequest request;
+    request.set_name(name);
+    if (password.empty()) {
+      request.mutable_options()->set_no_password(true);
+    } else {
+      request.set_password(password);
+    }
+    co_return co_await auth_call<pb::AuthUserAddResponse>(std::move(request), &pb::Auth::Stub::PrepareAsyncUserAdd);
+  }
+
+  awaitable<result<std::vector<std::string>>> user_roles(std::string name) override {
+    pb::AuthUserGetRequest request;
+    request.set_name(name);
+    auto start = [auth = stubs().auth.get()](auto* ctx, const auto& req, auto* queue) {
+      return auth->PrepareAsyncUserGet(ctx, req, queue);
+    };
+    auto response = co_await unary<pb::AuthUserGetResponse>(std::move(request), start);
+    if (!response) co_return auth_error(response.error());
+    co_return std::vector<std::string>(response->roles().begin(), response->roles().end());
+  }
+
+  awaitable<result<void>> user_delete(std::string name) override {
+    pb::AuthUserDeleteRequest request;
+    request.set_name(name);
+    co_return co_await auth_call<pb::AuthUserDeleteResponse>(std::move(request),
+                                                             &pb::Auth::Stub::PrepareAsyncUserDelete);
+  }
+
+  awaitable<result<void>> user_grant_role(std::string name, std::string role) override {
+    pb::AuthUserGrantRoleRequest request;
+    request.set_user(name);
+    request.set_role(role);
+    co_return co_await auth_call<pb::AuthUserGrantRoleResponse>(std::move(request),
+                                                                &pb::Auth::Stub::PrepareAsyncUserGrantRole);
+  }
+
+  awaitable<result<void>> user_revoke_role(std::string name, std::string role) override {
+    pb::AuthUserRevokeRoleRequest request;
+    request.set_name(name);
+    request.set_role(role);
+    co_return co_await auth_call<pb::AuthUserRevokeRoleResponse>(std::move(request),
+                                                                 &pb::Auth::Stub::PrepareAsyncUserRevokeRole);
+  }
+
+  awaitable<result<void>> role_add(std::string name) override {
+    pb::AuthRoleAddRequest request;
+    request.set_name(name);
+    co_return co_await auth_call<pb::AuthRoleAddResponse>(std::move(request), &pb::Auth::Stub::PrepareAsyncRoleAdd);
+  }
+
+  awaitable<result<std::vector<EtcdPermission>>> role_permissions(std::string name) override {
+    pb::AuthRoleGetRequest request;
+    request.set_role(name);
+    auto start = [auth = stubs().auth.get()](auto* ctx, const auto& req, auto* queue) {
+      return auth->PrepareAsyncRoleGet(ctx, req, queue);
+    };
+    auto response = co_await unary<pb::AuthRoleGetResponse>(std::move(request), start);
+    if (!response) co_return auth_error(response.error());
+    std::vector<EtcdPermission> out;
+    for (const pb::Permission& p : response->perm())
+      out.push_back({p.permtype() == pb::Permission::READ    ? EtcdPermission::Type::read
+                     : p.permtype() == pb::Permission::WRITE ? EtcdPermission::Type::write
+                                                             : EtcdPermission::Type::readwrite,
+                     p.key(), p.range_end()});
+    co_return out;
+  }
+
+  awaitable<result<void>> role_delete(std::string name) override {
+    pb::AuthRoleDeleteRequest request;
+    request.set_role(name);
+    co_return co_await auth_call<pb::AuthRoleDeleteResponse>(std::move(request),
+                                                             &pb::Auth::Stub::PrepareAsyncRoleDelete);
+  }
+
+  awaitable<result<void>> role_grant(std::string name, EtcdPermission permission) override {
+    pb::AuthRoleGrantPermissionRequest request;
+    request.set_name(name);
+    pb::Permission* p = request.mutable_perm();
+    p->set_permtype(permission.type == EtcdPermission::Type::read    ? pb::Permission::READ
+                    : permission.type == EtcdPermission::Type::write ? pb::Permission::WRITE
+                                                                     : pb::Permission::READWRITE);
+    p->set_key(permission.key);
+    p->set_range_end(permission.range_end);
+    co_return co_await auth_call<pb::AuthRoleGrantPermissionResponse>(
+        std::move(request), &pb::Auth::Stub::PrepareAsyncRoleGrantPermission);
+  }
+
  private:
   // One unary call: gRPC completes it on the completion thread, the queue resumes us on
   // ours. With etcd auth, a token is fetched first, and fetched again once if etcd says it
@@ -234,6 +322,24 @@ class GrpcEtcdClient final : public EtcdClient {
     co_return std::pair{std::move(status), std::move(call->response)};
   }
 
+  // etcd says what exists already, or is missing, in words; they become codes here.
+  static Error auth_error(Error e) {
+    const std::string text = e.message();
+    if (text.find("already exists") != std::string::npos) return Error(errc::already_exists, e.detail);
+    if (text.find("not found") != std::string::npos) return Error(errc::not_found, e.detail);
+    return e;
+  }
+
+  template <class Response, class Request, class Prepare>
+  awaitable<result<void>> auth_call(Request request, Prepare prepare) {
+    auto start = [auth = stubs().auth.get(), prepare](auto* ctx, const auto& req, auto* queue) {
+      return (auth->*prepare)(ctx, req, queue);
+    };
+    auto response = co_await unary<Response>(std::move(request), start);
+    if (!response) co_return auth_error(response.error());
+    co_return result<void>{};
+  }
+
   awaitable<result<void>> authenticate() {
     pb::AuthenticateRequest request;
     request.set_name(config_.user);
@@ -278,6 +384,20 @@ class GrpcEtcdClient final : public EtcdClient {
 };
 
 }  // namespace
+
+namespace {
+Error no_auth_api() { return Error(errc::etcd_error, "this etcd client has no Auth API"); }
+}  // namespace
+
+awaitable<result<void>> EtcdClient::user_add(std::string, std::string) { co_return no_auth_api(); }
+awaitable<result<std::vector<std::string>>> EtcdClient::user_roles(std::string) { co_return no_auth_api(); }
+awaitable<result<void>> EtcdClient::user_delete(std::string) { co_return no_auth_api(); }
+awaitable<result<void>> EtcdClient::user_grant_role(std::string, std::string) { co_return no_auth_api(); }
+awaitable<result<void>> EtcdClient::user_revoke_role(std::string, std::string) { co_return no_auth_api(); }
+awaitable<result<void>> EtcdClient::role_add(std::string) { co_return no_auth_api(); }
+awaitable<result<std::vector<EtcdPermission>>> EtcdClient::role_permissions(std::string) { co_return no_auth_api(); }
+awaitable<result<void>> EtcdClient::role_delete(std::string) { co_return no_auth_api(); }
+awaitable<result<void>> EtcdClient::role_grant(std::string, EtcdPermission) { co_return no_auth_api(); }
 
 awaitable<result<RangeResult>> EtcdClient::range_prefix(std::string prefix) {
   std::string end = prefix_range_end(prefix);

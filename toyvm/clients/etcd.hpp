@@ -118,6 +118,16 @@ class EtcdLeaseKeeper {
   virtual awaitable<result<int64_t>> ping() = 0;
 };
 
+// A permission of an etcd role: on one key, or on [key, range_end).
+struct EtcdPermission {
+  enum class Type { read, write, readwrite };
+  Type type = Type::read;
+  std::string key;
+  std::string range_end;
+
+  bool operator==(const EtcdPermission&) const = default;
+};
+
 class EtcdClient {
  public:
   static std::shared_ptr<EtcdClient> create(const EtcdConfig& config);
@@ -139,6 +149,19 @@ class EtcdClient {
 
   // For messages: "http://127.0.0.1:2379,..."
   virtual const std::string& endpoints_text() const = 0;
+
+  // etcd's own users and roles (its Auth API; root's to call, but a user may read its own
+  // roles). A user without a password authenticates by its TLS client certificate's common
+  // name. Adding what exists is errc::already_exists; reading what does not, errc::not_found.
+  virtual awaitable<result<void>> user_add(std::string name, std::string password);
+  virtual awaitable<result<std::vector<std::string>>> user_roles(std::string name);
+  virtual awaitable<result<void>> user_delete(std::string name);
+  virtual awaitable<result<void>> user_grant_role(std::string name, std::string role);
+  virtual awaitable<result<void>> user_revoke_role(std::string name, std::string role);
+  virtual awaitable<result<void>> role_add(std::string name);
+  virtual awaitable<result<std::vector<EtcdPermission>>> role_permissions(std::string name);
+  virtual awaitable<result<void>> role_delete(std::string name);
+  virtual awaitable<result<void>> role_grant(std::string name, EtcdPermission permission);
 };
 
 // Lists [key, range_end), then follows its changes from the listing's revision: a broken or

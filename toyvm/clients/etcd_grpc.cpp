@@ -76,6 +76,7 @@ Error from_status(const grpc::Status& status) {
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED: return Error(errc::etcd_unavailable, status.error_message());
     case grpc::StatusCode::CANCELLED: return Error(errc::cancelled, status.error_message());
+    case grpc::StatusCode::PERMISSION_DENIED: return Error(errc::permission_denied, status.error_message());
     default: return Error(errc::etcd_error, status.error_message());
   }
 }
@@ -87,6 +88,7 @@ std::string status_name(grpc::StatusCode code) {
     case grpc::StatusCode::DEADLINE_EXCEEDED: return "deadline_exceeded";
     case grpc::StatusCode::CANCELLED: return "cancelled";
     case grpc::StatusCode::UNAUTHENTICATED: return "unauthenticated";
+    case grpc::StatusCode::PERMISSION_DENIED: return "permission_denied";
     default: return "error";
   }
 }

@@ -42,6 +42,7 @@ class Category final : public boost::system::error_category {
       case errc::not_reached: return "not reached";
       case errc::no_address: return "no address";
       case errc::over_quota: return "over quota";
+      case errc::permission_denied: return "permission denied";
     }
     return "unknown toyvm error";
   }

@@ -45,6 +45,7 @@ enum class errc {
   not_reached,            // a wait ended (timed out, or the instance went elsewhere) before what was asked
   no_address,             // the guest is ACTIVE but got no address
   over_quota,             // the request would take its project above its quota
+  permission_denied,      // etcd refused: the caller's credentials do not reach that
 };
 
 const boost::system::error_category& toyvm_category() noexcept;

@@ -74,9 +74,10 @@ std::optional<KeyLayout::GroupInstance> KeyLayout::parse_group_member(std::strin
 }
 
 std::vector<KeyLayout::Range> KeyLayout::instance_keys(std::string_view host, std::string_view uuid,
-                                                       std::string_view group) const {
+                                                       std::string_view group, std::string_view project) const {
   std::vector<Range> keys{{work(host, uuid), {}},
                           {instance(uuid), {}},
+                          {project_instance(project, uuid), {}},
                           {console_prefix(uuid), prefix_range_end(console_prefix(uuid))},
                           {usage(uuid), {}},
                           {move(uuid), {}}};

@@ -16,6 +16,12 @@
 //   <prefix>/projects/<name>         a project (the default project needs none)
 //   <prefix>/quotas/<name>           a project's own limits
 //   <prefix>/quota-defaults          the limits of every project that sets none of its own
+//   <prefix>/project-instances/<project>/<instance>  the project's view of its instance record
+//   <prefix>/requests/<project>/<id> a project member's request to the scheduler service
+//   <prefix>/replies/<project>/<id>  the service's answer to it
+//   <prefix>/scheduler/leader        the scheduler service that acts (under its lease)
+// A project's members reach only its own requests, replies and instance views (etcd's roles
+// grant key ranges, so each of these is a range per project, ending in '/').
 
 #include <optional>
 #include <string>
@@ -75,6 +81,24 @@ class KeyLayout {
   std::string project(std::string_view name) const { return projects_prefix() + std::string(name); }
   std::string quota(std::string_view project) const { return prefix_ + "/quotas/" + std::string(project); }
   std::string quota_defaults() const { return prefix_ + "/quota-defaults"; }
+  std::string project_instances_prefix(std::string_view project) const {
+    return prefix_ + "/project-instances/" + std::string(project) + "/";
+  }
+  std::string project_instance(std::string_view project, std::string_view uuid) const {
+    return project_instances_prefix(project) + std::string(uuid);
+  }
+  std::string requests_root() const { return prefix_ + "/requests/"; }
+  std::string requests_prefix(std::string_view project) const { return requests_root() + std::string(project) + "/"; }
+  std::string request(std::string_view project, std::string_view id) const {
+    return requests_prefix(project) + std::string(id);
+  }
+  std::string replies_prefix(std::string_view project) const {
+    return prefix_ + "/replies/" + std::string(project) + "/";
+  }
+  std::string reply(std::string_view project, std::string_view id) const {
+    return replies_prefix(project) + std::string(id);
+  }
+  std::string scheduler_leader() const { return prefix_ + "/scheduler/leader"; }
   std::string groups_root() const { return prefix_ + "/groups/"; }
   std::string group_prefix(std::string_view group) const;
   std::string group_member(std::string_view group, std::string_view instance) const;
@@ -86,10 +110,16 @@ class KeyLayout {
 
     bool operator==(const Range&) const = default;
   };
-  // Every key one instance owns, as its removal erases them: its work on `host`, its record,
-  // its server group membership (`group` may be empty), its console copies, its usage and a
-  // move in flight.
-  std::vector<Range> instance_keys(std::string_view host, std::string_view uuid, std::string_view group) const;
+  // Every key one instance owns, as its removal erases them: its work on `host`, its record
+  // and its project's view of it, its server group membership (`group` may be empty), its
+  // console copies, its usage and a move in flight.
+  std::vector<Range> instance_keys(std::string_view host, std::string_view uuid, std::string_view group,
+                                   std::string_view project) const;
+  // Where an instance's record is written, every time, in one transaction: its own key and
+  // its project's view.
+  std::vector<std::string> record_keys(std::string_view project, std::string_view uuid) const {
+    return {instance(uuid), project_instance(project, uuid)};
+  }
 
   struct HostInstance {
     std::string host;

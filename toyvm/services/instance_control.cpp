@@ -57,7 +57,7 @@ awaitable<Outcome> force_destroy(asio::io_context& io, EtcdClient& etcd, const K
   for (const KeyValue& kv : members->kvs)
     if (auto member = keys.parse_group_member(kv.key); member && member->instance == record.uuid) group = member->group;
   std::vector<EtcdOp> erase;
-  for (auto& [key, range_end] : keys.instance_keys(record.host, record.uuid, group))
+  for (auto& [key, range_end] : keys.instance_keys(record.host, record.uuid, group, record.project))
     erase.push_back(EtcdOp::erase(key, range_end));
   co_await failpoint::pass("destroy.force");  // read, not yet written
   auto txn = co_await etcd.txn(std::move(as_read), std::move(erase));

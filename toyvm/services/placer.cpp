@@ -90,7 +90,8 @@ awaitable<HandOverResult> Placer::hand_over(std::vector<Placed> placed, std::vec
   for (const Placed& one : placed) {
     const std::string& uuid = one.work.uuid;
     writes.push_back(EtcdOp::put(keys_.work(one.record.host, uuid), encode(one.work)));
-    writes.push_back(EtcdOp::put(keys_.instance(uuid), encode(one.record)));
+    const std::string record = encode(one.record);
+    for (std::string& key : keys_.record_keys(one.work.project, uuid)) writes.push_back(EtcdOp::put(std::move(key), record));
     if (one.work.group_policy && !one.work.group.empty())
       writes.push_back(EtcdOp::put(keys_.group_member(one.work.group, uuid),
                                    encode_group_member(one.record.host, *one.work.group_policy)));

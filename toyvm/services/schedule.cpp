@@ -48,6 +48,13 @@ awaitable<Outcome> Scheduler::run() {
     query->params.emplace_back("member_of", availability_zone_aggregate(options_.availability_zone));
   WorkSpec spec;
   if (auto read = read_guest_data(options_, spec); !read) co_return read.error();
+  // Nothing is claimed for a request its project's quota refuses.
+  std::string project_name = options_.project.empty() ? config_.schedule.project : options_.project;
+  auto project = co_await read_project(*etcd_, keys_, std::move(project_name));
+  if (!project) co_return with_endpoints(*etcd_, project.error());
+  project_ = std::move(*project);
+  owner_ = ConsumerOwner{placement_project_id(config_.placement.consumer_project, project_.name),
+                         asking_user(config_)};
   // Checked before anything is claimed: an instance etcd cannot take in one request could
   // never be handed over, and its claim would only have to be given back.
   const int count = std::max(1, options_.count);
@@ -57,13 +64,6 @@ awaitable<Outcome> Scheduler::run() {
                     fmt::format("the instance's data ({} bytes with its user data and keys) is more than etcd takes "
                                 "in one request ({} bytes)", one.bytes, etcd_request_budget));
 
-  // Nothing is claimed for a request its project's quota refuses.
-  auto project = co_await read_project(*etcd_, keys_, options_.project.empty() ? config_.schedule.project
-                                                                                 : options_.project);
-  if (!project) co_return with_endpoints(*etcd_, project.error());
-  project_ = std::move(*project);
-  owner_ = ConsumerOwner{placement_project_id(config_.placement.consumer_project, project_.name),
-                         asking_user(config_)};
   asked_.instances = count;
   for (const auto& [rc, amount] : query->resources) asked_.amounts[rc] = amount * count;
   if (auto fits = co_await check_quota(placement_, config_.placement, project_, asked_, false); !fits)

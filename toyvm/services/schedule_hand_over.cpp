@@ -90,7 +90,7 @@ awaitable<Outcome> Scheduler::give_up_hand_over(HandOver handed, std::vector<std
   std::vector<TxnCost> costs;  // two compares and an erase of each of its keys
   for (size_t i = 0; i < handed.handed; ++i) {
     TxnCost cost{2, 0, 0};
-    for (auto& [key, range_end] : keys_.instance_keys(records[i].host, specs[i].uuid, specs[i].group)) {
+    for (auto& [key, range_end] : keys_.instance_keys(records[i].host, specs[i].uuid, specs[i].group, specs[i].project)) {
       cost.ops += 1;
       cost.bytes += 2 * key.size() + range_end.size();
     }
@@ -102,7 +102,7 @@ awaitable<Outcome> Scheduler::give_up_hand_over(HandOver handed, std::vector<std
     for (size_t i = undone; i < end; ++i) {
       for (std::string key : {keys_.work(records[i].host, specs[i].uuid), keys_.instance(specs[i].uuid)})
         untouched.push_back(EtcdCompare{key, EtcdCompare::Target::version, EtcdCompare::Result::equal, 1, {}});
-      for (auto& [key, range_end] : keys_.instance_keys(records[i].host, specs[i].uuid, specs[i].group))
+      for (auto& [key, range_end] : keys_.instance_keys(records[i].host, specs[i].uuid, specs[i].group, specs[i].project))
         remove.push_back(EtcdOp::erase(key, range_end));
     }
     auto taken_back = co_await etcd_->txn(std::move(untouched), std::move(remove));

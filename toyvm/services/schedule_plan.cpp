@@ -38,7 +38,11 @@ std::optional<std::vector<Claim>> plan_batch(PlacementView view, size_t count, c
 TxnCost hand_over_cost(const KeyLayout& keys, const WorkSpec& spec, const InstanceRecord& record) {
   const std::string work = keys.work(record.host, spec.uuid), instance = keys.instance(spec.uuid);
   const std::string claim = keys.claim(spec.uuid);
-  TxnCost cost{3, 3, 2 * (work.size() + instance.size() + claim.size()) + encode(spec).size() + encode(record).size()};
+  const std::string view = keys.project_instance(spec.project, spec.uuid);
+  // Compared: its work, record and claim keys, its host's disable, its project's record; written:
+  // its work, its record and the project's view of it, and its claim erased.
+  TxnCost cost{5, 4, 2 * (work.size() + instance.size() + claim.size()) + view.size() + encode(spec).size() +
+                         2 * encode(record).size()};
   if (!spec.group.empty()) {
     constexpr size_t member_value = 128;  // host and policy
     cost.compares += 1;

@@ -216,7 +216,7 @@ Step Instance::remove(WorkSpec spec) {
   if (released && known_.move) released = co_await ctx_.placement.release(known_.move->migration);
   if (!released) co_return released.error().doing("releasing its allocation");
   std::vector<EtcdOp> ops;
-  for (auto& [key, range_end] : ctx_.keys.instance_keys(ctx_.host.provider, spec.uuid, spec.group))
+  for (auto& [key, range_end] : ctx_.keys.instance_keys(ctx_.host.provider, spec.uuid, spec.group, spec.project))
     ops.push_back(EtcdOp::erase(key, range_end));
   const EtcdOp domain_key = steps_.presence.domain_erase(spec.uuid);
   ops.push_back(domain_key);
@@ -243,7 +243,8 @@ Step Instance::adopt_stop(WorkSpec spec, int64_t revision) {
   stopped.power = PowerState::stopped;
   InstanceRecord record = steps_.recorder.make(spec, InstanceState::stopped);
   std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(work_key, revision)};
-  std::vector<EtcdOp> ops{EtcdOp::put(work_key, encode(stopped)), EtcdOp::put(ctx_.keys.instance(spec.uuid), encode(record))};
+  std::vector<EtcdOp> ops{EtcdOp::put(work_key, encode(stopped))};
+  for (std::string& key : ctx_.keys.record_keys(spec.project, spec.uuid)) ops.push_back(EtcdOp::put(std::move(key), encode(record)));
   auto txn = co_await ctx_.etcd->txn(std::move(unchanged), std::move(ops));
   if (!txn) co_return txn.error().doing("recording that it stopped");
   if (txn->succeeded) {

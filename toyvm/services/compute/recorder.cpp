@@ -25,7 +25,9 @@ InstanceRecord InstanceRecorder::make(const WorkSpec& spec, InstanceState state,
 awaitable<result<void>> InstanceRecorder::write(InstanceRecord record, std::vector<EtcdOp> also) {
   // (Vectors built outside co_await: GCC 12 miscompiles initializer lists inside it.)
   std::vector<EtcdCompare> compare{EtcdCompare::present(ctx_.keys.work(ctx_.host.provider, record.uuid))};
-  std::vector<EtcdOp> ops{EtcdOp::put(ctx_.keys.instance(record.uuid), encode(record))};
+  std::vector<EtcdOp> ops;
+  const std::string value = encode(record);
+  for (std::string& key : ctx_.keys.record_keys(record.project, record.uuid)) ops.push_back(EtcdOp::put(std::move(key), value));
   ops.insert(ops.end(), std::make_move_iterator(also.begin()), std::make_move_iterator(also.end()));
   auto txn = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
   if (!txn) co_return txn.error().doing(fmt::format("recording {}", to_string(record.state)));
