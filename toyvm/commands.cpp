@@ -93,6 +93,7 @@ CommandEntry show(CLI::App& command) {
                 "(--json: an object each), until interrupted")
       ->excludes(console);
   add_seconds(command, "--timeout", o->timeout, "seconds the instance's host has to answer (its usage, its console)");
+  command.add_option("--project", o->project, "for a member of several projects: which one's instances");
   command.footer("Example: toyvm show d578fb7c-7787-4e73-b69a-a7b3ef9bf73a --json");
   return [o](const Config& c, Say& say) { return run_show(c, *o, say); };
 }
@@ -217,6 +218,17 @@ CommandEntry project(CLI::App& command) {
               "Example: toyvm project set team-a --limit VCPU=40");
   auto* remove = action("delete", "delete a project that has no instances", Action::remove);
   remove->add_option("name", o->name, "project name")->required();
+  auto* add = action("add-member", "let an etcd user reach a project (etcd's own roles enforce it)", Action::add_member);
+  add->add_option("name", o->name, "project name")->required();
+  add->add_option("user", o->user, "etcd user: its TLS client certificate's common name, or a password user")
+      ->required();
+  add->add_option("--role", o->role, "member (schedule, show, stop, start, destroy) or reader (show)")
+      ->check(CLI::IsMember({"member", "reader"}));
+  add->add_option("--password-file", o->password_file, "a file holding the user's password (else: certificate only)");
+  add->footer("Example: toyvm project add-member team-a alice --role member");
+  auto* drop = action("remove-member", "take a user's roles in a project away", Action::remove_member);
+  drop->add_option("name", o->name, "project name")->required();
+  drop->add_option("user", o->user, "etcd user")->required();
   return [o](const Config& c, Say& say) -> Outcome {
     if (o->action == Action::set && o->defaults == !o->name.empty())
       return Error(errc::invalid_argument, "project set: give a project name or --defaults");
@@ -240,6 +252,16 @@ CommandEntry mdserver(CLI::App& command) {
   return [o](const Config& c, Say&) { return run_mdserver(c, *o); };
 }
 
+CommandEntry scheduler(CLI::App& command) {
+  auto o = std::make_shared<SchedulerServiceOptions>();
+  command.add_option("--name", o->name, "this service's name as the leader's key says it (default: host:pid)");
+  command.footer("Takes the requests projects' members put in their keys (toyvm schedule, stop, start, destroy\n"
+                 "run with a member's etcd credentials), checks quotas, claims in Placement and hands over.\n"
+                 "Several may run: one leads, the others take over when it goes.\n"
+                 "Example: toyvm scheduler");
+  return [o](const Config& c, Say&) { return run_scheduler_service(c, *o); };
+}
+
 constexpr Command table[] = {
     {"compute", "run the host agent", compute},
     {"schedule", "claim resources and start an instance on a host", schedule},
@@ -254,6 +276,7 @@ constexpr Command table[] = {
     {"project", "make projects, and set what each may use", project},
     {"evacuate", "rebuild a dead host's instances on other hosts", evacuate},
     {"mdserver", "serve cloud-init metadata to guests", mdserver},
+    {"scheduler", "claim and hand over for projects' members (a service)", scheduler},
 };
 
 }  // namespace

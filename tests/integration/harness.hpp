@@ -179,6 +179,8 @@ std::optional<InstanceRecord> wait_for_record(const Servers& servers, const std:
 // A CA, a server certificate for 127.0.0.1 and a client certificate for user root (ca.crt,
 // server.crt/key, client.crt/key), and other-ca.crt, which signed none of them.
 void make_certificates(const std::string& pki);
+// A client certificate <cn>.crt (and .key) signed by that CA: etcd's user <cn> with --client-cert-auth.
+void make_client_certificate(const std::string& pki, const std::string& cn);
 
 // An HTTP server (Python's http.server) serving `dir`; its log lists every request. With
 // `pki`, HTTPS with pki/server.crt.

@@ -57,6 +57,14 @@ void run_or_throw(const std::string& command) {
 
 }  // namespace
 
+void make_client_certificate(const std::string& pki, const std::string& cn) {
+  std::string in = "cd '" + pki + "' && ";
+  run_or_throw(in + "openssl req -newkey rsa:2048 -nodes -keyout " + cn + ".key -out " + cn + ".csr -subj /CN=" + cn +
+               " 2>/dev/null");
+  run_or_throw(in + "openssl x509 -req -in " + cn + ".csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -out " + cn +
+               ".crt 2>/dev/null");
+}
+
 void make_certificates(const std::string& pki) {
   fs::create_directories(pki);
   std::string in = "cd '" + pki + "' && ";

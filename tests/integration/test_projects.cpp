@@ -9,6 +9,9 @@
 
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
+#include <fmt/format.h>
+
+#include <fstream>
 
 #include <map>
 
@@ -216,4 +219,130 @@ TEST_CASE("a project at its limit still moves its instances and resizes them dow
   }
   CHECK(used_by(servers, "full")["VCPU"] == 2);
   CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
+
+namespace {
+
+// etcdctl under a user's own certificate: what etcd itself lets that user do.
+CommandResult etcdctl_as(const Servers& servers, const std::string& user, const std::string& args) {
+  const std::string pki = servers.pki();
+  return run_command({"/bin/sh", "-c",
+                      fmt::format("ETCDCTL_API=3 etcdctl --endpoints={} --cacert={}/ca.crt --cert={}/{}.crt "
+                                  "--key={}/{}.key {}",
+                                  servers.config.etcd.endpoints.front(), pki, pki, user, pki, user, args)},
+                     servers.dir());
+}
+
+}  // namespace
+
+TEST_CASE("projects' members reach their own project's instances only, as etcd's roles enforce, through the "
+          "scheduler service",
+          "[projects][rbac]") {
+  Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
+  ScopedEnv admin("TOYVM_CONFIG", servers.secure_config);  // root, for the agent, the service and the admin
+  std::string rp;
+  auto agent = servers.start_compute("c1", "VCPU:16,DISK_GB:100,MEMORY_MB:8192", &rp);
+  auto service = servers.spawn_toyvm({"scheduler", "--name", "s1"}, "scheduler.log");
+
+  REQUIRE(servers.toyvm({"project", "create", "team-a", "--limit", "VCPU=2"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "create", "team-b"}).exit_code == 0);
+  // "team" begins "team-a": harmless, as every grant ends in '/'.
+  REQUIRE(servers.toyvm({"project", "create", "team"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "alice"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "team-b", "bob"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "carol", "--role", "reader"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "team", "dave"}).exit_code == 0);
+  auto config_of = [&](const std::string& user) {
+    make_client_certificate(servers.pki(), user);
+    const std::string path = servers.dir() + "/" + user + ".toml";
+    std::ofstream(path) << fmt::format("[etcd]\nca_file = '{0}/ca.crt'\ncert_file = '{0}/{1}.crt'\nkey_file = "
+                                       "'{0}/{1}.key'\nuser = '{1}'\n",
+                                       servers.pki(), user);
+    return path;
+  };
+  const std::string alice = config_of("alice"), bob = config_of("bob"), carol = config_of("carol"),
+                    dave = config_of("dave");
+  auto as = [&](const std::string& config, std::vector<std::string> args) {
+    args.insert(args.begin(), {"--config", config});
+    return servers.toyvm(args);
+  };
+
+  // A member schedules through the service, in its own project, and sees it settle.
+  auto made = as(alice, {"schedule", one_vcpu, "--wait"});
+  INFO(made.out << made.err << read_file(service->log_file()));
+  REQUIRE(made.exit_code == 0);
+  const std::string uuid = parse_notified(made.out).second;
+  CHECK_THAT(made.out, Catch::Contains("INSTANCE " + uuid + " ACTIVE"));
+  auto record = decode_instance(servers.toyvm({"show", uuid, "--json"}).out);
+  REQUIRE(record);
+  CHECK(record->project == "team-a");
+  CHECK(as(alice, {"show", uuid}).exit_code == 0);
+  CHECK_THAT(as(alice, {"show"}).out, Catch::Contains(uuid));
+  // Its quota holds through the service, with the numbers.
+  auto over = as(alice, {"schedule", "resources=VCPU:2,DISK_GB:1,MEMORY_MB:64"});
+  CHECK(over.exit_code == 7);
+  CHECK_THAT(over.err, Catch::Contains("VCPU: 1 used + 2 asked > 2"));
+
+  // Another project's member: the instance is unknown to it, not forbidden.
+  auto peek = as(bob, {"show", uuid});
+  CHECK(peek.exit_code == 3);
+  CHECK_THAT(peek.err, !Catch::Contains("denied"));
+  CHECK(as(bob, {"destroy", uuid}).exit_code == 3);
+  CHECK(as(bob, {"stop", uuid}).exit_code == 3);
+  CHECK_THAT(as(bob, {"show"}).out, !Catch::Contains(uuid));
+  CHECK_THAT(as(dave, {"show"}).out, !Catch::Contains(uuid));
+  CHECK(as(dave, {"show", uuid}).exit_code == 3);
+  auto theirs = as(bob, {"schedule", one_vcpu});
+  REQUIRE(theirs.exit_code == 0);
+  CHECK(decode_instance(servers.toyvm({"show", parse_notified(theirs.out).second, "--json"}).out)->project == "team-b");
+
+  // A reader reads, and changes nothing.
+  CHECK(as(carol, {"show", uuid}).exit_code == 0);
+  auto reader_schedules = as(carol, {"schedule", one_vcpu});
+  CHECK(reader_schedules.exit_code == 5);
+  CHECK_THAT(reader_schedules.err, Catch::Contains("reader of project team-a"));
+  CHECK(as(carol, {"destroy", uuid}).exit_code == 5);
+
+  // What the cloud's admin alone may do, refused by etcd itself.
+  for (const std::vector<std::string>& admins : {std::vector<std::string>{"audit"},
+                                                 std::vector<std::string>{"show", "--hosts"},
+                                                 std::vector<std::string>{"project", "set", "team-a", "--limit", "VCPU=9"},
+                                                 std::vector<std::string>{"host", "disable", "c1"}}) {
+    auto r = as(alice, admins);
+    INFO(admins[0] << ": " << r.err);
+    CHECK(r.exit_code != 0);
+  }
+  CHECK(as(alice, {"project", "set", "team-a", "--limit", "VCPU=9"}).err.find("permission denied") != std::string::npos);
+
+  // The same certificate with etcdctl: etcd says no, whatever the client.
+  auto denied = [&](const std::string& user, const std::string& args) {
+    auto r = etcdctl_as(servers, user, args);
+    INFO(user << " " << args << ": " << r.out << r.err);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Catch::Contains("permission denied"));
+  };
+  denied("alice", "get /toyvm/v1/work/ --prefix");
+  denied("alice", "get /toyvm/v1/instances/" + uuid);
+  denied("alice", "get /toyvm/v1/project-instances/team-b/ --prefix");
+  denied("alice", "put /toyvm/v1/requests/team-b/x y");
+  denied("alice", "put /toyvm/v1/work/" + rp + "/x y");
+  denied("dave", "get /toyvm/v1/project-instances/team-a/ --prefix");  // "team" is no prefix of "team-a" here
+  denied("carol", "put /toyvm/v1/requests/team-a/x y");
+  auto own = etcdctl_as(servers, "alice", "get /toyvm/v1/project-instances/team-a/ --prefix --keys-only");
+  CHECK(own.exit_code == 0);
+  CHECK_THAT(own.out, Catch::Contains(uuid));
+
+  // A removed member reaches nothing more.
+  REQUIRE(servers.toyvm({"project", "remove-member", "team-a", "carol"}).exit_code == 0);
+  CHECK(as(carol, {"show", uuid}).exit_code != 0);
+  denied("carol", "get /toyvm/v1/project-instances/team-a/ --prefix");
+
+  // The member's own destroy goes through, and the service acts on nothing else.
+  auto destroyed = as(alice, {"destroy", uuid});
+  INFO(destroyed.out << destroyed.err);
+  CHECK(destroyed.exit_code == 0);
+  CHECK(servers.toyvm({"show", uuid}).exit_code == 3);
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+  service->signal(SIGTERM);
+  CHECK(service->wait(20) == 0);
 }

@@ -163,7 +163,7 @@ TEST_CASE("etcd auth from flags and the environment; an expired token is renewed
   }
   auto no_password = servers.toyvm({"--etcd-user", "root", "show"});
   CHECK(no_password.exit_code == 2);
-  CHECK_THAT(no_password.err, Catch::Contains("etcd.user and etcd.password go together"));
+  CHECK_THAT(no_password.err, Catch::Contains("etcd.user needs etcd.password, or a cert_file"));
   ScopedEnv password("TOYVM_ETCD_PASSWORD", "secret-pw");
 
   // Idle longer than the token lives: the agent's next write needs a new one.

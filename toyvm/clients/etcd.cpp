@@ -283,12 +283,12 @@ class GrpcEtcdClient final : public EtcdClient {
   template <class Response, class Request, class StartFn>
   awaitable<result<Response>> unary(Request request, StartFn start) {
     for (int attempt = 0;; ++attempt) {
-      if (!config_.user.empty() && token_.empty()) {
+      if (!config_.password.empty() && token_.empty()) {
         if (auto authenticated = co_await authenticate(); !authenticated) co_return authenticated.error();
       }
       auto [status, response] = co_await call<Response>(request, start, token_);
       if (status.ok()) co_return std::move(response);
-      if (!config_.user.empty() && attempt == 0 && status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      if (!config_.password.empty() && attempt == 0 && status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
         spdlog::info("etcd: {}; authenticating again", status.error_message());
         token_.clear();
         continue;
@@ -326,7 +326,8 @@ class GrpcEtcdClient final : public EtcdClient {
   static Error auth_error(Error e) {
     const std::string text = e.message();
     if (text.find("already exists") != std::string::npos) return Error(errc::already_exists, e.detail);
-    if (text.find("not found") != std::string::npos) return Error(errc::not_found, e.detail);
+    if (text.find("not found") != std::string::npos || text.find("not granted") != std::string::npos)
+      return Error(errc::not_found, e.detail);
     return e;
   }
 

@@ -325,8 +325,11 @@ result<Config> load_config(const CommonOverrides& flags) {
       (placement_config.user.empty() || placement_config.password.empty() || placement_config.project.empty())) {
     return invalid("placement.auth_url needs placement.user, placement.password and placement.project");
   }
-  if (etcd_config.user.empty() != etcd_config.password.empty()) {
-    return invalid("etcd.user and etcd.password go together");
+  // A user without a password is the common name of the client certificate (etcd's
+  // --client-cert-auth): it signs in with the certificate, and the name says who it is.
+  if (etcd_config.user.empty() ? !etcd_config.password.empty()
+                               : etcd_config.password.empty() && etcd_config.cert_file.empty()) {
+    return invalid("etcd.user needs etcd.password, or a cert_file whose common name it is");
   }
   return config;
 }

@@ -29,7 +29,8 @@ struct EtcdConfig {
   // certificate and key for client-cert auth, and a name to check the server's certificate
   // against instead of the endpoint's host.
   std::string ca_file, cert_file, key_file, server_name;
-  // etcd's own user/password auth (Authenticate): the token is renewed when it expires.
+  // etcd's own user/password auth (Authenticate): the token is renewed when it expires. A
+  // user without a password names the client certificate's common name (no Authenticate).
   std::string user, password;
   // HTTP/2 keepalive pings, so that a long-lived service notices a dead etcd; set by the
   // services, not in the file. Short commands go without (gRPC 1.51 can abort when a

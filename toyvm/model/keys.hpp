@@ -88,13 +88,12 @@ class KeyLayout {
     return project_instances_prefix(project) + std::string(uuid);
   }
   std::string requests_root() const { return prefix_ + "/requests/"; }
+  std::string replies_root() const { return prefix_ + "/replies/"; }
   std::string requests_prefix(std::string_view project) const { return requests_root() + std::string(project) + "/"; }
   std::string request(std::string_view project, std::string_view id) const {
     return requests_prefix(project) + std::string(id);
   }
-  std::string replies_prefix(std::string_view project) const {
-    return prefix_ + "/replies/" + std::string(project) + "/";
-  }
+  std::string replies_prefix(std::string_view project) const { return replies_root() + std::string(project) + "/"; }
   std::string reply(std::string_view project, std::string_view id) const {
     return replies_prefix(project) + std::string(id);
   }

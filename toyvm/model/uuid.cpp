@@ -55,6 +55,14 @@ std::string availability_zone_aggregate(std::string_view zone) {
   return boost::uuids::to_string(generate(zone.data(), zone.size()));
 }
 
+std::string request_instance_uuid(std::string_view request_id, int index) {
+  // toyvm's namespace for the instances of project requests (a random UUID, fixed forever).
+  static const boost::uuids::uuid ns = boost::uuids::string_generator()("0b8e4f7a-3c21-4d6e-9f50-7a1c2e3d4b59");
+  boost::uuids::name_generator_sha1 generate(ns);
+  const std::string name = std::string(request_id) + "/" + std::to_string(index);
+  return boost::uuids::to_string(generate(name.data(), name.size()));
+}
+
 bool is_uuid(std::string_view text) noexcept {
   if (text.size() != 36) return false;
   for (size_t i = 0; i < text.size(); ++i) {

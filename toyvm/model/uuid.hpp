@@ -15,6 +15,11 @@ uint64_t random_seed();
 // UUID, so every host and scheduler derives the same one without a lookup.
 std::string availability_zone_aggregate(std::string_view zone);
 
+// The uuid of the `index`th instance a project's request makes (model/requests.hpp): the same
+// for every try of it, so a scheduler service that takes over a request another left half
+// done finds that one's claims under the same consumers.
+std::string request_instance_uuid(std::string_view request_id, int index);
+
 // True for the canonical 8-4-4-4-12 hex form (either case).
 bool is_uuid(std::string_view text) noexcept;
 

@@ -37,6 +37,15 @@ result<void> read_guest_data(const ScheduleOptions& options, WorkSpec& spec) {
   if (!options.image_sha256.empty() && !is_sha256_hex(options.image_sha256)) {
     return Error(errc::invalid_argument, "--image-sha256 must be 64 lowercase hex digits");
   }
+  // Given read already (a member's request, through the scheduler service): checked the same.
+  if (options.user_data.size() > max_user_data)
+    return Error(errc::invalid_argument, fmt::format("the user data is larger than {} bytes", max_user_data));
+  spec.user_data = options.user_data;
+  for (const auto& [name, key] : options.named_keys) {
+    if (name.empty() || name.find('\n') != std::string::npos || key.find('\n') != std::string::npos)
+      return Error(errc::invalid_argument, fmt::format("bad ssh key '{}'", name.substr(0, 40)));
+    spec.keys.emplace_back(name, key);
+  }
   if (!options.user_data_file.empty()) {
     auto data = read_small_file(options.user_data_file, max_user_data);
     if (!data)

@@ -10,6 +10,7 @@
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
+#include "services/member.hpp"
 #include "services/instance_lookup.hpp"
 #include "services/services.hpp"
 
@@ -85,29 +86,6 @@ awaitable<Outcome> force_destroy(asio::io_context& io, EtcdClient& etcd, const K
   co_return ExitCode::ok;
 }
 
-// Desired power on the work key, written only over the version read.
-awaitable<result<void>> request_power(EtcdClient& etcd, const KeyLayout& keys, const InstanceRecord& record,
-                                      PowerState power) {
-  const std::string work_key = keys.work(record.host, record.uuid);
-  auto work = co_await etcd.range(work_key);
-  if (!work) co_return etcd_error(etcd, work.error());
-  if (work->kvs.empty())
-    co_return Error(errc::not_found, fmt::format("instance {} has no work on host {}", record.uuid, record.host));
-  auto spec = decode_work(work->kvs.front().value);
-  if (!spec)
-    co_return Error(errc::corrupt_record, fmt::format("instance {} has a corrupt work record in etcd", record.uuid));
-  if (spec->power == power) co_return result<void>{};
-  if (spec->power == PowerState::deleted)
-    co_return Error(errc::changed, fmt::format("instance {} is being destroyed", record.uuid));
-  spec->power = power;
-  std::vector<EtcdCompare> unchanged{EtcdCompare::mod_revision_is(work_key, work->kvs.front().mod_revision)};
-  std::vector<EtcdOp> mark{EtcdOp::put(work_key, encode(*spec))};
-  auto txn = co_await etcd.txn(std::move(unchanged), std::move(mark));
-  if (!txn) co_return etcd_error(etcd, txn.error());
-  if (!txn->succeeded) co_return Error(errc::changed, fmt::format("instance {} changed meanwhile; try again", record.uuid));
-  co_return result<void>{};
-}
-
 // What a wait makes of the instance's record as it changes (nothing while the record is gone):
 // done, not yet (nothing), or an error that ends the wait.
 using Reached = std::optional<result<void>>;
@@ -134,6 +112,55 @@ awaitable<result<void>> wait_for_record(EtcdClient& etcd, const KeyLayout& keys,
                                                  waiting_for, in_seconds(timeout)));
 }
 
+// A member's stop, start or destroy: asked of the scheduler service (which acts on its
+// project's instances only), then waited for on the project's view of the instance.
+awaitable<Outcome> member_power(EtcdClient& etcd, const KeyLayout& keys, const ProjectMembership& member,
+                                std::string uuid, PowerState power, bool wait, Duration timeout, Say& say) {
+  if (member.role != ProjectRole::member)
+    co_return Error(errc::permission_denied, fmt::format("a reader of project {} cannot change instances", member.project));
+  ProjectRequest request;
+  request.action = power == PowerState::deleted   ? RequestAction::destroy
+                   : power == PowerState::stopped ? RequestAction::stop
+                                                  : RequestAction::start;
+  request.instance = uuid;
+  request.asked_at = unix_millis();
+  auto reply = co_await ask_service(etcd, keys, member.project, std::move(request), std::chrono::seconds(60));
+  if (!reply) co_return with_endpoints(etcd, reply.error());
+  Outcome asked = reply_outcome(*reply, say);
+  if (!asked || *asked != ExitCode::ok) co_return asked;
+  const char* done = power == PowerState::deleted ? "DESTROYED" : power == PowerState::stopped ? "STOPPED" : "STARTED";
+  if (!wait) {
+    say.line(fmt::format("{} INSTANCE {}", power == PowerState::deleted   ? "DESTROYING"
+                                           : power == PowerState::stopped ? "STOPPING"
+                                                                          : "STARTING",
+                         uuid));
+    co_return ExitCode::ok;
+  }
+  const InstanceState wanted = power == PowerState::stopped ? InstanceState::stopped : InstanceState::active;
+  Error failed;
+  auto reached = [&](const WatchEvent& event) {
+    if (event.type == WatchEvent::Type::erase) {
+      if (power != PowerState::deleted) failed = Error(errc::not_found, fmt::format("instance {} was destroyed", uuid));
+      return true;
+    }
+    auto record = decode_instance(event.kv.value);
+    if (!record || power == PowerState::deleted) return false;
+    if (record->state == InstanceState::error) {
+      failed = Error(errc::launch_failure, fmt::format("instance {}: {}: {}", uuid, record->error_code, record->error_message));
+      return true;
+    }
+    return record->state == wanted;
+  };
+  auto followed = co_await follow_key(etcd, keys.project_instance(member.project, uuid), 0,
+                                      std::chrono::duration_cast<std::chrono::milliseconds>(timeout), reached);
+  if (!followed) co_return etcd_error(etcd, followed.error());
+  if (!*followed) co_return Error(errc::not_reached, fmt::format("instance {} is not {} after {:g} s", uuid, done,
+                                                                 in_seconds(timeout)));
+  if (failed.code) co_return failed;
+  say.line(fmt::format("{} INSTANCE {}", done, uuid));
+  co_return ExitCode::ok;
+}
+
 }  // namespace
 
 Outcome run_destroy(const Config& config, const DestroyOptions& options, Say& say) {
@@ -142,6 +169,13 @@ Outcome run_destroy(const Config& config, const DestroyOptions& options, Say& sa
   return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
+    auto membership = co_await caller_membership(*etcd, keys, config.etcd, "");
+    if (!membership) co_return with_endpoints(*etcd, membership.error());
+    if (*membership) {
+      if (options.force) co_return Error(errc::permission_denied, "destroy --force is the cloud admin's");
+      co_return co_await member_power(*etcd, keys, **membership, options.uuid, PowerState::deleted, options.wait,
+                                      options.wait_timeout, say);
+    }
     auto target = co_await find_instance(*etcd, keys, options.uuid);
     if (!target) co_return target.error();
     if (options.force)
@@ -169,6 +203,11 @@ Outcome run_power(const Config& config, const PowerOptions& options, Say& say) {
   return run_on_loop([&](asio::io_context&) -> awaitable<Outcome> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
+    auto membership = co_await caller_membership(*etcd, keys, config.etcd, "");
+    if (!membership) co_return with_endpoints(*etcd, membership.error());
+    if (*membership)
+      co_return co_await member_power(*etcd, keys, **membership, options.uuid, options.power, options.wait,
+                                      options.wait_timeout, say);
     auto target = co_await find_instance(*etcd, keys, options.uuid);
     if (!target) co_return target.error();
     if (target->record.state == InstanceState::error)

@@ -21,4 +21,9 @@ struct FoundInstance {
 // no host), etcd out of reach.
 awaitable<result<FoundInstance>> find_instance(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid);
 
+// The instance's desired power on its work key, written only over the version read (stop,
+// start, destroy; the scheduler service for a project's member).
+awaitable<result<void>> request_power(EtcdClient& etcd, const KeyLayout& keys, const InstanceRecord& record,
+                                      PowerState power);
+
 }  // namespace toyvm

@@ -7,6 +7,7 @@
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
+#include "model/access.hpp"
 #include "model/keys.hpp"
 #include "model/records.hpp"
 #include "services/common.hpp"
@@ -17,6 +18,7 @@
 #include <boost/json/serialize.hpp>
 #include <fmt/format.h>
 
+#include <fstream>
 #include <set>
 
 namespace toyvm {
@@ -62,6 +64,8 @@ class ProjectAdmin {
       case Action::show: co_return co_await show();
       case Action::set: co_return co_await set_limits(options_.name);
       case Action::remove: co_return co_await remove();
+      case Action::add_member: co_return co_await add_member();
+      case Action::remove_member: co_return co_await remove_member();
       case Action::list: break;
     }
     co_return ExitCode::ok;
@@ -234,7 +238,59 @@ class ProjectAdmin {
     auto erased = co_await etcd_->txn(std::move(marked_by_us), std::move(erase));
     if (!erased) co_return erased.error();
     if (!erased->succeeded) co_return Error(errc::changed, fmt::format("project '{}' changed meanwhile; nothing deleted", name));
+    // Its roles go too: whoever held them reaches nothing of a project of the same name later.
+    for (ProjectRole role : {ProjectRole::member, ProjectRole::reader})
+      if (auto gone = co_await etcd_->role_delete(etcd_role_name(keys_, name, role));
+          !gone && gone.error() != errc::not_found && gone.error() != errc::etcd_error)
+        co_return gone.error().doing("deleting the project's roles");
     say_.line(fmt::format("DELETED PROJECT {}", name));
+    co_return ExitCode::ok;
+  }
+
+  // The user gets the project's role in etcd (made, with its grants, the first time): etcd
+  // itself then lets it reach the project's keys and nothing else.
+  awaitable<Outcome> add_member() {
+    const std::string& name = options_.name;
+    auto role = parse_project_role(options_.role);
+    if (!role) co_return Error(errc::invalid_argument, fmt::format("bad role '{}' (member or reader)", options_.role));
+    if (options_.user.empty() || options_.user == "root")
+      co_return Error(errc::invalid_argument, "give the member's etcd user name (not root)");
+    auto project = co_await read_project(*etcd_, keys_, name);
+    if (!project) co_return project.error();
+    std::string password;
+    if (!options_.password_file.empty()) {
+      std::ifstream in(options_.password_file);
+      if (!in || !std::getline(in, password) || password.empty())
+        co_return Error(errc::invalid_argument, fmt::format("cannot read a password from {}", options_.password_file));
+    }
+    const std::string role_name = etcd_role_name(keys_, name, *role);
+    // Each step may have been made by an earlier try: what exists is taken as it is.
+    if (auto made = co_await etcd_->role_add(role_name); !made && made.error() != errc::already_exists)
+      co_return made.error().doing("making the project's role in etcd");
+    for (KeyGrant& grant : project_grants(keys_, name, *role)) {
+      EtcdPermission permission{grant.write ? EtcdPermission::Type::readwrite : EtcdPermission::Type::read,
+                                std::move(grant.key), std::move(grant.range_end)};
+      if (auto granted = co_await etcd_->role_grant(role_name, std::move(permission)); !granted)
+        co_return granted.error().doing("granting the project's keys to its role");
+    }
+    if (auto added = co_await etcd_->user_add(options_.user, password); !added && added.error() != errc::already_exists)
+      co_return added.error().doing(fmt::format("adding user {} to etcd", options_.user));
+    if (auto granted = co_await etcd_->user_grant_role(options_.user, role_name); !granted)
+      co_return granted.error().doing(fmt::format("granting user {} the role", options_.user));
+    say_.line(fmt::format("ADDED {} TO PROJECT {} AS {}", options_.user, name, to_string(*role)));
+    co_return ExitCode::ok;
+  }
+
+  awaitable<Outcome> remove_member() {
+    bool had = false;
+    for (ProjectRole role : {ProjectRole::member, ProjectRole::reader}) {
+      auto revoked = co_await etcd_->user_revoke_role(options_.user, etcd_role_name(keys_, options_.name, role));
+      if (revoked) had = true;
+      else if (revoked.error() != errc::not_found) co_return revoked.error();
+    }
+    if (!had)
+      co_return Error(errc::not_found, fmt::format("user {} is not in project {}", options_.user, options_.name));
+    say_.line(fmt::format("REMOVED {} FROM PROJECT {}", options_.user, options_.name));
     co_return ExitCode::ok;
   }
 

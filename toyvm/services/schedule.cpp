@@ -26,17 +26,19 @@ namespace toyvm {
 
 using namespace asio::experimental::awaitable_operators;
 
-Scheduler::Scheduler(asio::io_context& io, const Config& config, const ScheduleOptions& options, Say& say)
+Scheduler::Scheduler(asio::io_context& io, const Config& config, const ScheduleOptions& options, Say& say,
+                     std::shared_ptr<EtcdClient> etcd, std::optional<OnBehalf> on_behalf)
     : io_(io),
       config_(config),
       options_(options),
       say_(say),
       keys_(config.etcd.prefix),
-      etcd_(EtcdClient::create(config.etcd)),
+      etcd_(etcd ? std::move(etcd) : EtcdClient::create(config.etcd)),
       placement_(io.get_executor(), config.placement),
       placer_(placement_, *etcd_, config),
       // Checked on the command line to be one of the three.
-      group_policy_(options.group.empty() ? std::nullopt : parse_group_policy(options.group_policy)) {}
+      group_policy_(options.group.empty() ? std::nullopt : parse_group_policy(options.group_policy)),
+      on_behalf_(std::move(on_behalf)) {}
 
 awaitable<Outcome> Scheduler::run() {
   auto query = parse_placement_query(options_.query);
@@ -48,13 +50,19 @@ awaitable<Outcome> Scheduler::run() {
     query->params.emplace_back("member_of", availability_zone_aggregate(options_.availability_zone));
   WorkSpec spec;
   if (auto read = read_guest_data(options_, spec); !read) co_return read.error();
+  auto membership = co_await caller_membership(*etcd_, keys_, config_.etcd, options_.project);
+  if (!membership) co_return with_endpoints(*etcd_, membership.error());
+  if (*membership) {
+    member_ = std::move(*membership);
+    co_return co_await ask_service(std::move(spec));
+  }
   // Nothing is claimed for a request its project's quota refuses.
   std::string project_name = options_.project.empty() ? config_.schedule.project : options_.project;
   auto project = co_await read_project(*etcd_, keys_, std::move(project_name));
   if (!project) co_return with_endpoints(*etcd_, project.error());
   project_ = std::move(*project);
   owner_ = ConsumerOwner{placement_project_id(config_.placement.consumer_project, project_.name),
-                         asking_user(config_)};
+                         options_.user.empty() ? asking_user(config_) : options_.user};
   // Checked before anything is claimed: an instance etcd cannot take in one request could
   // never be handed over, and its claim would only have to be given back.
   const int count = std::max(1, options_.count);
@@ -69,8 +77,10 @@ awaitable<Outcome> Scheduler::run() {
   if (auto fits = co_await check_quota(placement_, config_.placement, project_, asked_, false); !fits)
     co_return fits.error();
 
-  std::vector<std::string> uuids(static_cast<size_t>(count));
-  for (std::string& uuid : uuids) uuid = new_uuid();
+  std::vector<std::string> uuids = options_.uuids;
+  uuids.resize(size_t(count));
+  for (std::string& uuid : uuids)
+    if (uuid.empty()) uuid = new_uuid();
   auto placed = co_await (place(std::move(*query), std::move(spec), std::move(uuids)) || keep_holding());
   co_return std::get<0>(placed);
 }
@@ -262,6 +272,36 @@ awaitable<void> Scheduler::release_all(const std::vector<std::string>& uuids) {
     if (auto released = co_await placement_.release(uuid); !released)
       spdlog::error("releasing allocation {}: {}", uuid, released.error().message());
   }
+}
+
+awaitable<Outcome> Scheduler::ask_service(WorkSpec spec) {
+  if (member_->role != ProjectRole::member)
+    co_return Error(errc::permission_denied, fmt::format("a reader of project {} cannot schedule", member_->project));
+  ProjectRequest request;
+  request.action = RequestAction::schedule;
+  request.user = config_.etcd.user;
+  request.query = options_.query;
+  request.count = std::max(1, options_.count);
+  request.name = options_.name;
+  request.image = options_.image;
+  request.image_sha256 = options_.image_sha256;
+  request.image_format = options_.image_format;
+  request.availability_zone = options_.availability_zone;
+  request.group = options_.group;
+  if (!options_.group.empty()) request.group_policy = options_.group_policy;
+  request.policy = options_.policy;
+  request.user_data = std::move(spec.user_data);
+  request.keys = std::move(spec.keys);
+  request.config_drive = options_.config_drive;
+  request.asked_at = unix_millis();
+  auto reply = co_await toyvm::ask_service(*etcd_, keys_, member_->project, std::move(request), service_timeout);
+  if (!reply) co_return with_endpoints(*etcd_, reply.error());
+  Outcome outcome = reply_outcome(*reply, say_);
+  if (!outcome || *outcome != ExitCode::ok || !options_.wait) co_return outcome;
+  int64_t since = 0;  // the views are followed from what they hold now
+  for (const std::string& uuid : reply->instances)
+    if (auto settled = co_await wait_until_settled(uuid, since); !settled) co_return settled.error();
+  co_return ExitCode::ok;
 }
 
 Placed Scheduler::instance(const WorkSpec& guest, std::string uuid, int index, std::string host,

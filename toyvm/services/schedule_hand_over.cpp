@@ -4,6 +4,7 @@
 
 #include "services/scheduler.hpp"
 
+#include "model/requests.hpp"
 #include "model/txn_limits.hpp"
 #include "services/common.hpp"
 #include "services/schedule_plan.hpp"
@@ -20,6 +21,19 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
   HandOver out;
   std::vector<TxnCost> costs;
   for (size_t i = 0; i < specs.size(); ++i) costs.push_back(hand_over_cost(keys_, specs[i], records[i]));
+  // For a member's request, the last transaction also writes the service's reply.
+  std::string reply;
+  if (on_behalf_) {
+    ProjectReply answer;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      answer.lines.push_back(fmt::format("NOTIFIED TARGET, {}, OF INSTANCE {}", records[i].host, records[i].uuid));
+      answer.instances.push_back(specs[i].uuid);
+    }
+    reply = encode(answer);
+    costs.back().compares += on_behalf_->require.size();
+    costs.back().ops += 1;
+    costs.back().bytes += on_behalf_->reply_key.size() + reply.size();
+  }
   auto ends = split_by_limits(costs);
   if (!ends) {  // checked before claiming; a resource amount cannot make up the difference
     out.error = Error(errc::invalid_argument, "the instances' data is more than etcd takes in one request");
@@ -42,6 +56,10 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
       if (!specs[i].group.empty()) absent.push_back(EtcdCompare::absent(keys_.group_member(specs[i].group, specs[i].uuid)));
     }
     if (auto standing = project_guard(keys_, project_)) absent.push_back(std::move(*standing));
+    if (on_behalf_) {
+      absent.insert(absent.end(), on_behalf_->require.begin(), on_behalf_->require.end());
+      if (end == specs.size()) done.push_back(EtcdOp::put(on_behalf_->reply_key, reply, on_behalf_->reply_lease));
+    }
     HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), std::move(done), deadline);
     switch (txn.outcome) {
       case HandOverResult::Outcome::committed:
@@ -62,6 +80,15 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
           auto project = co_await etcd_->range(keys_.project(project_.name));
           if (project && (project->kvs.empty() || project->kvs.front().mod_revision != project_.revision)) {
             out.error = Error(errc::changed, fmt::format("project '{}' is being deleted", project_.name));
+            co_return out;
+          }
+        }
+        if (on_behalf_) {
+          std::vector<EtcdCompare> standing = on_behalf_->require;
+          std::vector<EtcdOp> nothing;
+          auto still = co_await etcd_->txn(std::move(standing), std::move(nothing));
+          if (still && !still->succeeded) {
+            out.error = Error(errc::changed, "the request was withdrawn or answered, or this service no longer leads");
             co_return out;
           }
         }
@@ -157,7 +184,9 @@ awaitable<result<void>> Scheduler::wait_until_settled(const std::string& uuid, i
     // A guest with a NIC is settled once its address is known too.
     return record->state == InstanceState::active && (record->mac.empty() || !record->ip.empty());
   };
-  auto followed = co_await follow_key(*etcd_, keys_.instance(uuid), since_revision, options_.wait_timeout, settled);
+  // A member reads its project's view of the record; the cloud's admin, the record.
+  std::string key = member_ ? keys_.project_instance(member_->project, uuid) : keys_.instance(uuid);
+  auto followed = co_await follow_key(*etcd_, std::move(key), since_revision, options_.wait_timeout, settled);
   if (!followed) co_return etcd_error(*etcd_, followed.error());
   if (*followed) co_return settled_as;
   if (last == InstanceState::active)

@@ -12,6 +12,7 @@
 #include "model/records.hpp"
 #include "services/common.hpp"
 #include "services/placer.hpp"
+#include "services/member.hpp"
 #include "services/quota.hpp"
 #include "services/services.hpp"
 
@@ -25,15 +26,27 @@
 
 namespace toyvm {
 
+// A schedule made for a project's member by the scheduler service: its hand-over also
+// writes the service's reply, and requires what the service stands on (the request still
+// there, no reply yet, the service still the leader), so a request is answered once.
+struct OnBehalf {
+  std::vector<EtcdCompare> require;
+  std::string reply_key;
+  int64_t reply_lease = 0;  // the request's: a reply nobody waits for goes with it
+};
+
 class Scheduler {
  public:
-  Scheduler(asio::io_context& io, const Config& config, const ScheduleOptions& options, Say& say);
+  Scheduler(asio::io_context& io, const Config& config, const ScheduleOptions& options, Say& say,
+            std::shared_ptr<EtcdClient> etcd = nullptr, std::optional<OnBehalf> on_behalf = std::nullopt);
 
   awaitable<Outcome> run();
 
  private:
   // How long a schedule's hold on its claims outlives it (killed, or cut off from etcd).
   static constexpr int64_t claim_hold_ttl_s = 10;
+  // How long a member's schedule waits for the scheduler service to answer.
+  static constexpr Duration service_timeout = std::chrono::seconds(60);
 
   // What a hand-over did: the revision of its last write, or how far it got.
   struct HandOver {
@@ -46,6 +59,8 @@ class Scheduler {
   };
 
   awaitable<Outcome> place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids);
+  // A project member's schedule: asked of the scheduler service, which claims for it.
+  awaitable<Outcome> ask_service(WorkSpec spec);
 
   // Before anything is claimed: a key per instance, under a lease of this schedule's.
   awaitable<result<void>> hold_claims();
@@ -97,6 +112,8 @@ class Scheduler {
   int64_t hold_lease_ = 0;          // the lease its claims are held under, while they are
   std::optional<GroupPolicy> group_policy_;  // with a group
   bool claiming_ = false;    // a claim went to Placement
+  std::optional<OnBehalf> on_behalf_;
+  std::optional<ProjectMembership> member_;  // the caller's project, when it is a member's
   ProjectStanding project_;  // the instances' project, as read before claiming
   ConsumerOwner owner_;      // their consumers' in Placement
   ProjectUsage asked_;       // what they count against its quota

@@ -31,6 +31,11 @@ struct ScheduleOptions {
   bool wait = false;
   Duration wait_timeout = std::chrono::seconds(600);
   std::string project;  // empty: the config's
+  // What the scheduler service gives for a project member's request (services/scheduler_service.cpp):
+  std::string user;                 // who asks; empty: the etcd user, or consumer_user
+  std::string user_data;            // the guest's data, read by the member's command
+  std::vector<std::pair<std::string, std::string>> named_keys;
+  std::vector<std::string> uuids;   // the instances' uuids, the same for every try; empty: new ones
 };
 Outcome run_schedule(const Config& config, const ScheduleOptions& options, Say& say);
 
@@ -43,6 +48,7 @@ struct ShowOptions {
   bool follow = false;   // ... and what it prints next, until interrupted
   bool watch = false;    // each change of state as it happens, until interrupted
   Duration timeout = std::chrono::seconds(10);  // how long the instance's host has to answer (usage, console)
+  std::string project;   // a member of several projects: which one's instances
 };
 Outcome run_show(const Config& config, const ShowOptions& options, Say& say);
 
@@ -93,9 +99,12 @@ struct HostOptions {
 Outcome run_host(const Config& config, const HostOptions& options, Say& say);
 
 struct ProjectOptions {
-  enum class Action { create, list, show, set, remove };
+  enum class Action { create, list, show, set, remove, add_member, remove_member };
   Action action = Action::list;
   std::string name;
+  std::string user;           // add-member, remove-member: etcd's user (its certificate's CN)
+  std::string role = "member";  // add-member: member or reader
+  std::string password_file;  // add-member: the user's password, else it signs in by certificate
   std::vector<std::string> limits;  // NAME=N, NAME=unlimited, NAME=default
   bool defaults = false;            // set: the defaults of every project without its own
   bool json = false;
@@ -109,5 +118,11 @@ struct MdserverOptions {
   std::vector<std::string> listen;  // ADDRESS:PORT; empty: config's
 };
 Outcome run_mdserver(const Config& config, const MdserverOptions& options);
+
+// toyvm scheduler: the service that claims and hands over for projects' members.
+struct SchedulerServiceOptions {
+  std::string name;  // who leads, as `scheduler/leader` says; default the host name and pid
+};
+Outcome run_scheduler_service(const Config& config, const SchedulerServiceOptions& options);
 
 }  // namespace toyvm

@@ -9,6 +9,7 @@
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 #include "services/common.hpp"
+#include "services/member.hpp"
 #include "services/instance_lookup.hpp"
 #include "services/services.hpp"
 #include "services/show.hpp"
@@ -145,8 +146,30 @@ awaitable<Outcome> show_one(EtcdClient& etcd, const KeyLayout& keys, const ShowO
   co_return ExitCode::ok;
 }
 
-awaitable<Outcome> show_all(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say) {
-  auto listed = co_await etcd.range_prefix(keys.instances_prefix());
+// An instance as its project's view has it: the record, nothing of the cloud's around it.
+awaitable<Outcome> show_view(EtcdClient& etcd, const RecordsShown& shown, const ShowOptions& options, Say& say) {
+  auto found = co_await etcd.range(shown.prefix + options.uuid);
+  if (!found) co_return etcd_error(etcd, found.error());
+  // Another project's instance is as unknown as one that never was.
+  if (found->kvs.empty()) co_return Error(errc::not_found, fmt::format("no instance {}", options.uuid));
+  auto record = decode_instance(found->kvs.front().value);
+  if (!record) co_return record.error().doing(fmt::format("instance {}", options.uuid));
+  if (options.json) {
+    say.line(json::serialize(instance_json(*record)));
+    co_return ExitCode::ok;
+  }
+  say.line(fmt::format("uuid:   {}", record->uuid));
+  if (!record->name.empty()) say.line(fmt::format("name:   {}", printable_line(record->name)));
+  say.line(fmt::format("project: {}", record->project));
+  say.line(fmt::format("state:  {}", to_string(record->state)));
+  say.line(fmt::format("ip:     {}", record->ip.empty() ? "-" : record->ip));
+  if (!record->error_code.empty())
+    say.line(fmt::format("error:  {}: {}", printable_line(record->error_code), printable_line(record->error_message)));
+  co_return ExitCode::ok;
+}
+
+awaitable<Outcome> show_all(EtcdClient& etcd, const RecordsShown& shown, const ShowOptions& options, Say& say) {
+  auto listed = co_await etcd.range_prefix(shown.prefix);
   if (!listed) co_return etcd_error(etcd, listed.error());
   json::array all;
   if (!options.json)
@@ -267,9 +290,20 @@ Outcome run_show(const Config& config, const ShowOptions& options, Say& say) {
   return run_on_loop([&](asio::io_context&) -> awaitable<Outcome> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
+    auto membership = co_await caller_membership(*etcd, keys, config.etcd, options.project);
+    if (!membership) co_return with_endpoints(*etcd, membership.error());
+    RecordsShown shown{keys.instances_prefix(), false};
+    if (*membership) {
+      shown = RecordsShown{keys.project_instances_prefix((*membership)->project), true};
+      if (options.hosts || options.console)
+        co_return Error(errc::permission_denied, fmt::format("a member of project {} sees its instances' records: "
+                                                             "the hosts and consoles are the cloud admin's",
+                                                             (*membership)->project));
+    }
     if (options.hosts) co_return co_await show_hosts(*etcd, keys, options, say);
-    if (options.watch) co_return co_await show_watch(*etcd, keys, options, say);
-    if (options.uuid.empty()) co_return co_await show_all(*etcd, keys, options, say);
+    if (options.watch) co_return co_await show_watch(*etcd, shown, options, say);
+    if (options.uuid.empty()) co_return co_await show_all(*etcd, shown, options, say);
+    if (shown.member) co_return co_await show_view(*etcd, shown, options, say);
     if (options.console) co_return co_await show_console(*etcd, keys, options, say);
     co_return co_await show_one(*etcd, keys, options, say);
   });

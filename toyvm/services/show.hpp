@@ -18,9 +18,16 @@ boost::json::object instance_json(const InstanceRecord& r);
 // instance's agent to publish it (under the same lease, so both go when we do).
 awaitable<Outcome> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say);
 
+// Where `show` reads instance records: every record (the cloud's admin), or a project's views
+// of its own (its members and readers, as etcd's roles let them).
+struct RecordsShown {
+  std::string prefix;   // the records, each under it by its uuid
+  bool member = false;  // a project's views: no usage, move, host or console of the cloud's
+};
+
 // Follows instance records in etcd and says each change as it happens, until interrupted
 // (or, for one instance, until it is deleted). After a lost watch the listing is compared
 // with what was last said, so a change made meanwhile is still told, once.
-awaitable<Outcome> show_watch(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say);
+awaitable<Outcome> show_watch(EtcdClient& etcd, const RecordsShown& shown, const ShowOptions& options, Say& say);
 
 }  // namespace toyvm

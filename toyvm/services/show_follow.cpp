@@ -125,9 +125,9 @@ awaitable<Outcome> show_console(EtcdClient& etcd, const KeyLayout& keys, const S
   co_return ExitCode::ok;
 }
 
-awaitable<Outcome> show_watch(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say) {
+awaitable<Outcome> show_watch(EtcdClient& etcd, const RecordsShown& shown, const ShowOptions& options, Say& say) {
   const bool one = !options.uuid.empty();
-  const std::string key = one ? keys.instance(options.uuid) : keys.instances_prefix();
+  const std::string key = one ? shown.prefix + options.uuid : shown.prefix;
   const std::string range_end = one ? std::string() : prefix_range_end(key);
   auto first = co_await etcd.range(key, range_end);
   if (!first) co_return etcd_error(etcd, first.error());

@@ -1,0 +1,111 @@
+#include "services/member.hpp"
+
+#include "model/projects.hpp"
+#include "model/uuid.hpp"
+
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <fmt/format.h>
+
+namespace toyvm {
+
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+constexpr int64_t request_ttl_s = 15;
+
+// Renews the request's lease until the wait beside it ends.
+awaitable<void> keep_asking(EtcdClient& etcd, int64_t lease) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  std::unique_ptr<EtcdLeaseKeeper> keeper = etcd.keep_alive(lease);
+  while (true) {
+    timer.expires_after(std::chrono::seconds(request_ttl_s) / 3);
+    co_await timer.async_wait(use_awaitable);
+    auto ttl = co_await keeper->ping();
+    if (!ttl || *ttl == 0) keeper = etcd.keep_alive(lease);
+  }
+}
+
+}  // namespace
+
+awaitable<result<std::optional<ProjectMembership>>> caller_membership(EtcdClient& etcd, const KeyLayout& keys,
+                                                                      const EtcdConfig& config, std::string project) {
+  using Found = std::optional<ProjectMembership>;
+  if (config.user.empty() || config.user == "root") co_return Found{};
+  auto roles = co_await etcd.user_roles(config.user);
+  if (!roles) co_return roles.error().doing(fmt::format("reading the roles of etcd user {}", config.user));
+  std::vector<ProjectMembership> memberships;
+  for (const std::string& role : *roles) {
+    if (role == "root") co_return Found{};
+    if (auto membership = parse_etcd_role(keys, role)) memberships.push_back(std::move(*membership));
+  }
+  if (memberships.empty()) co_return Found{};
+  std::optional<ProjectMembership> chosen;
+  for (const ProjectMembership& m : memberships) {
+    if (!project.empty() && m.project != project) continue;
+    if (chosen && chosen->project != m.project)
+      co_return Error(errc::invalid_argument, fmt::format("etcd user {} is in several projects: say which (--project)",
+                                                          config.user));
+    if (!chosen || m.role == ProjectRole::member) chosen = m;
+  }
+  if (!chosen)
+    co_return Error(errc::permission_denied, fmt::format("etcd user {} is not in project {}", config.user, project));
+  co_return chosen;
+}
+
+awaitable<result<ProjectReply>> ask_service(EtcdClient& etcd, const KeyLayout& keys, std::string project,
+                                            ProjectRequest request, Duration timeout) {
+  const std::string id = new_uuid();
+  const std::string request_key = keys.request(project, id), reply_key = keys.reply(project, id);
+  auto lease = co_await etcd.lease_grant(request_ttl_s);
+  if (!lease) co_return lease.error();
+  std::vector<EtcdCompare> fresh{EtcdCompare::absent(request_key)};
+  std::vector<EtcdOp> put{EtcdOp::put(request_key, encode(request), *lease)};
+  auto asked = co_await etcd.txn(std::move(fresh), std::move(put));
+  if (!asked) co_return asked.error().doing("asking the scheduler service");
+  std::optional<ProjectReply> reply;
+  Error unreadable;
+  auto seen = [&](const WatchEvent& event) {
+    if (event.type != WatchEvent::Type::put) return false;
+    auto decoded = decode_reply(event.kv.value);
+    if (decoded) reply = std::move(*decoded);
+    else unreadable = decoded.error();
+    return true;
+  };
+  auto waited = co_await (follow_key(etcd, reply_key, asked->revision + 1,
+                                     std::chrono::duration_cast<std::chrono::milliseconds>(timeout), seen) ||
+                          keep_asking(etcd, *lease));
+  // The request and its reply go with the lease; erased at once all the same.
+  std::vector<EtcdOp> erase{EtcdOp::erase(request_key), EtcdOp::erase(reply_key)};
+  std::vector<EtcdCompare> always;
+  co_await etcd.txn(std::move(always), std::move(erase));
+  co_await etcd.lease_revoke(*lease);
+  auto followed = std::get<0>(std::move(waited));
+  if (!followed) co_return followed.error();
+  if (!*followed)
+    co_return Error(errc::not_reached, fmt::format("no scheduler service answered within {:g} s (is `toyvm scheduler` "
+                                                   "running?); the request is withdrawn",
+                                                   in_seconds(timeout)));
+  if (!reply) co_return unreadable.doing("the scheduler service's reply");
+  co_return std::move(*reply);
+}
+
+Outcome reply_outcome(const ProjectReply& reply, Say& say) {
+  for (const std::string& line : reply.lines) say.line(line);
+  // An answer (0, NO ALLOCATIONS LEFT) is its exit code; an error keeps its category's.
+  if (reply.error.empty()) return static_cast<ExitCode>(reply.exit_code);
+  errc code = errc::changed;
+  switch (static_cast<ExitCode>(reply.exit_code)) {
+    case ExitCode::no_allocations: code = errc::no_allocations_left; break;
+    case ExitCode::usage: code = errc::invalid_argument; break;
+    case ExitCode::not_found: code = errc::not_found; break;
+    case ExitCode::unavailable: code = errc::placement_unavailable; break;
+    case ExitCode::no_address: code = errc::no_address; break;
+    case ExitCode::over_quota: code = errc::over_quota; break;
+    default: break;
+  }
+  return Error(code, reply.error);
+}
+
+}  // namespace toyvm

@@ -1,0 +1,312 @@
+// toyvm scheduler: the long-running service that acts for projects' members, as Nova's and
+// Kubernetes' schedulers do. Members reach only their project's keys (etcd's roles, see
+// model/access.hpp); they put requests there (`requests/<project>/<id>`), and the service,
+// holding the cloud's credentials, reads them, checks the project's quota, claims in
+// Placement and hands over through etcd, for the project the key names, and answers in
+// `replies/<project>/<id>`.
+//
+// Several may run; one leads (an etcd election: `scheduler/leader`, created under its lease)
+// and takes the requests one at a time, so a project's quota is checked with nothing of that
+// project between its check and its claim. A request's instances have the same uuids at
+// every try (model/uuid.hpp), its reply is written in the very transaction that hands them
+// over, and that transaction requires the leader's key as this leader made it: a leader that
+// lost its lease hands nothing over, and one that takes over a request finds what another left
+// (its instances, answered from their records; its claims, given back before claiming again).
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "core/stop.hpp"
+#include "model/keys.hpp"
+#include "model/records.hpp"
+#include "model/requests.hpp"
+#include "model/uuid.hpp"
+#include "services/common.hpp"
+#include "services/instance_lookup.hpp"
+#include "services/scheduler.hpp"
+#include "services/services.hpp"
+
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+
+namespace toyvm {
+namespace {
+
+using namespace asio::experimental::awaitable_operators;
+
+constexpr int64_t leader_ttl_s = 10;
+
+// What a schedule run for a member says, kept for its reply.
+class Recorded final : public Say {
+ public:
+  void line(std::string_view text) override { lines.emplace_back(text); }
+  void note(std::string_view text) override { lines.emplace_back(text); }
+  void raw(std::string_view) override {}
+  std::vector<std::string> lines;
+};
+
+class SchedulerService {
+ public:
+  SchedulerService(asio::io_context& io, const Config& config, std::string name)
+      : io_(io),
+        config_(config),
+        name_(std::move(name)),
+        keys_(config.etcd.prefix),
+        etcd_(EtcdClient::create(config.etcd)),
+        placement_(io.get_executor(), config.placement) {}
+
+  awaitable<Outcome> run() {
+    asio::signal_set signals(io_, SIGINT, SIGTERM);
+    signals.async_wait([this](const error_code& ec, int) {
+      if (!ec) stop_.request();
+    });
+    while (!stop_.requested()) {
+      auto led = co_await campaign();
+      if (!led) {
+        spdlog::warn("scheduler: {}; trying again", led.error().message());
+        co_await stop_.sleep(std::chrono::seconds(1));
+      }
+    }
+    spdlog::info("scheduler: stopped");
+    co_return ExitCode::ok;
+  }
+
+ private:
+  // One election: leads while its lease lives, or waits for the leader's key to go.
+  awaitable<result<void>> campaign() {
+    auto lease = co_await etcd_->lease_grant(leader_ttl_s);
+    if (!lease) co_return lease.error();
+    std::vector<EtcdCompare> vacant{EtcdCompare::absent(keys_.scheduler_leader())};
+    std::vector<EtcdOp> take{EtcdOp::put(keys_.scheduler_leader(), name_, *lease)};
+    std::vector<EtcdOp> look{EtcdOp::get(keys_.scheduler_leader())};
+    auto elected = co_await etcd_->txn(std::move(vacant), std::move(take), std::move(look));
+    if (!elected) co_return elected.error();
+    if (!elected->succeeded) {
+      co_await etcd_->lease_revoke(*lease);
+      int64_t since = elected->revision + 1;
+      auto gone = [](const WatchEvent& event) { return event.type == WatchEvent::Type::erase; };
+      auto waited = co_await follow_key(*etcd_, keys_.scheduler_leader(), since, std::chrono::seconds(leader_ttl_s), gone);
+      if (!waited) co_return waited.error();
+      co_return result<void>{};
+    }
+    spdlog::info("scheduler: {} leads (revision {})", name_, elected->revision);
+    term_ = elected->revision;
+    auto ended = co_await (keep_leading(*lease) || serve());
+    if (ended.index() == 0) spdlog::warn("scheduler: {} lost its lease; it no longer leads", name_);
+    co_await etcd_->lease_revoke(*lease);  // a clean stop hands over at once
+    co_return result<void>{};
+  }
+
+  // Returns when the lease is lost (or the service stops).
+  awaitable<void> keep_leading(int64_t lease) {
+    std::unique_ptr<EtcdLeaseKeeper> keeper = etcd_->keep_alive(lease);
+    while (co_await stop_.sleep(std::chrono::seconds(leader_ttl_s) / 3)) {
+      auto ttl = co_await keeper->ping();
+      if (ttl && *ttl == 0) co_return;
+      if (!ttl) {
+        // Unsure: a lease that may have lapsed is not led on (the hand-overs would be refused).
+        auto again = co_await keeper->ping();
+        if (!again || *again == 0) co_return;
+      }
+    }
+  }
+
+  // The requests without a reply, one at a time, oldest first; then waits for more.
+  awaitable<void> serve() {
+    while (!stop_.requested()) {
+      std::vector<EtcdOp> reads{EtcdOp::get(keys_.requests_root(), prefix_range_end(keys_.requests_root())),
+                                EtcdOp::get(keys_.replies_root(), prefix_range_end(keys_.replies_root()))};
+      std::vector<EtcdCompare> always;
+      auto listed = co_await etcd_->txn(std::move(always), std::move(reads));
+      if (!listed) {
+        spdlog::warn("scheduler: listing requests: {}", listed.error().message());
+        co_await stop_.sleep(std::chrono::seconds(1));
+        continue;
+      }
+      std::set<std::string> answered;
+      for (const KeyValue& kv : listed->ranges[1].kvs) answered.insert(kv.key.substr(keys_.replies_root().size()));
+      std::vector<KeyValue> pending;
+      for (const KeyValue& kv : listed->ranges[0].kvs)
+        if (!answered.count(kv.key.substr(keys_.requests_root().size()))) pending.push_back(kv);
+      std::sort(pending.begin(), pending.end(),
+                [](const KeyValue& a, const KeyValue& b) { return a.create_revision < b.create_revision; });
+      for (const KeyValue& kv : pending) {
+        if (stop_.requested()) co_return;
+        co_await handle(kv);
+      }
+      if (!pending.empty()) continue;  // more may have come meanwhile
+      // Nothing waits: until a request comes (or a while, as a net for a lost watch).
+      auto watch = etcd_->watch(WatchOptions{keys_.requests_root(), prefix_range_end(keys_.requests_root()),
+                                             listed->revision + 1, false});
+      auto next = co_await (watch->next() || stop_.sleep(std::chrono::seconds(30)));
+      (void)next;
+    }
+  }
+
+  awaitable<void> handle(const KeyValue& kv) {
+    // requests/<project>/<id>: the project is the key's, whatever the value says.
+    const std::string rest = kv.key.substr(keys_.requests_root().size());
+    const size_t slash = rest.find('/');
+    const std::string project = rest.substr(0, slash), id = slash == std::string::npos ? "" : rest.substr(slash + 1);
+    if (!is_project_name(project) || !is_uuid(id)) {
+      spdlog::warn("scheduler: ignoring {}: not a request key", kv.key);
+      co_return;
+    }
+    const std::string reply_key = keys_.reply(project, id);
+    // Required by every write of its answer: the request still asked, not answered, and this
+    // service still the leader it was when it read it.
+    std::vector<EtcdCompare> standing{EtcdCompare::present(kv.key), EtcdCompare::absent(reply_key),
+                                      EtcdCompare{keys_.scheduler_leader(), EtcdCompare::Target::create_revision,
+                                                  EtcdCompare::Result::equal, term_, {}}};
+    auto request = decode_request(kv.value);
+    if (!request) {
+      co_await answer(standing, reply_key, kv.lease,
+                      ProjectReply{2, {}, "the request cannot be read: " + request.error().message(), {}});
+      co_return;
+    }
+    spdlog::info("scheduler: {} of project {} asks to {}", request->user, project, to_string(request->action));
+    ProjectReply reply;
+    if (request->action == RequestAction::schedule) {
+      auto done = co_await schedule(project, id, std::move(*request), kv, standing, reply_key);
+      if (!done) co_return;  // answered in its hand-over
+      reply = std::move(*done);
+    } else {
+      reply = co_await power(project, *request);
+    }
+    co_await answer(standing, reply_key, kv.lease, reply);
+  }
+
+  // nullopt: answered by the hand-over itself.
+  awaitable<std::optional<ProjectReply>> schedule(std::string project, std::string id, ProjectRequest request,
+                                                  KeyValue kv, std::vector<EtcdCompare> standing,
+                                                  std::string reply_key) {
+    ScheduleOptions options;
+    options.query = request.query;
+    options.count = request.count;
+    options.name = request.name;
+    options.image = request.image;
+    options.image_sha256 = request.image_sha256;
+    options.image_format = request.image_format;
+    options.availability_zone = request.availability_zone;
+    options.group = request.group;
+    if (!request.group_policy.empty()) options.group_policy = request.group_policy;
+    options.policy = request.policy;
+    options.user_data = std::move(request.user_data);
+    options.named_keys = std::move(request.keys);
+    options.config_drive = request.config_drive;
+    options.project = project;
+    options.user = request.user.empty() ? "unknown" : request.user;
+    if (!options.group.empty() && !parse_group_policy(options.group_policy))
+      co_return ProjectReply{2, {}, fmt::format("bad group policy '{}'", options.group_policy), {}};
+    if (!options.policy.empty() && !parse_weigh_kind(options.policy))
+      co_return ProjectReply{2, {}, fmt::format("bad policy '{}'", options.policy), {}};
+    for (int i = 0; i < options.count; ++i) options.uuids.push_back(request_instance_uuid(id, i));
+    // Asked before this leader led: another may have begun it.
+    if (kv.create_revision < term_) {
+      auto left = co_await left_before(options.uuids, project);
+      if (!left) co_return ProjectReply{5, {}, left.error().message(), {}};
+      if (*left) co_return std::move(**left);
+    }
+    Recorded said;
+    OnBehalf on_behalf{std::move(standing), std::move(reply_key), kv.lease};
+    Scheduler scheduler(io_, config_, options, said, etcd_, std::move(on_behalf));
+    Outcome outcome = co_await scheduler.run();
+    if (outcome && *outcome == ExitCode::ok) co_return std::nullopt;
+    ProjectReply reply;
+    reply.lines = std::move(said.lines);
+    reply.exit_code = outcome ? int(*outcome) : int(exit_code_for(outcome.error().code));
+    if (!outcome) reply.error = outcome.error().message();
+    co_return reply;
+  }
+
+  // What another leader left of the request: its instances (some handed over: answered from
+  // their records), or claims it made and never handed over (given back: no hand-over of
+  // theirs can happen any more, as it required that leader's key). nullopt: nothing is left.
+  awaitable<result<std::optional<ProjectReply>>> left_before(std::vector<std::string> uuids, std::string project) {
+    std::vector<EtcdOp> reads;
+    for (const std::string& uuid : uuids) reads.push_back(EtcdOp::get(keys_.instance(uuid)));
+    std::vector<EtcdCompare> always;
+    auto read = co_await etcd_->txn(std::move(always), std::move(reads));
+    if (!read) co_return read.error();
+    ProjectReply found;
+    for (const RangeResult& range : read->ranges) {
+      if (range.kvs.empty()) continue;
+      auto record = decode_instance(range.kvs.front().value);
+      if (!record || record->project != project) continue;
+      found.lines.push_back(fmt::format("NOTIFIED TARGET, {}, OF INSTANCE {}", record->host, record->uuid));
+      found.instances.push_back(record->uuid);
+    }
+    if (!found.instances.empty()) co_return std::optional<ProjectReply>(std::move(found));
+    for (const std::string& uuid : uuids) {
+      auto held = co_await placement_.consumer_allocations(uuid);
+      if (!held) co_return held.error();
+      if (!held->generation || held->allocations.empty()) continue;
+      spdlog::info("scheduler: giving back claim {} that an earlier leader left", uuid);
+      Allocations none;
+      if (auto released = co_await placement_.replace(uuid, std::move(none), *held->generation, held->owner); !released)
+        co_return released.error();
+    }
+    co_return std::optional<ProjectReply>();
+  }
+
+  // stop, start, destroy: asked of the instance's host as `toyvm stop` asks it, for an
+  // instance of the project only (any other is unknown to it, not forbidden).
+  awaitable<ProjectReply> power(std::string project, ProjectRequest request) {
+    const std::string uuid = request.instance;
+    auto unknown = ProjectReply{3, {}, fmt::format("unknown instance {}", uuid), {}};
+    if (!is_uuid(uuid)) co_return ProjectReply{2, {}, fmt::format("'{}' is not an instance uuid", uuid), {}};
+    auto target = co_await find_instance(*etcd_, keys_, uuid);
+    if (!target) co_return target.error() == errc::not_found ? unknown : ProjectReply{5, {}, target.error().message(), {}};
+    if (target->record.project != project) co_return unknown;
+    const PowerState to = request.action == RequestAction::destroy ? PowerState::deleted
+                          : request.action == RequestAction::stop  ? PowerState::stopped
+                                                                   : PowerState::running;
+    if (to != PowerState::deleted && target->record.state == InstanceState::error)
+      co_return ProjectReply{5, {}, fmt::format("instance {} is in ERROR ({}); destroy it", uuid,
+                                                target->record.error_code), {}};
+    auto asked = co_await request_power(*etcd_, keys_, target->record, to);
+    if (!asked) co_return ProjectReply{int(exit_code_for(asked.error().code)), {}, asked.error().message(), {}};
+    co_return ProjectReply{0, {}, {}, {uuid}};
+  }
+
+  awaitable<void> answer(std::vector<EtcdCompare> standing, std::string reply_key, int64_t lease, ProjectReply reply) {
+    std::vector<EtcdOp> put{EtcdOp::put(reply_key, encode(reply), lease)};
+    auto written = co_await etcd_->txn(std::move(standing), std::move(put));
+    if (!written) spdlog::warn("scheduler: answering {}: {}", reply_key, written.error().message());
+  }
+
+  asio::io_context& io_;
+  const Config& config_;
+  std::string name_;
+  KeyLayout keys_;
+  std::shared_ptr<EtcdClient> etcd_;
+  PlacementClient placement_;
+  StopSignal stop_;
+  int64_t term_ = 0;  // the revision at which this leader's key was made
+};
+
+std::string default_name() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return fmt::format("{}:{}", host, getpid());
+}
+
+}  // namespace
+
+Outcome run_scheduler_service(const Config& base, const SchedulerServiceOptions& options) {
+  Config config = base;
+  config.etcd.keepalive = true;
+  const std::string name = options.name.empty() ? default_name() : options.name;
+  return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
+    SchedulerService service(io, config, name);
+    co_return co_await service.run();
+  });
+}
+
+}  // namespace toyvm
