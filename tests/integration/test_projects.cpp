@@ -346,3 +346,54 @@ TEST_CASE("projects' members reach their own project's instances only, as etcd's
   service->signal(SIGTERM);
   CHECK(service->wait(20) == 0);
 }
+
+TEST_CASE("two scheduler services: the leader killed in the middle of a member's batch, the other finishes it, "
+          "nothing lost or doubled",
+          "[projects][rbac]") {
+  Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
+  ScopedEnv admin("TOYVM_CONFIG", servers.secure_config);
+  std::string rp;
+  auto agent = servers.start_compute("c1", "VCPU:16,DISK_GB:100,MEMORY_MB:8192", &rp);
+  REQUIRE(servers.toyvm({"project", "create", "team-a", "--limit", "instances=4"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "alice"}).exit_code == 0);
+  make_client_certificate(servers.pki(), "alice");
+  const std::string alice = servers.dir() + "/alice.toml";
+  std::ofstream(alice) << fmt::format("[etcd]\nca_file = '{0}/ca.crt'\ncert_file = '{0}/alice.crt'\nkey_file = "
+                                      "'{0}/alice.key'\nuser = 'alice'\n",
+                                      servers.pki());
+
+  // The first leads, and stops with its claims made, before its hand-over.
+  const std::string paused = servers.dir() + "/leader-paused";
+  std::ofstream(paused) << "";
+  std::unique_ptr<Process> first;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "schedule.hand_over=pause(" + paused + ")");
+    first = servers.spawn_toyvm({"scheduler", "--name", "first"}, "first.log");
+  }
+  REQUIRE(wait_for([&] { return first->output().find("first leads") != std::string::npos; }, 20));
+  auto second = servers.spawn_toyvm({"scheduler", "--name", "second"}, "second.log");
+  auto batch = servers.spawn_toyvm({"--config", alice, "schedule", one_vcpu, "--count", "3"}, "batch.log");
+  REQUIRE(wait_for([&] { return first->output().find("failpoint schedule.hand_over: paused") != std::string::npos; },
+                   30));
+  CHECK(used_by(servers, "team-a")["instances"] == 3);  // claimed, not handed over
+  first->signal(SIGKILL);
+  first->wait();
+
+  // The second takes over once the first's lease lapses, gives its claims back, and places
+  // the batch under the same uuids: three instances, three claims.
+  INFO(batch->output() << second->output());
+  REQUIRE(batch->wait(90) == 0);
+  size_t notified = 0;
+  for (size_t at = batch->output().find("NOTIFIED TARGET"); at != std::string::npos;
+       at = batch->output().find("NOTIFIED TARGET", at + 1))
+    ++notified;
+  CHECK(notified == 3);
+  CHECK_THAT(second->output(), Catch::Contains("second leads"));
+  CHECK(used_by(servers, "team-a")["instances"] == 3);
+  CHECK(instance_records(servers) == 3);
+  CHECK(servers.usages(rp)["VCPU"] == 3);
+  // The quota is exact after it: one more fits, the next does not.
+  CHECK(servers.toyvm({"--config", alice, "schedule", one_vcpu}).exit_code == 0);
+  CHECK(servers.toyvm({"--config", alice, "schedule", one_vcpu}).exit_code == 7);
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
