@@ -397,3 +397,44 @@ TEST_CASE("two scheduler services: the leader killed in the middle of a member's
   CHECK(servers.toyvm({"--config", alice, "schedule", one_vcpu}).exit_code == 7);
   CHECK(servers.toyvm({"audit"}).exit_code == 0);
 }
+
+TEST_CASE("instances made before projects are the default project's: nothing moves, and its view is made once a "
+          "scheduler service leads",
+          "[projects]") {
+  Servers servers;
+  std::string rp;
+  auto agent = servers.start_compute("c1", "VCPU:8,DISK_GB:100,MEMORY_MB:8192", &rp);
+  auto made = servers.toyvm({"schedule", one_vcpu, "--wait"});
+  REQUIRE(made.exit_code == 0);
+  const std::string uuid = parse_notified(made.out).second;
+  KeyLayout keys;
+  // As an older toyvm wrote them: no project in the values, no view.
+  auto strip = [](std::string value) {
+    const std::string field = R"("project":"default",)";
+    if (auto at = value.find(field); at != std::string::npos) value.erase(at, field.size());
+    return value;
+  };
+  const std::string work_key = keys.work(rp, uuid), record_key = keys.instance(uuid);
+  const std::string old_work = strip(servers.etcd_prefix(work_key).at(0).value);
+  const std::string old_record = strip(servers.etcd_prefix(record_key).at(0).value);
+  REQUIRE(old_work.find("project") == std::string::npos);
+  servers.etcd_put(work_key, old_work);
+  servers.etcd_put(record_key, old_record);
+  servers.etcd_erase(keys.project_instance("default", uuid));
+  const auto domains_before = published_domains(servers, rp);
+
+  // Read as the default project's, counted in it by Placement (its consumer's id never changed).
+  auto shown = decode_instance(servers.toyvm({"show", uuid, "--json"}).out);
+  REQUIRE(shown);
+  CHECK(shown->project == "default");
+  CHECK(used_by(servers, "default")["instances"] == 1);
+  auto service = servers.spawn_toyvm({"scheduler"}, "scheduler.log");
+  CHECK(wait_for([&] { return !servers.etcd_prefix(keys.project_instance("default", uuid)).empty(); }, 20));
+  CHECK(servers.etcd_prefix(keys.project_instance("default", uuid)).at(0).value == old_record);
+  // Nothing was made again: the same record, the same domain.
+  CHECK(servers.etcd_prefix(record_key).at(0).value == old_record);
+  CHECK(published_domains(servers, rp) == domains_before);
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+  CHECK(servers.toyvm({"destroy", uuid}).exit_code == 0);
+  CHECK(servers.etcd_prefix(keys.project_instance("default", uuid)).empty());
+}

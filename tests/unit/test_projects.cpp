@@ -1,5 +1,10 @@
+#include "model/access.hpp"
 #include "model/projects.hpp"
 #include "model/records.hpp"
+#include "model/requests.hpp"
+#include "model/uuid.hpp"
+
+#include <algorithm>
 
 #include "catch_result.hpp"
 
@@ -98,4 +103,61 @@ TEST_CASE("work and records written before projects are the default project's") 
   // A project name no reader could use is an unreadable value, not the default project.
   CHECK_FALSE(decode_work(R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","project":"../x"})"));
   CHECK_FALSE(decode_instance(R"({"uuid":"7387cdc8-291c-4b02-87ce-895f460b7a80","project":""})"));
+}
+
+TEST_CASE("a project's etcd roles grant its own ranges only, each ending in '/'") {
+  KeyLayout keys("/t/v1");
+  CHECK(etcd_role_name(keys, "team-a", ProjectRole::member) == "/t/v1:team-a:member");
+  CHECK(parse_etcd_role(keys, "/t/v1:team-a:reader") == ProjectMembership{"team-a", ProjectRole::reader});
+  for (const char* other : {"root", "/other:team-a:member", "/t/v1:team-a:admin", "/t/v1:Bad:member", "/t/v1:team-a"})
+    CHECK_FALSE(parse_etcd_role(keys, other));
+  const auto member = project_grants(keys, "team", ProjectRole::member);
+  const auto reader = project_grants(keys, "team", ProjectRole::reader);
+  CHECK(reader.size() == 4);
+  CHECK(member.size() == 6);
+  for (const KeyGrant& grant : member) {
+    if (grant.range_end.empty()) continue;  // one key: its record, its quota, the defaults
+    CHECK(grant.key.ends_with("/team/"));
+    CHECK(grant.range_end == prefix_range_end(grant.key));
+    // "team" is a prefix of "team-a": its ranges do not reach team-a's keys.
+    CHECK_FALSE((keys.project_instance("team-a", "x") >= grant.key && keys.project_instance("team-a", "x") < grant.range_end));
+    CHECK_FALSE((keys.request("team-a", "x") >= grant.key && keys.request("team-a", "x") < grant.range_end));
+  }
+  for (const KeyGrant& grant : reader) CHECK_FALSE(grant.write);
+  CHECK(std::count_if(member.begin(), member.end(), [](const KeyGrant& g) { return g.write; }) == 2);
+  // Nothing of the cloud's: no work, record, host, move or Placement's claims.
+  for (const KeyGrant& grant : member)
+    for (const std::string& key : {keys.work("rp", "x"), keys.instance("x"), keys.host("rp"), keys.move("x"),
+                                   keys.claim("x"), keys.scheduler_leader()})
+      CHECK_FALSE((key >= grant.key && (grant.range_end.empty() ? key == grant.key : key < grant.range_end)));
+}
+
+TEST_CASE("project requests and replies survive a round trip; one that cannot be read is refused") {
+  ProjectRequest schedule;
+  schedule.user = "alice";
+  schedule.query = "resources=VCPU:1";
+  schedule.count = 3;
+  schedule.name = "web";
+  schedule.group = "g";
+  schedule.group_policy = "affinity";
+  schedule.user_data = std::string("#cloud-config\n\0\xff", 16);
+  schedule.keys = {{"alice", "ssh-ed25519 AAAA"}};
+  schedule.config_drive = true;
+  schedule.asked_at = 42;
+  CHECK(*decode_request(encode(schedule)) == schedule);
+  ProjectRequest stop;
+  stop.action = RequestAction::stop;
+  stop.instance = "7387cdc8-291c-4b02-87ce-895f460b7a80";
+  CHECK(*decode_request(encode(stop)) == stop);
+  ProjectReply reply{7, {"a line"}, "project 'team-a' is over its quota: VCPU: 1 used + 2 asked > 2", {"u1", "u2"}};
+  CHECK(*decode_reply(encode(reply)) == reply);
+  CHECK_FALSE(decode_request(R"({"query":"resources=VCPU:1"})"));  // no action
+  CHECK_FALSE(decode_request(R"({"action":"reboot"})"));
+  CHECK_FALSE(decode_request(R"({"action":"schedule","count":0})"));
+  CHECK_FALSE(decode_reply(R"({"exit_code":300})"));
+  // The same uuids for every try of one request, and others for another.
+  CHECK(request_instance_uuid("r1", 0) == request_instance_uuid("r1", 0));
+  CHECK(request_instance_uuid("r1", 0) != request_instance_uuid("r1", 1));
+  CHECK(request_instance_uuid("r1", 0) != request_instance_uuid("r2", 0));
+  CHECK(is_uuid(request_instance_uuid("r1", 0)));
 }

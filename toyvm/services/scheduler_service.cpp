@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 namespace toyvm {
@@ -97,9 +98,60 @@ class SchedulerService {
     }
     spdlog::info("scheduler: {} leads (revision {})", name_, elected->revision);
     term_ = elected->revision;
+    if (auto mended = co_await mend_views(); !mended)
+      spdlog::warn("scheduler: mending projects' views: {}", mended.error().message());
     auto ended = co_await (keep_leading(*lease) || serve());
     if (ended.index() == 0) spdlog::warn("scheduler: {} lost its lease; it no longer leads", name_);
     co_await etcd_->lease_revoke(*lease);  // a clean stop hands over at once
+    co_return result<void>{};
+  }
+
+  // Every instance record with its project's view, and no view without its record: every
+  // writer writes both at once, but records made before projects have none (the default
+  // project's, seen by its members once this has run). Each fix is guarded by what was read;
+  // a record that cannot be read keeps whatever view it has.
+  awaitable<result<void>> mend_views() {
+    const std::string views_root = keys_.prefix() + "/project-instances/";
+    std::vector<EtcdOp> reads{EtcdOp::get(keys_.instances_prefix(), prefix_range_end(keys_.instances_prefix())),
+                              EtcdOp::get(views_root, prefix_range_end(views_root))};
+    std::vector<EtcdCompare> always;
+    auto read = co_await etcd_->txn(std::move(always), std::move(reads));
+    if (!read) co_return read.error();
+    std::map<std::string, const KeyValue*> records, views;  // by uuid; by key
+    for (const KeyValue& kv : read->ranges[0].kvs) records[kv.key.substr(keys_.instances_prefix().size())] = &kv;
+    for (const KeyValue& kv : read->ranges[1].kvs) views[kv.key] = &kv;
+    size_t mended = 0;
+    std::set<std::string> wanted;
+    for (const auto& [uuid, kv] : records) {
+      auto record = decode_instance(kv->value);
+      if (!record) continue;
+      const std::string view = keys_.project_instance(record->project, uuid);
+      wanted.insert(view);
+      auto now = views.find(view);
+      if (now != views.end() && now->second->value == kv->value) continue;
+      std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(kv->key, kv->mod_revision),
+                                       now == views.end() ? EtcdCompare::absent(view)
+                                                          : EtcdCompare::mod_revision_is(view, now->second->mod_revision)};
+      std::vector<EtcdOp> put{EtcdOp::put(view, kv->value)};
+      auto fixed = co_await etcd_->txn(std::move(as_read), std::move(put));
+      if (!fixed) co_return fixed.error();
+      mended += fixed->succeeded;
+    }
+    for (const auto& [key, kv] : views) {
+      if (wanted.count(key)) continue;
+      const std::string uuid = key.substr(key.rfind('/') + 1);
+      auto record = records.find(uuid);
+      if (record != records.end() && !decode_instance(record->second->value)) continue;  // unknown, not absent
+      std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, kv->mod_revision)};
+      as_read.push_back(record == records.end() ? EtcdCompare::absent(keys_.instance(uuid))
+                                                : EtcdCompare::mod_revision_is(record->second->key,
+                                                                               record->second->mod_revision));
+      std::vector<EtcdOp> erase{EtcdOp::erase(key)};
+      auto fixed = co_await etcd_->txn(std::move(as_read), std::move(erase));
+      if (!fixed) co_return fixed.error();
+      mended += fixed->succeeded;
+    }
+    if (mended > 0) spdlog::info("scheduler: mended {} project view(s) of instance records", mended);
     co_return result<void>{};
   }
 
