@@ -51,7 +51,8 @@ expected=$(dpkg-parsechangelog -l "$src/debian/changelog" -S Version)
 [[ "$version" == *"${expected%%-*}"* ]] || fail "toyvm --version says '$version', the package is $expected"
 echo "package: /usr/bin/toyvm --version: $version" >&2
 
-units=(/lib/systemd/system/toyvm-compute.service /lib/systemd/system/toyvm-mdserver.service)
+units=(/lib/systemd/system/toyvm-compute.service /lib/systemd/system/toyvm-mdserver.service
+       /lib/systemd/system/toyvm-scheduler.service)
 for unit in "${units[@]}"; do [ -f "$unit" ] || fail "$unit is not installed"; done
 # Offline: no systemd need run here. Any complaint about toyvm's units fails the test (it
 # also reads the machine's other units, and may say what it thinks of them).

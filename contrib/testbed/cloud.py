@@ -57,13 +57,16 @@ def wait_until(what, check, timeout=30.0):
 class Cloud:
     """`toyvm`: the binary to run, if not the one in `build`."""
 
-    def __init__(self, build, dir, etcd_members=1, postgresql=False, placement_workers=2, toyvm=None):
+    def __init__(self, build, dir, etcd_members=1, postgresql=False, placement_workers=2, toyvm=None,
+                 etcd_secure=False):
         self.toyvm = str(toyvm or build / "toyvm" / "toyvm")
         self.dir = dir
         self.procs = {}
         args = [str(build / "tests" / "integration" / "toyvm-testbed"), "--dir", str(dir), "--etcd-members",
                 str(etcd_members), "--placement-workers", str(placement_workers)]
         log = open(dir / "testbed.log", "a")
+        if etcd_secure:  # TLS with client certificates, and etcd's auth: root for toyvm's own processes
+            args += ["--etcd-tls", "--etcd-auth"]
         self.testbed = subprocess.Popen([*args, *(["--postgresql"] if postgresql else [])], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
         servers = self.ask(None)
@@ -73,6 +76,17 @@ class Cloud:
         self.placement_port = int(self.placement_url.rsplit(":", 1)[1])
         self.placement_log = dir / "placement" / "uwsgi.log"  # its request log (placement-setup.sh)
         self.env = dict(os.environ, TOYVM_ETCD=self.etcd_url, TOYVM_PLACEMENT=self.placement_url)
+        self.pki = pathlib.Path(servers.get("pki", ""))
+        if etcd_secure:
+            self.env["TOYVM_CONFIG"] = servers["config"]
+
+    def member_config(self, user):
+        """A configuration file for etcd user `user`, signed in by a client certificate of its own."""
+        self.ask(f"client-cert {user}")
+        path = self.dir / f"{user}.toml"
+        path.write_text(f"[etcd]\nca_file = '{self.pki}/ca.crt'\ncert_file = '{self.pki}/{user}.crt'\n"
+                        f"key_file = '{self.pki}/{user}.key'\nuser = '{user}'\n")
+        return path
 
     def ask(self, command):
         """One command to the testbed (none: its first line), and its answer."""

@@ -6,8 +6,11 @@
 //   restart-etcd       every member killed (-9) and started again on its data
 //   restart-placement  uWSGI killed (-9) and started again on the same database
 //   compact-etcd       etcd's history compacted up to now: {"revision": N}
-// The end of its input stops them.
+//   client-cert NAME   a client certificate for etcd user NAME: <pki>/NAME.crt and .key
+// The end of its input stops them. With --etcd-tls and --etcd-auth, its first line also names
+// the configuration file of etcd's root ("config") and the CA's directory ("pki").
 //   usage: toyvm-testbed --dir DIR [--etcd-members N] [--postgresql] [--placement-workers N]
+//                        [--etcd-tls] [--etcd-auth]
 
 #include "harness.hpp"
 
@@ -41,6 +44,8 @@ int main(int argc, char** argv) {
     else if (arg == "--etcd-members" && valued) options.etcd_members = std::stoi(argv[++i]);
     else if (arg == "--placement-workers" && valued) options.placement_workers = std::stoi(argv[++i]);
     else if (arg == "--postgresql") options.postgresql = true;
+    else if (arg == "--etcd-tls") options.etcd_tls = true;
+    else if (arg == "--etcd-auth") options.etcd_auth = true;
     else {
       std::fprintf(stderr, "toyvm-testbed: unknown argument %s\n", argv[i]);
       return 2;
@@ -53,8 +58,9 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   try {
     Servers servers(options);
-    say(fmt::format(R"({{"etcd": ["{}"], "placement": "{}"}})", fmt::join(servers.config.etcd.endpoints, "\", \""),
-                    servers.config.placement.endpoint));
+    say(fmt::format(R"({{"etcd": ["{}"], "placement": "{}", "config": "{}", "pki": "{}"}})",
+                    fmt::join(servers.config.etcd.endpoints, "\", \""), servers.config.placement.endpoint,
+                    servers.secure_config, servers.pki()));
     for (std::string command; std::getline(std::cin, command);) {
       if (command == "restart-etcd") {
         servers.stop_etcd(SIGKILL);
@@ -63,6 +69,9 @@ int main(int argc, char** argv) {
       } else if (command == "restart-placement") {
         servers.stop_placement();
         servers.start_placement_again();
+        say(R"({"ok": true})");
+      } else if (command.starts_with("client-cert ")) {
+        make_client_certificate(servers.pki(), command.substr(12));
         say(R"({"ok": true})");
       } else if (command == "compact-etcd") {
         say(fmt::format(R"({{"ok": true, "revision": {}}})", servers.etcd_compact()));

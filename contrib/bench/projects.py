@@ -1,0 +1,104 @@
+#!/usr/bin/python3
+"""A project member's schedule through the scheduler service against the cloud admin's direct
+schedule, in one run on one cloud: etcd with TLS, client certificates and its auth on (the
+admin is root, the member a user of its own with the project's role; both sign in by
+certificate), Placement on sqlite, AGENTS agents on libvirt's test driver, one `toyvm
+scheduler`. Each schedule is a `toyvm schedule` process, as a user runs it: SEQUENTIAL one after another for each path (p50,
+p99), then 16 users at once making ROUNDS each (instances a second), every instance destroyed
+between the paths; then `toyvm audit` clean and the project's use exact.
+
+  usage: projects.py --build DIR [--agents 4] [--sequential 40] [--rounds 6] [--users 16]
+"""
+
+import argparse
+import concurrent.futures
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "testbed"))
+from cloud import Cloud, wait_until  # noqa: E402
+
+QUERY = "resources=VCPU:1,MEMORY_MB:64,DISK_GB:1"
+INVENTORY = "VCPU:4000,MEMORY_MB:1024000,DISK_GB:100000"
+
+
+def percentile(values, p):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--build", required=True)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--sequential", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--users", type=int, default=16)
+    args = parser.parse_args()
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-projects-"))
+    cloud = Cloud(pathlib.Path(args.build), workdir, etcd_secure=True)
+    ok = False
+    try:
+        for i in range(args.agents):
+            cloud.start_agent(f"h{i}", INVENTORY)
+        wait_until("every agent", lambda: sum(h["alive"] for h in cloud.hosts()) == args.agents, 120)
+        cloud.spawn("scheduler", [cloud.toyvm, "scheduler"], cloud.env)
+        for command in (["project", "create", "bench"], ["project", "add-member", "bench", "alice"]):
+            done = cloud.run(*command)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(command)}: {done.stderr}")
+        member = ["--config", str(cloud.member_config("alice"))]
+        # The admin signs in as the member does, by certificate (root's): a password's bcrypt
+        # costs every process tens of milliseconds, which would be measured instead.
+        admin = ["--config", str(cloud.member_config("root"))]
+        # (before the command, after it)
+        paths = {"admin, direct": (admin, ["--project", "bench"]), "member, through the service": (member, [])}
+
+        def schedule(extra):
+            started = time.monotonic()
+            done = cloud.run(*extra[0], "schedule", QUERY, *extra[1])
+            if done.returncode != 0:
+                raise RuntimeError(f"schedule {extra}: exit {done.returncode}: {done.stderr}")
+            return time.monotonic() - started
+
+        def destroy_all():
+            uuids = [i["uuid"] for i in cloud.instances()]
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda uuid: cloud.run("destroy", uuid, "--no-wait"), uuids))
+            wait_until("every instance gone", lambda: not cloud.instances(), 300)
+
+        results = {}
+        for name, extra in paths.items():
+            schedule(extra)  # warm: the first pays for the caches
+            seq = [schedule(extra) for _ in range(args.sequential)]
+            started = time.monotonic()
+            with concurrent.futures.ThreadPoolExecutor(args.users) as pool:
+                list(pool.map(lambda _: schedule(extra), range(args.users * args.rounds)))
+            wall = time.monotonic() - started
+            results[name] = (statistics.median(seq), percentile(seq, 99), args.users * args.rounds / wall)
+            destroy_all()
+        print(f"{'path':<30} {'p50 ms':>8} {'p99 ms':>8} {f'at {args.users}, /s':>12}")
+        for name, (p50, p99, rate) in results.items():
+            print(f"{name:<30} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {rate:12.1f}")
+        (a50, _, arate), (m50, _, mrate) = results.values()
+        print(f"member / admin: p50 x{m50 / a50:.2f}, throughput x{mrate / arate:.2f}")
+        audit = cloud.run("audit")
+        used = cloud.run("project", "show", "bench", "--json")
+        print(f"audit exit {audit.returncode}; project bench after destroying all: {used.stdout.strip()}")
+        ok = audit.returncode == 0 and '"instances":0' in used.stdout
+    finally:
+        cloud.shutdown()
+    if ok:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"logs in {workdir}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
