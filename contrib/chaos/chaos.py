@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A seeded fault campaign: several agents on libvirt's test driver, a random mix of
-operations (schedule, --count, server groups, bad images, stop, start, destroy) and faults
+operations (schedule, --count, server groups, bad images, stop, start, destroy, schedules of
+two projects at the edges of their quotas) and faults
 (agents killed -9 or stopped and restarted, an agent killed and its host evacuated before it
 comes back, an agent restarted with its state dir wiped, etcd restarted or its history
 compacted, Placement's uWSGI restarted), and operators acting at once with the agents and
@@ -8,8 +9,9 @@ each other (two evacuations of one dead host, `destroy --force` racing an evacua
 --fix` during a large batch, a work value this toyvm cannot read written and later put back,
 batches with user data near its limit, live and cold moves, resizes, and host drains). Then it lets things settle
 and requires: `toyvm audit` clean, every instance ACTIVE, STOPPED, ERROR or gone, no move left
-in flight, no provider over its capacity, and no guest lost that had work (audit's
-instance_without_domain).
+in flight, no provider over its capacity, no guest lost that had work (audit's
+instance_without_domain), each project within its quota with Placement counting exactly its
+instances that hold something, and the projects' views of the records exactly the records.
 libvirt's test driver can neither migrate a domain nor stream or resize a volume: every move
 and resize here gets as far as its books and the destination's files (a cold one: its guest
 powered off) and is then undone (or meets a fault on the way), which is what it checks;
@@ -39,6 +41,8 @@ from cloud import ROOT, Cloud, wait_until  # noqa: E402
 INVENTORY = "VCPU:16,MEMORY_MB:8192,DISK_GB:64"
 FLAVORS = ["resources=VCPU:1,MEMORY_MB:256,DISK_GB:1", "resources=VCPU:2,MEMORY_MB:512,DISK_GB:2"]
 FINAL = {"ACTIVE", "STOPPED", "ERROR"}
+# Projects whose quotas the campaign schedules against, at their edges: (name, limits).
+PROJECTS = [("p1", {"instances": 6, "VCPU": 8}), ("p2", {"instances": 4})]
 
 
 class ChaosCloud(Cloud):
@@ -57,6 +61,10 @@ class ChaosCloud(Cloud):
             self.start_agent(name)
         for name in self.agents:
             self.wait_agent(name)
+        for name, limits in PROJECTS:
+            made = self.run("project", "create", name, *[f"--limit={k}={v}" for k, v in limits.items()])
+            if made.returncode != 0:
+                raise RuntimeError(f"project create {name}: {made.stderr}")
 
     def start_agent(self, name, inventory=INVENTORY, config=None):
         return super().start_agent(name, inventory, config or self.config)
@@ -85,9 +93,11 @@ class Campaign:
     def operation(self):
         rng, cloud = self.rng, self.cloud
         kind = rng.choices(["schedule", "count", "group", "bad_image", "destroy", "stop", "start", "migrate",
-                            "migrate_cold", "resize"], weights=[6, 2, 2, 1, 4, 2, 2, 2, 1, 1])[0]
+                            "migrate_cold", "resize", "project"], weights=[6, 2, 2, 1, 4, 2, 2, 2, 1, 1, 4])[0]
         flavor = rng.choice(FLAVORS)
-        if kind == "schedule":
+        if kind == "project":  # at the edge of its quota: placed, or refused with exit 7
+            args = ["schedule", flavor, "--project", rng.choice(PROJECTS)[0], "--count", str(rng.randint(1, 3))]
+        elif kind == "schedule":
             args = ["schedule", flavor, "--image", "good.raw"]
         elif kind == "count":
             args = ["schedule", flavor, "--count", str(rng.randint(2, 5))]
@@ -269,7 +279,34 @@ class Campaign:
         over = cloud.overbooked()
         if over:
             problems.append(f"providers over capacity: {over}")
+        problems += self.check_projects()
         return problems, found
+
+    def check_projects(self):
+        """Each project within its quota as Placement counts it, that count the project's
+        instances that hold something (ACTIVE or STOPPED), and its views its records exactly."""
+        problems = []
+        instances = self.cloud.instances()
+        for name, limits in PROJECTS:
+            shown = self.cloud.run("project", "show", name, "--json")
+            if shown.returncode != 0:
+                problems.append(f"project show {name}: exit {shown.returncode} {shown.stderr.strip()}")
+                continue
+            used = json.loads(shown.stdout)["used"]
+            for limit, most in limits.items():
+                if used.get(limit, 0) > most:
+                    problems.append(f"project {name} above its quota: {limit} {used.get(limit, 0)} > {most}")
+            holding = [i["uuid"] for i in instances if i.get("project") == name and i["state"] in ("ACTIVE", "STOPPED")]
+            if used.get("instances", 0) != len(holding):
+                problems.append(f"project {name}: Placement counts {used.get('instances', 0)} instances, "
+                                f"{len(holding)} hold something")
+        records = {i["uuid"]: i.get("project", "default") for i in instances}
+        views = self.cloud.etcdctl("get", "--prefix", "--keys-only", "/toyvm/v1/project-instances/").stdout.split()
+        seen = {key.rsplit("/", 1)[1]: key.split("/")[-2] for key in views}
+        if seen != records:
+            problems.append(f"projects' views differ from the records: views {sorted(seen.items())}, "
+                            f"records {sorted(records.items())}")
+        return problems
 
 
 def write_junit(path, name, problems, seconds):

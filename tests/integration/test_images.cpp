@@ -301,9 +301,9 @@ TEST_CASE("show --console prints the tail the agent published", "[images]") {
   CHECK_THAT(raw, Catch::EndsWith("\r\n\x1b]0;owned\x07\x1b[2Jlogin: \n"));
 
   // Read and gone: nobody asks, so a console that keeps growing costs etcd nothing.
-  CHECK(host.servers.etcd_prefix(KeyLayout().console_prefix(uuid)).empty());
+  CHECK(host.servers.etcd_prefix(KeyLayout().console_prefix("default", uuid)).empty());
   write_file(log, std::string(20000, '.') + "\r\nlogin: root\r\n# ");
-  CHECK_FALSE(wait_for([&] { return !host.servers.etcd_prefix(KeyLayout().console_prefix(uuid)).empty(); }, 2));
+  CHECK_FALSE(wait_for([&] { return !host.servers.etcd_prefix(KeyLayout().console_prefix("default", uuid)).empty(); }, 2));
 
   // --follow prints what the guest writes next, once.
   auto follow = host.servers.spawn_toyvm({"show", uuid, "--console", "--follow"}, "follow.log");
@@ -321,7 +321,7 @@ TEST_CASE("show --console prints the tail the agent published", "[images]") {
   std::string followed = follow->output();
   CHECK(followed.find("login: root") == followed.rfind("login: root"));
   // Its request and the console go with its lease.
-  CHECK(wait_for([&] { return host.servers.etcd_prefix(KeyLayout().console_prefix(uuid)).empty(); }, 20));
+  CHECK(wait_for([&] { return host.servers.etcd_prefix(KeyLayout().console_prefix("default", uuid)).empty(); }, 20));
 
   // Two followers at once: the second one leaving does not end the first one's.
   auto first = host.servers.spawn_toyvm({"show", uuid, "--console", "--follow"}, "follow-1.log");
@@ -336,7 +336,7 @@ TEST_CASE("show --console prints the tail the agent published", "[images]") {
   first->wait();
 
   CHECK(host.servers.toyvm({"destroy", uuid}).exit_code == 0);
-  CHECK(host.servers.etcd_prefix(KeyLayout().console_prefix(uuid)).empty());
+  CHECK(host.servers.etcd_prefix(KeyLayout().console_prefix("default", uuid)).empty());
 }
 
 TEST_CASE("show --console says so when the instance's host does not answer", "[images]") {

@@ -332,10 +332,66 @@ TEST_CASE("projects' members reach their own project's instances only, as etcd's
   CHECK(own.exit_code == 0);
   CHECK_THAT(own.out, Catch::Contains(uuid));
 
+  // Consoles: the project's members and readers ask through its keys, the service passes it on
+  // to the host, whose agent publishes it where the project may read it.
+  std::ofstream(servers.dir() + "/c1/instances/" + uuid + "/console.log") << "booted\r\nlogin: ";
+  for (const std::string& who : {alice, carol}) {
+    auto console = as(who, {"show", uuid, "--console"});
+    INFO(console.out << console.err);
+    CHECK(console.exit_code == 0);
+    CHECK_THAT(console.out, Catch::Contains("login: "));
+  }
+  auto not_theirs = as(bob, {"show", uuid, "--console"});
+  CHECK(not_theirs.exit_code == 3);
+  denied("bob", "get /toyvm/v1/console/team-a/ --prefix");
+
   // A removed member reaches nothing more.
   REQUIRE(servers.toyvm({"project", "remove-member", "team-a", "carol"}).exit_code == 0);
   CHECK(as(carol, {"show", uuid}).exit_code != 0);
   denied("carol", "get /toyvm/v1/project-instances/team-a/ --prefix");
+
+  // 16 of one project at once through the service, at the edge of its quota: the service takes
+  // them one at a time, so exactly what fits is placed, and every other is refused with its
+  // numbers. Then batches of 2 the same way.
+  REQUIRE(servers.toyvm({"project", "create", "edge", "--limit", "VCPU=6"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "edge", "eve"}).exit_code == 0);
+  const std::string eve = config_of("eve");
+  auto race = [&](std::vector<std::string> extra, int each) {
+    std::vector<std::unique_ptr<Process>> racing;
+    for (int i = 0; i < 16; ++i) {
+      std::vector<std::string> args{"--config", eve, "schedule", one_vcpu};
+      args.insert(args.end(), extra.begin(), extra.end());
+      racing.push_back(servers.spawn_toyvm(args, "edge-" + std::to_string(each) + "-" + std::to_string(i) + ".log"));
+    }
+    int placed = 0;
+    for (auto& p : racing) {
+      const int code = p->wait(120);
+      INFO(p->output());
+      REQUIRE((code == 0 || code == 7));
+      if (code == 0) placed += each;
+      else CHECK_THAT(p->output(), Catch::Matches("(.|\n)*VCPU: [0-9]+ used \\+ [12] asked > (6|12)(.|\n)*"));
+    }
+    return placed;
+  };
+  CHECK(race({}, 1) == 6);
+  CHECK(used_by(servers, "edge")["VCPU"] == 6);
+  REQUIRE(servers.toyvm({"project", "set", "edge", "--limit", "VCPU=12"}).exit_code == 0);
+  CHECK(race({"--count", "2"}, 2) == 6);
+  CHECK(used_by(servers, "edge")["VCPU"] == 12);
+  // Its member follows its own instances as they change, and sees no other project's.
+  auto watching = servers.spawn_toyvm({"--config", eve, "show", "--watch"}, "eve-watch.log");
+  REQUIRE(servers.toyvm({"project", "set", "edge", "--limit", "VCPU=13"}).exit_code == 0);
+  auto last = as(eve, {"schedule", one_vcpu});
+  REQUIRE(last.exit_code == 0);
+  const std::string last_uuid = parse_notified(last.out).second;
+  CHECK(wait_for([&] { return watching->output().find(last_uuid) != std::string::npos; }, 30));
+  REQUIRE(as(alice, {"schedule", one_vcpu}).exit_code == 0);
+  CHECK(as(eve, {"destroy", last_uuid}).exit_code == 0);
+  CHECK(wait_for([&] { return watching->output().find(last_uuid + "  DELETED") != std::string::npos; }, 30));
+  watching->signal(SIGTERM);
+  watching->wait(10);
+  for (const KeyValue& kv : servers.etcd_prefix(KeyLayout().project_instances_prefix("team-a")))
+    CHECK(watching->output().find(kv.key.substr(kv.key.rfind('/') + 1)) == std::string::npos);
 
   // The member's own destroy goes through, and the service acts on nothing else.
   auto destroyed = as(alice, {"destroy", uuid});

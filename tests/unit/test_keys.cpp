@@ -82,7 +82,7 @@ TEST_CASE("an instance's keys are listed in one place: work, record, membership,
   const std::vector<Range> alone{{"/p/work/rp/i-1", ""},
                                  {"/p/instances/i-1", ""},
                                  {"/p/project-instances/team-a/i-1", ""},
-                                 {"/p/console/i-1/", "/p/console/i-10"},
+                                 {"/p/console/team-a/i-1/", "/p/console/team-a/i-10"},
                                  {"/p/usage/i-1", ""},
                                  {"/p/moves/i-1", ""}};
   CHECK(keys.instance_keys("rp", "i-1", "", "team-a") == alone);

@@ -35,7 +35,10 @@ std::vector<KeyGrant> project_grants(const KeyLayout& keys, std::string_view pro
     std::string end = prefix_range_end(prefix);
     return KeyGrant{write, std::move(prefix), std::move(end)};
   };
+  // Both may read the consoles of its instances: ask (passed on by the scheduler service) and read.
   std::vector<KeyGrant> grants{range(false, keys.project_instances_prefix(project)),
+                               range(true, keys.project_console_requests_root() + std::string(project) + "/"),
+                               range(false, keys.prefix() + "/console/" + std::string(project) + "/"),
                                KeyGrant{false, keys.project(project), {}},
                                KeyGrant{false, keys.quota(project), {}},
                                KeyGrant{false, keys.quota_defaults(), {}}};

@@ -78,7 +78,7 @@ std::vector<KeyLayout::Range> KeyLayout::instance_keys(std::string_view host, st
   std::vector<Range> keys{{work(host, uuid), {}},
                           {instance(uuid), {}},
                           {project_instance(project, uuid), {}},
-                          {console_prefix(uuid), prefix_range_end(console_prefix(uuid))},
+                          {console_prefix(project, uuid), prefix_range_end(console_prefix(project, uuid))},
                           {usage(uuid), {}},
                           {move(uuid), {}}};
   if (!group.empty()) keys.push_back({group_member(group, uuid), {}});

@@ -4,8 +4,11 @@
 //   <prefix>/work/<rp>/<instance>    desired state of an instance on a host
 //   <prefix>/instances/<instance>    observed state of an instance
 //   <prefix>/groups/<name>/<instance> server group membership: the member's host
-//   <prefix>/console/<instance>/<asker>  the tail of the serial console, for one asker (under its lease)
-//   <prefix>/console-requests/<rp>/<instance>/<asker>  an asker asks for it (under its lease)
+//   <prefix>/console/<project>/<instance>/<asker>  the tail of the serial console, for one asker (under its lease)
+//   <prefix>/console-requests/<rp>/<instance>/<asker>  an asker asks for it (under its lease; its
+//                                    value: the instance's project)
+//   <prefix>/project-console-requests/<project>/<instance>/<asker>  a project's member asks for
+//                                    it; the scheduler service passes it on to the host
 //   <prefix>/usage/<instance>        what the instance uses (CPU, memory, disk), while asked for
 //   <prefix>/usage-requests/<rp>/<instance>  someone asks for it (under the asker's lease)
 //   <prefix>/domains/<rp>/<instance> a domain the host's agent has (no value), under its lease
@@ -45,9 +48,16 @@ class KeyLayout {
   std::string instance(std::string_view uuid) const;
   // Each asker (named by its lease, in hex) has a request and a copy of its own: askers come
   // and go without ending each other's.
-  std::string console_prefix(std::string_view uuid) const { return prefix_ + "/console/" + std::string(uuid) + "/"; }
-  std::string console(std::string_view uuid, std::string_view asker) const {
-    return console_prefix(uuid) + std::string(asker);
+  // The copies are under the instance's project, where its members may read them.
+  std::string console_prefix(std::string_view project, std::string_view uuid) const {
+    return prefix_ + "/console/" + std::string(project) + "/" + std::string(uuid) + "/";
+  }
+  std::string console(std::string_view project, std::string_view uuid, std::string_view asker) const {
+    return console_prefix(project, uuid) + std::string(asker);
+  }
+  std::string project_console_requests_root() const { return prefix_ + "/project-console-requests/"; }
+  std::string project_console_request(std::string_view project, std::string_view uuid, std::string_view asker) const {
+    return project_console_requests_root() + std::string(project) + "/" + std::string(uuid) + "/" + std::string(asker);
   }
   std::string console_requests_prefix(std::string_view rp) const {
     return prefix_ + "/console-requests/" + std::string(rp) + "/";

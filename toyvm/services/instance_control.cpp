@@ -151,8 +151,9 @@ awaitable<Outcome> member_power(EtcdClient& etcd, const KeyLayout& keys, const P
     }
     return record->state == wanted;
   };
-  auto followed = co_await follow_key(etcd, keys.project_instance(member.project, uuid), 0,
-                                      std::chrono::duration_cast<std::chrono::milliseconds>(timeout), reached);
+  const auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
+  std::function<bool(const WatchEvent&)> seen = reached;  // made outside co_await (GCC 12)
+  auto followed = co_await follow_key(etcd, keys.project_instance(member.project, uuid), 0, wait_ms, std::move(seen));
   if (!followed) co_return etcd_error(etcd, followed.error());
   if (!*followed) co_return Error(errc::not_reached, fmt::format("instance {} is not {} after {:g} s", uuid, done,
                                                                  in_seconds(timeout)));

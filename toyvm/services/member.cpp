@@ -73,8 +73,9 @@ awaitable<result<ProjectReply>> ask_service(EtcdClient& etcd, const KeyLayout& k
     else unreadable = decoded.error();
     return true;
   };
-  auto waited = co_await (follow_key(etcd, reply_key, asked->revision + 1,
-                                     std::chrono::duration_cast<std::chrono::milliseconds>(timeout), seen) ||
+  const auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
+  std::function<bool(const WatchEvent&)> seen_reply = seen;  // made outside co_await (GCC 12)
+  auto waited = co_await (follow_key(etcd, reply_key, asked->revision + 1, wait_ms, std::move(seen_reply)) ||
                           keep_asking(etcd, *lease));
   // The request and its reply go with the lease; erased at once all the same.
   std::vector<EtcdOp> erase{EtcdOp::erase(request_key), EtcdOp::erase(reply_key)};

@@ -24,6 +24,8 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
                                                std::string resize_to) {
   const bool resize = !resize_to.empty();
   cold = cold || resize;
+  ProjectUsage grows;                     // a resize: what it grows by
+  std::optional<ProjectStanding> project;  // whose quota that counts against
   auto recorded = co_await etcd_.range(keys_.instance(uuid));
   if (!recorded) co_return recorded.error();
   if (recorded->kvs.empty()) co_return Error(errc::not_found, fmt::format("no instance {}", uuid));
@@ -60,15 +62,15 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
     if (!after) co_return after.error().doing(fmt::format("resizing instance {}", uuid));
     // What it grows by counts against its project's quota (Placement counts its new size once,
     // never the old size its migration consumer keeps meanwhile); shrinking is always allowed.
-    ProjectUsage grows;
     for (const auto& [rc, amount] : after->resources) {
       auto before = work->resources.find(rc);
       const int64_t more = amount - (before == work->resources.end() ? 0 : before->second);
       if (more > 0) grows.amounts[rc] = more;
     }
     if (!grows.amounts.empty()) {
-      auto project = co_await read_project(etcd_, keys_, work->project);
-      if (!project) co_return project.error();
+      auto read = co_await read_project(etcd_, keys_, work->project);
+      if (!read) co_return read.error();
+      project = std::move(*read);
       auto fits = co_await check_quota(placer_.placement(), placer_.config().placement, *project, grows, false);
       if (!fits) co_return fits.error();
     }
@@ -112,6 +114,15 @@ awaitable<result<MoveAsked>> MoveRequests::ask(std::string uuid, std::string des
   if (relocated && relocated->outcome == Relocated::Outcome::moved) {
     move.destination = relocated->host;
     move.state = MoveState::claimed;
+    // Again with the new size counted: a request of the project that raced it may have taken
+    // the room; the resize then gives way, undone by its source's agent as an abort is.
+    if (project) {
+      auto fits = co_await check_quota(placer_.placement(), placer_.config().placement, *project, grows, true);
+      if (!fits) {
+        co_await abort(uuid);
+        co_return fits.error();
+      }
+    }
     co_return MoveAsked{std::move(move), relocated->revision};
   }
   if (relocated && relocated->outcome == Relocated::Outcome::stranded)

@@ -54,7 +54,10 @@ class ProjectAdmin {
   awaitable<Outcome> act() {
     using Action = ProjectOptions::Action;
     if (options_.action == Action::list) co_return co_await list();
-    if (options_.action == Action::set && options_.defaults) co_return co_await set_limits({});
+    if (options_.action == Action::set && options_.defaults) {
+      std::string defaults;  // no project: the defaults
+      co_return co_await set_limits(std::move(defaults));
+    }
     if (!is_project_name(options_.name))
       co_return Error(errc::invalid_argument, fmt::format("bad project name '{}' (1 to 32 of a-z 0-9 - _, starting "
                                                           "with a letter or digit)",

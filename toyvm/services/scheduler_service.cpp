@@ -26,6 +26,7 @@
 #include "services/services.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -64,8 +65,12 @@ class SchedulerService {
 
   awaitable<Outcome> run() {
     asio::signal_set signals(io_, SIGINT, SIGTERM);
+    // A stop hands the lead over at once (its key goes with its lease) and ends the loop
+    // wherever it waits: a request half done is the next leader's, as after a crash.
     signals.async_wait([this](const error_code& ec, int) {
-      if (!ec) stop_.request();
+      if (ec) return;
+      stop_.request();
+      asio::co_spawn(io_, step_down(), asio::detached);
     });
     while (!stop_.requested()) {
       auto led = co_await campaign();
@@ -98,11 +103,12 @@ class SchedulerService {
     }
     spdlog::info("scheduler: {} leads (revision {})", name_, elected->revision);
     term_ = elected->revision;
+    lease_ = *lease;
     if (auto mended = co_await mend_views(); !mended)
       spdlog::warn("scheduler: mending projects' views: {}", mended.error().message());
-    auto ended = co_await (keep_leading(*lease) || serve());
+    auto ended = co_await (keep_leading(*lease) || (serve() && relay_consoles()));
     if (ended.index() == 0) spdlog::warn("scheduler: {} lost its lease; it no longer leads", name_);
-    co_await etcd_->lease_revoke(*lease);  // a clean stop hands over at once
+    if (std::exchange(lease_, 0)) co_await etcd_->lease_revoke(*lease);
     co_return result<void>{};
   }
 
@@ -155,6 +161,16 @@ class SchedulerService {
     co_return result<void>{};
   }
 
+  awaitable<void> step_down() {
+    if (const int64_t lease = std::exchange(lease_, 0)) co_await etcd_->lease_revoke(lease);
+    spdlog::info("scheduler: {} stopped", name_);
+    io_.stop();
+  }
+
+ public:
+  bool stopped() const { return stop_.requested(); }
+
+ private:
   // Returns when the lease is lost (or the service stops).
   awaitable<void> keep_leading(int64_t lease) {
     std::unique_ptr<EtcdLeaseKeeper> keeper = etcd_->keep_alive(lease);
@@ -201,6 +217,45 @@ class SchedulerService {
     }
   }
 
+  // A member's console request (`project-console-requests/<project>/<instance>/<asker>`, under
+  // its lease) passed on to the instance's host, under the same lease, for an instance of that
+  // project only; the host's agent publishes the console where the project may read it.
+  awaitable<void> relay_consoles() {
+    const std::string root = keys_.project_console_requests_root();
+    AsyncQueue<KeyValue> asked;  // filled as etcd tells, emptied one at a time
+    // (Made outside co_await: GCC 12 mishandles lambdas made inside it.)
+    std::function<void(const RangeResult&)> listed = [&](const RangeResult& listing) {
+      for (const KeyValue& kv : listing.kvs) asked.push(kv);
+    };
+    std::function<void(const WatchEvent&)> changed = [&](const WatchEvent& event) {
+      if (event.type == WatchEvent::Type::put) asked.push(event.kv);
+    };
+    std::function<bool()> stopping = [&] { return stop_.requested(); };
+    co_await (follow_range(*etcd_, root, prefix_range_end(root), std::move(listed), std::move(changed),
+                           std::move(stopping)) ||
+              pass_all(asked, root));
+  }
+
+  awaitable<void> pass_all(AsyncQueue<KeyValue>& asked, std::string root) {
+    while (true) {
+      KeyValue kv = co_await asked.async_pop();
+      co_await pass_on(root, std::move(kv));
+    }
+  }
+
+  awaitable<void> pass_on(std::string root, KeyValue kv) {
+    const std::string rest = kv.key.substr(root.size());  // <project>/<instance>/<asker>
+    const size_t first = rest.find('/'), second = first == std::string::npos ? first : rest.find('/', first + 1);
+    if (second == std::string::npos || second + 1 == rest.size()) co_return;
+    const std::string project = rest.substr(0, first), uuid = rest.substr(first + 1, second - first - 1),
+                      asker = rest.substr(second + 1);
+    if (!is_project_name(project) || !is_uuid(uuid)) co_return;
+    auto target = co_await find_instance(*etcd_, keys_, uuid);
+    if (!target || target->record.project != project) co_return;  // not the project's: nothing to show it
+    auto put = co_await etcd_->put(keys_.console_request(target->record.host, uuid, asker), project, kv.lease);
+    if (!put) spdlog::debug("scheduler: passing on {}: {}", kv.key, put.error().message());
+  }
+
   awaitable<void> handle(const KeyValue& kv) {
     // requests/<project>/<id>: the project is the key's, whatever the value says.
     const std::string rest = kv.key.substr(keys_.requests_root().size());
@@ -218,8 +273,8 @@ class SchedulerService {
                                                   EtcdCompare::Result::equal, term_, {}}};
     auto request = decode_request(kv.value);
     if (!request) {
-      co_await answer(standing, reply_key, kv.lease,
-                      ProjectReply{2, {}, "the request cannot be read: " + request.error().message(), {}});
+      ProjectReply refused{2, {}, "the request cannot be read: " + request.error().message(), {}};
+      co_await answer(standing, reply_key, kv.lease, std::move(refused));
       co_return;
     }
     spdlog::info("scheduler: {} of project {} asks to {}", request->user, project, to_string(request->action));
@@ -314,7 +369,8 @@ class SchedulerService {
     auto unknown = ProjectReply{3, {}, fmt::format("unknown instance {}", uuid), {}};
     if (!is_uuid(uuid)) co_return ProjectReply{2, {}, fmt::format("'{}' is not an instance uuid", uuid), {}};
     auto target = co_await find_instance(*etcd_, keys_, uuid);
-    if (!target) co_return target.error() == errc::not_found ? unknown : ProjectReply{5, {}, target.error().message(), {}};
+    if (!target && target.error() == errc::not_found) co_return unknown;
+    if (!target) co_return ProjectReply{5, {}, target.error().message(), {}};
     if (target->record.project != project) co_return unknown;
     const PowerState to = request.action == RequestAction::destroy ? PowerState::deleted
                           : request.action == RequestAction::stop  ? PowerState::stopped
@@ -340,7 +396,8 @@ class SchedulerService {
   std::shared_ptr<EtcdClient> etcd_;
   PlacementClient placement_;
   StopSignal stop_;
-  int64_t term_ = 0;  // the revision at which this leader's key was made
+  int64_t term_ = 0;   // the revision at which this leader's key was made
+  int64_t lease_ = 0;  // its lease, while it leads
 };
 
 std::string default_name() {
@@ -355,10 +412,10 @@ Outcome run_scheduler_service(const Config& base, const SchedulerServiceOptions&
   Config config = base;
   config.etcd.keepalive = true;
   const std::string name = options.name.empty() ? default_name() : options.name;
-  return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
-    SchedulerService service(io, config, name);
-    co_return co_await service.run();
-  });
+  asio::io_context io(1);
+  SchedulerService service(io, config, name);
+  Outcome outcome = run_until_done(io, service.run());
+  return service.stopped() ? Outcome(ExitCode::ok) : outcome;
 }
 
 }  // namespace toyvm

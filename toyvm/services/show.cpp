@@ -295,16 +295,19 @@ Outcome run_show(const Config& config, const ShowOptions& options, Say& say) {
     RecordsShown shown{keys.instances_prefix(), false};
     if (*membership) {
       shown = RecordsShown{keys.project_instances_prefix((*membership)->project), true};
-      if (options.hosts || options.console)
-        co_return Error(errc::permission_denied, fmt::format("a member of project {} sees its instances' records: "
-                                                             "the hosts and consoles are the cloud admin's",
+      if (options.hosts)
+        co_return Error(errc::permission_denied, fmt::format("a member of project {} sees its instances: the hosts "
+                                                             "are the cloud admin's",
                                                              (*membership)->project));
     }
     if (options.hosts) co_return co_await show_hosts(*etcd, keys, options, say);
     if (options.watch) co_return co_await show_watch(*etcd, shown, options, say);
     if (options.uuid.empty()) co_return co_await show_all(*etcd, shown, options, say);
+    if (options.console) {
+      std::string member_project = *membership ? (*membership)->project : std::string();
+      co_return co_await show_console(*etcd, keys, std::move(member_project), options, say);
+    }
     if (shown.member) co_return co_await show_view(*etcd, shown, options, say);
-    if (options.console) co_return co_await show_console(*etcd, keys, options, say);
     co_return co_await show_one(*etcd, keys, options, say);
   });
 }

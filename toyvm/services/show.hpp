@@ -16,7 +16,9 @@ boost::json::object instance_json(const InstanceRecord& r);
 
 // The tail of the serial console: a request under a short lease of our own asks the
 // instance's agent to publish it (under the same lease, so both go when we do).
-awaitable<Outcome> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say);
+// `member_project`: the caller is a member of that project (empty: the cloud's admin).
+awaitable<Outcome> show_console(EtcdClient& etcd, const KeyLayout& keys, std::string member_project,
+                                const ShowOptions& options, Say& say);
 
 // Where `show` reads instance records: every record (the cloud's admin), or a project's views
 // of its own (its members and readers, as etcd's roles let them).

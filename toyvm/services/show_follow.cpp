@@ -82,16 +82,30 @@ void say_event(const InstanceRecord& r, bool deleted, bool as_json, Say& say) {
 
 }  // namespace
 
-awaitable<Outcome> show_console(EtcdClient& etcd, const KeyLayout& keys, const ShowOptions& options, Say& say) {
-  auto found = co_await find_instance(etcd, keys, options.uuid);
-  if (!found) co_return found.error();
-  const InstanceRecord* record = &found->record;
+awaitable<Outcome> show_console(EtcdClient& etcd, const KeyLayout& keys, std::string member_project,
+                                const ShowOptions& options, Say& say) {
+  // The admin asks the instance's host; a member asks through its project's keys (the
+  // scheduler service passes it on), for an instance its project's view knows.
+  std::string project = member_project, host;
+  if (member_project.empty()) {
+    auto found = co_await find_instance(etcd, keys, options.uuid);
+    if (!found) co_return found.error();
+    project = found->record.project;
+    host = found->record.host;
+  } else {
+    auto view = co_await etcd.range(keys.project_instance(member_project, options.uuid));
+    if (!view) co_return etcd_error(etcd, view.error());
+    if (view->kvs.empty()) co_return Error(errc::not_found, fmt::format("no instance {}", options.uuid));
+  }
   auto lease = co_await etcd.lease_grant(10);
   if (!lease) co_return etcd_error(etcd, lease.error());
   const std::string asker = fmt::format("{:x}", *lease);
-  const std::string request_key = keys.console_request(record->host, options.uuid, asker);
-  const std::string console_key = keys.console(options.uuid, asker);
-  auto asked = co_await etcd.put(request_key, "", *lease);
+  const std::string request_key = member_project.empty() ? keys.console_request(host, options.uuid, asker)
+                                                         : keys.project_console_request(project, options.uuid, asker);
+  const std::string console_key = keys.console(project, options.uuid, asker);
+  // The admin's request says the project the host publishes under; the service writes it for a member.
+  std::string request_value = member_project.empty() ? project : std::string();
+  auto asked = co_await etcd.put(request_key, std::move(request_value), *lease);
   if (!asked) co_return etcd_error(etcd, asked.error());
 
   int64_t revision = *asked;

@@ -1,6 +1,7 @@
 #include "services/compute/guest_observer.hpp"
 
 #include "core/dir_watch.hpp"
+#include "model/projects.hpp"
 #include "model/usage.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -103,7 +104,10 @@ void GuestObserver::apply_request(const KeyValue& kv, bool erased) {
     }
     return;
   }
-  console_requests_[uuid][asker] = kv.lease;
+  // Asked by the admin's show or the scheduler service, which write the instance's project.
+  const std::string project = kv.value.empty() ? std::string(default_project) : kv.value;
+  if (!is_project_name(project)) return;
+  console_requests_[uuid][asker] = ConsoleAsker{kv.lease, project};
   console_published_.erase(uuid);  // the new asker has no copy yet
   next_console_ = std::chrono::steady_clock::now();
 }
@@ -146,7 +150,8 @@ awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) 
     auto asked = console_requests_.find(tail.uuid);
     if (asked == console_requests_.end()) continue;  // no longer asked for
     std::vector<EtcdOp> ops;
-    for (const auto& [asker, lease] : asked->second) ops.push_back(EtcdOp::put(ctx_.keys.console(tail.uuid, asker), tail.text, lease));
+    for (const auto& [asker, who] : asked->second)
+      ops.push_back(EtcdOp::put(ctx_.keys.console(who.project, tail.uuid, asker), tail.text, who.lease));
     auto put = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
     if (put && put->succeeded && console_requests_.count(tail.uuid)) console_published_[tail.uuid] = tail.size;
   }

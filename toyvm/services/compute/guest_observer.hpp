@@ -43,7 +43,11 @@ class GuestObserver {
 
   AgentContext& ctx_;
   const Instances& instances_;
-  std::map<std::string, std::map<std::string, int64_t>> console_requests_;  // instance -> asker -> its lease
+  struct ConsoleAsker {
+    int64_t lease = 0;
+    std::string project;  // the instance's, as the request says: where its copy goes
+  };
+  std::map<std::string, std::map<std::string, ConsoleAsker>> console_requests_;  // instance -> asker
   std::map<std::string, int64_t> console_published_;  // instance -> console log size last put in etcd
   std::chrono::steady_clock::time_point next_console_;
   asio::steady_timer tick_;
