@@ -7,7 +7,10 @@
 # With --debian, the guest is Debian 12 with its own cloud-init (contrib/debian-image.sh),
 # given your ssh key (~/.ssh/id_ed25519.pub or id_rsa.pub; one is made if you have none), and
 # the quick start ends by logging in to it with ssh.
+# With --projects, a cloud of its own (etcd with TLS and auth on) shows a project's member
+# scheduling through `toyvm scheduler` and being refused over quota, then stops it.
 #   usage: contrib/quickstart.sh           start everything and schedule an instance
+#          contrib/quickstart.sh --projects  projects, quotas and a member, in a cloud of its own
 #          contrib/quickstart.sh --real    the same with a real guest
 #          contrib/quickstart.sh --debian  the same with a Debian guest, and ssh into it
 #          contrib/quickstart.sh stop     stop what it started (the data stays)
@@ -47,6 +50,10 @@ fi
 
 "$root/contrib/install-deps.sh"
 [ -f "$root/build/build.ninja" ] || meson setup "$root/build" --wrap-mode=nodownload >/dev/null
+if [ "${1:-}" = --projects ]; then
+  ninja -C "$root/build" -j2 toyvm/toyvm tests/integration/toyvm-testbed >/dev/null
+  exec /usr/bin/python3 "$root/contrib/testbed/projects_demo.py" --build "$root/build"
+fi
 ninja -C "$root/build" -j2 toyvm/toyvm >/dev/null
 mkdir -p "$data"
 
@@ -82,7 +89,7 @@ wait_until 30 placement_up
 mode=${1:-}
 case "$mode" in
   ''|--real|--debian) ;;
-  *) echo "usage: $0 [--real|--debian|stop]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--real|--debian|--projects|stop]" >&2; exit 2 ;;
 esac
 
 if [ -z "$mode" ]; then
