@@ -79,6 +79,7 @@ struct ServersOptions {
   bool postgresql = false;     // Placement on a private PostgreSQL instead of sqlite
   int placement_workers = 2;
   bool etcd_tls = false;       // https with client-certificate auth, certificates made by openssl
+  bool etcd_crl = false;       // with etcd_tls: etcd checks client certificates against pki/crl.pem
   bool etcd_auth = false;      // etcd's user/password auth on, user "root"
   bool placement_https = false;  // Placement behind a TLS-terminating uWSGI router
   int keystone_token_s = 0;      // > 0: Placement checks tokens with a private Keystone
@@ -181,6 +182,10 @@ std::optional<InstanceRecord> wait_for_record(const Servers& servers, const std:
 void make_certificates(const std::string& pki);
 // A client certificate <cn>.crt (and .key) signed by that CA: etcd's user <cn> with --client-cert-auth.
 void make_client_certificate(const std::string& pki, const std::string& cn);
+// One whose validity ended in 2020.
+void make_expired_client_certificate(const std::string& pki, const std::string& cn);
+// pki/crl.pem revoking these (made by make_client_certificate); empty: a list revoking nothing.
+void write_revocation_list(const std::string& pki, const std::vector<std::string>& revoked);
 
 // An HTTP server (Python's http.server) serving `dir`; its log lists every request. With
 // `pki`, HTTPS with pki/server.crt.

@@ -65,6 +65,38 @@ void make_client_certificate(const std::string& pki, const std::string& cn) {
                ".crt 2>/dev/null");
 }
 
+namespace {
+
+// openssl's `ca`, for what `x509 -req` cannot do: backdated certificates and revocation lists.
+std::string ca_command(const std::string& pki) {
+  if (!fs::exists(pki + "/ca.cnf")) {
+    std::ofstream(pki + "/ca.cnf") << "[ca]\ndefault_ca = test\n[test]\ndir = .\ndatabase = index.txt\n"
+                                      "new_certs_dir = issued\ncertificate = ca.crt\nprivate_key = ca.key\n"
+                                      "serial = ca.serial\ncrlnumber = crlnumber\ndefault_md = sha256\n"
+                                      "default_crl_days = 2\npolicy = any\n[any]\ncommonName = supplied\n";
+    std::ofstream(pki + "/index.txt") << "";
+    std::ofstream(pki + "/crlnumber") << "1000\n";
+    std::ofstream(pki + "/ca.serial") << "5000\n";
+    fs::create_directories(pki + "/issued");
+  }
+  return "cd '" + pki + "' && openssl ca -config ca.cnf -batch ";
+}
+
+}  // namespace
+
+void make_expired_client_certificate(const std::string& pki, const std::string& cn) {
+  std::string in = "cd '" + pki + "' && ";
+  run_or_throw(in + "openssl req -newkey rsa:2048 -nodes -keyout " + cn + ".key -out " + cn + ".csr -subj /CN=" + cn +
+               " 2>/dev/null");
+  run_or_throw(ca_command(pki) + "-notext -startdate 20200101000000Z -enddate 20200102000000Z -in " + cn +
+               ".csr -out " + cn + ".crt 2>/dev/null");
+}
+
+void write_revocation_list(const std::string& pki, const std::vector<std::string>& revoked) {
+  for (const std::string& cn : revoked) run_or_throw(ca_command(pki) + "-revoke " + cn + ".crt 2>/dev/null");
+  run_or_throw(ca_command(pki) + "-gencrl -out crl.pem.new 2>/dev/null && mv crl.pem.new crl.pem");
+}
+
 void make_certificates(const std::string& pki) {
   fs::create_directories(pki);
   std::string in = "cd '" + pki + "' && ";
@@ -178,6 +210,10 @@ void Servers::start_etcd() {
     if (options_.etcd_tls)
       argv.insert(argv.end(), {"--cert-file", pki() + "/server.crt", "--key-file", pki() + "/server.key",
                                "--trusted-ca-file", pki() + "/ca.crt", "--client-cert-auth"});
+    if (options_.etcd_tls && options_.etcd_crl) {
+      if (!fs::exists(pki() + "/crl.pem")) write_revocation_list(pki(), {});
+      argv.insert(argv.end(), {"--client-crl-file", pki() + "/crl.pem"});
+    }
     // Short-lived tokens, so that the tests see toyvm renew them.
     if (options_.etcd_auth) argv.insert(argv.end(), {"--auth-token-ttl", "3"});
     etcd_[i].process = std::make_unique<Process>(std::move(argv), fmt::format("{}/etcd{}.log", dir(), i));

@@ -238,7 +238,7 @@ CommandResult etcdctl_as(const Servers& servers, const std::string& user, const 
 TEST_CASE("projects' members reach their own project's instances only, as etcd's roles enforce, through the "
           "scheduler service",
           "[projects][rbac]") {
-  Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
+  Servers servers(ServersOptions{.etcd_tls = true, .etcd_crl = true, .etcd_auth = true});
   ScopedEnv admin("TOYVM_CONFIG", servers.secure_config);  // root, for the agent, the service and the admin
   std::string rp;
   auto agent = servers.start_compute("c1", "VCPU:16,DISK_GB:100,MEMORY_MB:8192", &rp);
@@ -278,6 +278,17 @@ TEST_CASE("projects' members reach their own project's instances only, as etcd's
   CHECK(record->project == "team-a");
   CHECK(as(alice, {"show", uuid}).exit_code == 0);
   CHECK_THAT(as(alice, {"show"}).out, Catch::Contains(uuid));
+  // A member needs no Placement at all: with it pointed nowhere, its commands work the same.
+  auto nowhere = run_command({toyvm_binary(), "--etcd", servers.config.etcd.endpoints.front(), "--placement",
+                              "http://127.0.0.1:9", "--config", alice, "schedule", one_vcpu},
+                             servers.dir());
+  INFO(nowhere.err);
+  CHECK(nowhere.exit_code == 0);
+  const std::string second_uuid = parse_notified(nowhere.out).second;
+  CHECK(run_command({toyvm_binary(), "--etcd", servers.config.etcd.endpoints.front(), "--placement",
+                     "http://127.0.0.1:9", "--config", alice, "destroy", second_uuid},
+                    servers.dir())
+            .exit_code == 0);
   // Its quota holds through the service, with the numbers.
   auto over = as(alice, {"schedule", "resources=VCPU:2,DISK_GB:1,MEMORY_MB:64"});
   CHECK(over.exit_code == 7);
@@ -344,6 +355,29 @@ TEST_CASE("projects' members reach their own project's instances only, as etcd's
   auto not_theirs = as(bob, {"show", uuid, "--console"});
   CHECK(not_theirs.exit_code == 3);
   denied("bob", "get /toyvm/v1/console/team-a/ --prefix");
+
+  // A certificate that expired, or that its CA revoked, reaches nothing, and changes nothing.
+  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "frank"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "gina"}).exit_code == 0);
+  make_expired_client_certificate(servers.pki(), "frank");
+  std::ofstream(servers.dir() + "/frank.toml") << fmt::format(
+      "[etcd]\nca_file = '{0}/ca.crt'\ncert_file = '{0}/frank.crt'\nkey_file = '{0}/frank.key'\nuser = 'frank'\n",
+      servers.pki());
+  const std::string gina = config_of("gina");
+  CHECK(as(gina, {"show", uuid}).exit_code == 0);
+  write_revocation_list(servers.pki(), {"gina"});
+  const size_t before = instance_records(servers);
+  for (const std::string& who : {servers.dir() + "/frank.toml", gina}) {
+    auto refused = as(who, {"schedule", one_vcpu});
+    INFO(refused.err);
+    CHECK(refused.exit_code == 4);
+    auto read = as(who, {"show", uuid});
+    CHECK(read.exit_code == 4);
+  }
+  CHECK(instance_records(servers) == before);
+  CHECK(etcdctl_as(servers, "frank", "get /toyvm/v1/project-instances/team-a/ --prefix").exit_code != 0);
+  CHECK(etcdctl_as(servers, "gina", "get /toyvm/v1/project-instances/team-a/ --prefix").exit_code != 0);
+  CHECK(etcdctl_as(servers, "alice", "get /toyvm/v1/project-instances/team-a/ --prefix").exit_code == 0);
 
   // A removed member reaches nothing more.
   REQUIRE(servers.toyvm({"project", "remove-member", "team-a", "carol"}).exit_code == 0);
