@@ -486,6 +486,14 @@ TEST_CASE("two scheduler services: the leader killed in the middle of a member's
   CHECK(servers.toyvm({"--config", alice, "schedule", one_vcpu}).exit_code == 0);
   CHECK(servers.toyvm({"--config", alice, "schedule", one_vcpu}).exit_code == 7);
   CHECK(servers.toyvm({"audit"}).exit_code == 0);
+
+  // etcd restarted under it: the service rides over it and answers again.
+  servers.stop_etcd();
+  servers.start_etcd_again();
+  auto after = servers.toyvm({"--config", alice, "destroy", parse_notified(batch->output()).second}, 90);
+  INFO(after.out << after.err << second->output());
+  CHECK(after.exit_code == 0);
+  CHECK(second->running());
 }
 
 TEST_CASE("instances made before projects are the default project's: nothing moves, and its view is made once a "

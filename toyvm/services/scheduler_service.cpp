@@ -106,8 +106,10 @@ class SchedulerService {
     lease_ = *lease;
     if (auto mended = co_await mend_views(); !mended)
       spdlog::warn("scheduler: mending projects' views: {}", mended.error().message());
+    leading_ = true;
     auto ended = co_await (keep_leading(*lease) || (serve() && relay_consoles()));
-    if (ended.index() == 0) spdlog::warn("scheduler: {} lost its lease; it no longer leads", name_);
+    if (ended.index() == 0 && !stop_.requested())
+      spdlog::warn("scheduler: {} lost its lease; it no longer leads", name_);
     if (std::exchange(lease_, 0)) co_await etcd_->lease_revoke(*lease);
     co_return result<void>{};
   }
@@ -171,23 +173,48 @@ class SchedulerService {
   bool stopped() const { return stop_.requested(); }
 
  private:
-  // Returns when the lease is lost (or the service stops).
+  // Returns when the lease is gone, or may be (no keep-alive answered for a lease's time: an
+  // etcd away that long), or the service stops; then ends the term's waits. Leading on while
+  // unsure is safe: every hand-over requires the leader's key as this leader made it.
   awaitable<void> keep_leading(int64_t lease) {
     std::unique_ptr<EtcdLeaseKeeper> keeper = etcd_->keep_alive(lease);
+    auto answered = std::chrono::steady_clock::now();
     while (co_await stop_.sleep(std::chrono::seconds(leader_ttl_s) / 3)) {
       auto ttl = co_await keeper->ping();
-      if (ttl && *ttl == 0) co_return;
-      if (!ttl) {
-        // Unsure: a lease that may have lapsed is not led on (the hand-overs would be refused).
-        auto again = co_await keeper->ping();
-        if (!again || *again == 0) co_return;
+      if (ttl && *ttl == 0) break;
+      if (ttl) {
+        answered = std::chrono::steady_clock::now();
+        continue;
       }
+      if (std::chrono::steady_clock::now() - answered >= std::chrono::seconds(leader_ttl_s)) break;
+      keeper = etcd_->keep_alive(lease);  // a new stream after an error
     }
+    end_term();
+  }
+
+  // etcd's watches do not heed a cancel: a term's waits are ended by aborting their watches.
+  void end_term() {
+    leading_ = false;
+    for (EtcdWatch* watch : watches_) watch->abort();
+  }
+
+  // Until something changes in [key, range_end) from `revision`, the term ends, or `net` passes.
+  awaitable<void> wait_for_change(std::string key, std::string range_end, int64_t revision,
+                                  std::chrono::seconds net) {
+    auto watch = etcd_->watch(WatchOptions{std::move(key), std::move(range_end), revision, false});
+    watches_.insert(watch.get());
+    asio::steady_timer timer(io_, net);
+    timer.async_wait([w = watch.get()](const error_code& ec) {
+      if (!ec) w->abort();
+    });
+    co_await watch->next();
+    timer.cancel();
+    watches_.erase(watch.get());
   }
 
   // The requests without a reply, one at a time, oldest first; then waits for more.
   awaitable<void> serve() {
-    while (!stop_.requested()) {
+    while (leading_) {
       std::vector<EtcdOp> reads{EtcdOp::get(keys_.requests_root(), prefix_range_end(keys_.requests_root())),
                                 EtcdOp::get(keys_.replies_root(), prefix_range_end(keys_.replies_root()))};
       std::vector<EtcdCompare> always;
@@ -205,15 +232,13 @@ class SchedulerService {
       std::sort(pending.begin(), pending.end(),
                 [](const KeyValue& a, const KeyValue& b) { return a.create_revision < b.create_revision; });
       for (const KeyValue& kv : pending) {
-        if (stop_.requested()) co_return;
+        if (!leading_) co_return;
         co_await handle(kv);
       }
       if (!pending.empty()) continue;  // more may have come meanwhile
       // Nothing waits: until a request comes (or a while, as a net for a lost watch).
-      auto watch = etcd_->watch(WatchOptions{keys_.requests_root(), prefix_range_end(keys_.requests_root()),
-                                             listed->revision + 1, false});
-      auto next = co_await (watch->next() || stop_.sleep(std::chrono::seconds(30)));
-      (void)next;
+      co_await wait_for_change(keys_.requests_root(), prefix_range_end(keys_.requests_root()), listed->revision + 1,
+                               std::chrono::seconds(30));
     }
   }
 
@@ -221,25 +246,23 @@ class SchedulerService {
   // its lease) passed on to the instance's host, under the same lease, for an instance of that
   // project only; the host's agent publishes the console where the project may read it.
   awaitable<void> relay_consoles() {
-    const std::string root = keys_.project_console_requests_root();
-    AsyncQueue<KeyValue> asked;  // filled as etcd tells, emptied one at a time
-    // (Made outside co_await: GCC 12 mishandles lambdas made inside it.)
-    std::function<void(const RangeResult&)> listed = [&](const RangeResult& listing) {
-      for (const KeyValue& kv : listing.kvs) asked.push(kv);
-    };
-    std::function<void(const WatchEvent&)> changed = [&](const WatchEvent& event) {
-      if (event.type == WatchEvent::Type::put) asked.push(event.kv);
-    };
-    std::function<bool()> stopping = [&] { return stop_.requested(); };
-    co_await (follow_range(*etcd_, root, prefix_range_end(root), std::move(listed), std::move(changed),
-                           std::move(stopping)) ||
-              pass_all(asked, root));
-  }
-
-  awaitable<void> pass_all(AsyncQueue<KeyValue>& asked, std::string root) {
-    while (true) {
-      KeyValue kv = co_await asked.async_pop();
-      co_await pass_on(root, std::move(kv));
+    const std::string root = keys_.project_console_requests_root(), end = prefix_range_end(root);
+    while (leading_) {
+      auto listing = co_await etcd_->range(root, end);
+      if (!listing) {
+        co_await stop_.sleep(std::chrono::seconds(1));
+        continue;
+      }
+      for (const KeyValue& kv : listing->kvs) co_await pass_on(root, kv);
+      auto watch = etcd_->watch(WatchOptions{root, end, listing->revision + 1, false});
+      watches_.insert(watch.get());
+      while (leading_) {
+        WatchBatch batch = co_await watch->next();
+        if (batch.error.code || batch.canceled || batch.compact_revision) break;  // listed again
+        for (const WatchEvent& event : batch.events)
+          if (event.type == WatchEvent::Type::put) co_await pass_on(root, event.kv);
+      }
+      watches_.erase(watch.get());
     }
   }
 
@@ -398,6 +421,8 @@ class SchedulerService {
   StopSignal stop_;
   int64_t term_ = 0;   // the revision at which this leader's key was made
   int64_t lease_ = 0;  // its lease, while it leads
+  bool leading_ = false;
+  std::set<EtcdWatch*> watches_;  // the term's waits, ended with it
 };
 
 std::string default_name() {
