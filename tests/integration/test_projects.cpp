@@ -356,6 +356,13 @@ TEST_CASE("projects' members reach their own project's instances only, as etcd's
   CHECK(not_theirs.exit_code == 3);
   denied("bob", "get /toyvm/v1/console/team-a/ --prefix");
 
+  // A user in no project (a certificate the CA signed, no user in etcd) is refused, clearly.
+  const std::string henry = config_of("henry");
+  auto nobody = as(henry, {"schedule", one_vcpu});
+  CHECK(nobody.exit_code == 5);
+  CHECK_THAT(nobody.err, Catch::Contains("in no project"));
+  CHECK(as(henry, {"show"}).exit_code == 5);
+
   // A certificate that expired, or that its CA revoked, reaches nothing, and changes nothing.
   REQUIRE(servers.toyvm({"project", "add-member", "team-a", "frank"}).exit_code == 0);
   REQUIRE(servers.toyvm({"project", "add-member", "team-a", "gina"}).exit_code == 0);

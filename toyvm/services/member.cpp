@@ -34,6 +34,10 @@ awaitable<result<std::optional<ProjectMembership>>> caller_membership(EtcdClient
   using Found = std::optional<ProjectMembership>;
   if (config.user.empty() || config.user == "root") co_return Found{};
   auto roles = co_await etcd.user_roles(config.user);
+  if (!roles && roles.error() == errc::not_found)
+    co_return Error(errc::permission_denied, fmt::format("etcd knows no user {}: it is in no project, and not the "
+                                                         "cloud's admin",
+                                                         config.user));
   if (!roles) co_return roles.error().doing(fmt::format("reading the roles of etcd user {}", config.user));
   std::vector<ProjectMembership> memberships;
   for (const std::string& role : *roles) {
