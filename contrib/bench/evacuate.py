@@ -10,7 +10,6 @@ and `toyvm audit` required clean.
 import argparse
 import collections
 import pathlib
-import shutil
 import signal
 import sys
 import tempfile
@@ -65,11 +64,7 @@ def main():
         print(f"audit exit {audit.returncode}: {audit.stdout.strip()}; overbooked: {cloud.overbooked() or 'none'}")
         ok = evacuated.returncode == 0 and moved == count and audit.returncode == 0
     finally:
-        cloud.shutdown()
-    if ok:
-        shutil.rmtree(workdir, ignore_errors=True)
-    else:
-        print(f"logs in {workdir}")
+        cloud.finish(ok)
     return 0 if ok else 1
 
 

@@ -13,7 +13,6 @@ between the paths; then `toyvm audit` clean and the project's use exact.
 import argparse
 import concurrent.futures
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
@@ -92,11 +91,7 @@ def main():
         print(f"audit exit {audit.returncode}; project bench after destroying all: {used.stdout.strip()}")
         ok = audit.returncode == 0 and '"instances":0' in used.stdout
     finally:
-        cloud.shutdown()
-    if ok:
-        shutil.rmtree(workdir, ignore_errors=True)
-    else:
-        print(f"logs in {workdir}")
+        cloud.finish(ok)
     return 0 if ok else 1
 
 

@@ -7,6 +7,7 @@ its own in one directory."""
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -211,6 +212,15 @@ class Cloud:
             except subprocess.TimeoutExpired:
                 os.killpg(self.testbed.pid, signal.SIGKILL)
                 self.testbed.wait()
+
+    def finish(self, ok):
+        """Everything stopped; the working directory removed when all went as expected, else
+        kept, and said where."""
+        self.shutdown()
+        if ok:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            print(f"logs in {self.dir}")
 
     @staticmethod
     def stop_all(procs):

@@ -11,7 +11,6 @@ the cloud's keys. Everything it started is stopped at the end.
 
 import argparse
 import pathlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,11 +54,7 @@ def main():
         ok = made.returncode == 0 and over.returncode == 7 and "permission denied" in denied.stderr
         print("\nprojects: " + ("as expected" if ok else "NOT as expected"))
     finally:
-        cloud.shutdown()
-    if ok:
-        shutil.rmtree(workdir, ignore_errors=True)
-    else:
-        print(f"logs in {workdir}")
+        cloud.finish(ok)
     return 0 if ok else 1
 
 

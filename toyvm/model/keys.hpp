@@ -89,7 +89,8 @@ class KeyLayout {
   std::string move(std::string_view instance) const { return moves_prefix() + std::string(instance); }
   std::string projects_prefix() const { return prefix_ + "/projects/"; }
   std::string project(std::string_view name) const { return projects_prefix() + std::string(name); }
-  std::string quota(std::string_view project) const { return prefix_ + "/quotas/" + std::string(project); }
+  std::string quotas_prefix() const { return prefix_ + "/quotas/"; }
+  std::string quota(std::string_view project) const { return quotas_prefix() + std::string(project); }
   std::string quota_defaults() const { return prefix_ + "/quota-defaults"; }
   std::string project_instances_prefix(std::string_view project) const {
     return prefix_ + "/project-instances/" + std::string(project) + "/";

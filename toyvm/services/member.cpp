@@ -1,11 +1,14 @@
 #include "services/member.hpp"
 
 #include "model/projects.hpp"
+#include "model/records.hpp"
 #include "model/uuid.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace toyvm {
 
@@ -94,6 +97,49 @@ awaitable<result<ProjectReply>> ask_service(EtcdClient& etcd, const KeyLayout& k
                                                    in_seconds(timeout)));
   if (!reply) co_return unreadable.doing("the scheduler service's reply");
   co_return std::move(*reply);
+}
+
+ProjectRequest schedule_request(const ScheduleOptions& options, std::string user, std::string user_data,
+                                std::vector<std::pair<std::string, std::string>> keys) {
+  ProjectRequest r;
+  r.action = RequestAction::schedule;
+  r.user = std::move(user);
+  r.query = options.query;
+  r.count = std::max(1, options.count);
+  r.name = options.name;
+  r.image = options.image;
+  r.image_sha256 = options.image_sha256;
+  r.image_format = options.image_format;
+  r.availability_zone = options.availability_zone;
+  r.group = options.group;
+  if (!options.group.empty()) r.group_policy = options.group_policy;
+  r.policy = options.policy;
+  r.user_data = std::move(user_data);
+  r.keys = std::move(keys);
+  r.config_drive = options.config_drive;
+  r.asked_at = unix_millis();
+  return r;
+}
+
+ScheduleOptions schedule_options(ProjectRequest r, const std::string& project, const std::string& id) {
+  ScheduleOptions o;
+  o.query = std::move(r.query);
+  o.count = r.count;
+  o.name = std::move(r.name);
+  o.image = std::move(r.image);
+  o.image_sha256 = std::move(r.image_sha256);
+  o.image_format = std::move(r.image_format);
+  o.availability_zone = std::move(r.availability_zone);
+  o.group = std::move(r.group);
+  if (!r.group_policy.empty()) o.group_policy = std::move(r.group_policy);
+  o.policy = std::move(r.policy);
+  o.user_data = std::move(r.user_data);
+  o.named_keys = std::move(r.keys);
+  o.config_drive = r.config_drive;
+  o.project = project;
+  o.user = r.user.empty() ? "unknown" : std::move(r.user);
+  for (int i = 0; i < o.count; ++i) o.uuids.push_back(request_instance_uuid(id, i));
+  return o;
 }
 
 Outcome reply_outcome(const ProjectReply& reply, Say& say) {

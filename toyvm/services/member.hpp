@@ -11,6 +11,7 @@
 #include "model/keys.hpp"
 #include "model/requests.hpp"
 #include "services/say.hpp"
+#include "services/services.hpp"
 
 #include <optional>
 #include <string>
@@ -29,6 +30,13 @@ awaitable<result<std::optional<ProjectMembership>>> caller_membership(EtcdClient
 // erased then). not_reached when no service answered within `timeout`.
 awaitable<result<ProjectReply>> ask_service(EtcdClient& etcd, const KeyLayout& keys, std::string project,
                                             ProjectRequest request, Duration timeout);
+
+// A member's schedule as a request (the guest's data read already, into `guest`), and the
+// request as the scheduler service runs it for `project`, its instances' uuids the same at
+// every try of request `id`: one place for both ways, so no option is lost on the way.
+ProjectRequest schedule_request(const ScheduleOptions& options, std::string user, std::string user_data,
+                                std::vector<std::pair<std::string, std::string>> keys);
+ScheduleOptions schedule_options(ProjectRequest request, const std::string& project, const std::string& id);
 
 // A reply as the command's outcome: its lines said, its error returned with its exit code.
 Outcome reply_outcome(const ProjectReply& reply, Say& say);

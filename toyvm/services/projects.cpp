@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <map>
 #include <set>
 
 namespace toyvm {
@@ -184,25 +185,37 @@ class ProjectAdmin {
     co_return ExitCode::ok;
   }
 
+  // Every project, its records and limits read in one transaction; its use from Placement.
   awaitable<Outcome> list() {
     std::vector<EtcdOp> reads{EtcdOp::get(keys_.projects_prefix(), prefix_range_end(keys_.projects_prefix())),
+                              EtcdOp::get(keys_.quotas_prefix(), prefix_range_end(keys_.quotas_prefix())),
                               EtcdOp::get(keys_.quota_defaults())};
     std::vector<EtcdCompare> always;
     auto read = co_await etcd_->txn(std::move(always), std::move(reads));
     if (!read) co_return read.error();
-    std::vector<std::string> names{std::string(default_project)};
-    for (const KeyValue& kv : read->ranges[0].kvs)
-      if (auto name = keys_.leaf(kv.key, keys_.projects_prefix()); name && is_project_name(*name)) names.push_back(*name);
+    std::map<std::string, std::string> state{{std::string(default_project), ""}};  // name -> what hinders it
+    for (const KeyValue& kv : read->ranges[0].kvs) {
+      auto name = keys_.leaf(kv.key, keys_.projects_prefix());
+      if (!name || !is_project_name(*name)) continue;
+      auto record = decode_project(kv.value);
+      state[*name] = !record ? "(unreadable)" : record->deleting ? "(being deleted)" : "";
+    }
+    std::map<std::string, Limits> own;
+    for (const KeyValue& kv : read->ranges[1].kvs) {
+      auto name = keys_.leaf(kv.key, keys_.quotas_prefix());
+      auto limits = decode_limits(kv.value);
+      if (!name || !state.count(*name)) continue;
+      if (limits) own[*name] = std::move(*limits);
+      else state[*name] = "(unreadable)";
+    }
     Limits defaults;
-    if (!read->ranges[1].kvs.empty())
-      if (auto decoded = decode_limits(read->ranges[1].kvs.front().value)) defaults = std::move(*decoded);
+    if (!read->ranges[2].kvs.empty())
+      if (auto decoded = decode_limits(read->ranges[2].kvs.front().value)) defaults = std::move(*decoded);
     say_.line(fmt::format("{:<32} {:>9}  {}", "PROJECT", "INSTANCES", "LIMITS"));
-    for (const std::string& name : names) {
-      auto project = co_await read_project(*etcd_, keys_, name);
+    for (const auto& [name, hindered] : state) {
       auto used = co_await placement_.project_usage(placement_project_id(config_.placement.consumer_project, name));
       if (!used) co_return used.error();
-      std::string limits = project ? limits_text(project->limits)
-                                   : (project.error() == errc::changed ? "(being deleted)" : "(unreadable)");
+      const std::string limits = hindered.empty() ? limits_text(effective_limits(defaults, own[name])) : hindered;
       say_.line(fmt::format("{:<32} {:>9}  {}", name, used->instances, limits));
     }
     say_.line(fmt::format("defaults: {}", limits_text(defaults)));

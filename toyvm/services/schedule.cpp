@@ -277,23 +277,8 @@ awaitable<void> Scheduler::release_all(const std::vector<std::string>& uuids) {
 awaitable<Outcome> Scheduler::ask_service(WorkSpec spec) {
   if (member_->role != ProjectRole::member)
     co_return Error(errc::permission_denied, fmt::format("a reader of project {} cannot schedule", member_->project));
-  ProjectRequest request;
-  request.action = RequestAction::schedule;
-  request.user = config_.etcd.user;
-  request.query = options_.query;
-  request.count = std::max(1, options_.count);
-  request.name = options_.name;
-  request.image = options_.image;
-  request.image_sha256 = options_.image_sha256;
-  request.image_format = options_.image_format;
-  request.availability_zone = options_.availability_zone;
-  request.group = options_.group;
-  if (!options_.group.empty()) request.group_policy = options_.group_policy;
-  request.policy = options_.policy;
-  request.user_data = std::move(spec.user_data);
-  request.keys = std::move(spec.keys);
-  request.config_drive = options_.config_drive;
-  request.asked_at = unix_millis();
+  ProjectRequest request = schedule_request(options_, config_.etcd.user, std::move(spec.user_data),
+                                            std::move(spec.keys));
   auto reply = co_await toyvm::ask_service(*etcd_, keys_, member_->project, std::move(request), service_timeout);
   if (!reply) co_return with_endpoints(*etcd_, reply.error());
   Outcome outcome = reply_outcome(*reply, say_);

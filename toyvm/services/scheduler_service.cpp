@@ -316,27 +316,11 @@ class SchedulerService {
   awaitable<std::optional<ProjectReply>> schedule(std::string project, std::string id, ProjectRequest request,
                                                   KeyValue kv, std::vector<EtcdCompare> standing,
                                                   std::string reply_key) {
-    ScheduleOptions options;
-    options.query = request.query;
-    options.count = request.count;
-    options.name = request.name;
-    options.image = request.image;
-    options.image_sha256 = request.image_sha256;
-    options.image_format = request.image_format;
-    options.availability_zone = request.availability_zone;
-    options.group = request.group;
-    if (!request.group_policy.empty()) options.group_policy = request.group_policy;
-    options.policy = request.policy;
-    options.user_data = std::move(request.user_data);
-    options.named_keys = std::move(request.keys);
-    options.config_drive = request.config_drive;
-    options.project = project;
-    options.user = request.user.empty() ? "unknown" : request.user;
+    ScheduleOptions options = schedule_options(std::move(request), project, id);
     if (!options.group.empty() && !parse_group_policy(options.group_policy))
       co_return ProjectReply{2, {}, fmt::format("bad group policy '{}'", options.group_policy), {}};
     if (!options.policy.empty() && !parse_weigh_kind(options.policy))
       co_return ProjectReply{2, {}, fmt::format("bad policy '{}'", options.policy), {}};
-    for (int i = 0; i < options.count; ++i) options.uuids.push_back(request_instance_uuid(id, i));
     // Asked before this leader led: another may have begun it.
     if (kv.create_revision < term_) {
       auto left = co_await left_before(options.uuids, project);
