@@ -28,6 +28,9 @@ inline thread_local virConnectPtr call_connection = nullptr;  // the connection 
 std::string last_virt_error();
 bool last_error_is(int code);
 
+// An active domain's state as the model knows it, from libvirt's state and reason.
+DomainState domain_state(int state, int reason);
+
 // Owns one libvirt object pointer and frees it with the matching call.
 template <class Ptr, auto Free>
 struct Handle {

@@ -31,12 +31,19 @@ result<DomainState> LibvirtBackend::state_of(virDomainPtr dom) {
   if (active == 0) return DomainState::stopped;
   int state = 0, reason = 0;
   if (api->virDomainGetState(dom, &state, &reason, 0) < 0) return fail(errc::launch_failure);
+  return domain_state(state, reason);
+}
+
+DomainState domain_state(int state, int reason) {
   if (state != VIR_DOMAIN_PAUSED) return DomainState::running;
   // Paused by a migration (its last moments, or one that ended without resuming it), or for a
   // reason libvirt does not know (its own recovery after a failed migration resumes those
-  // too). Any other pause is someone else's: a user's, an I/O error's.
+  // too). A copy still starting up is a destination's, filled by a migration, which libvirt
+  // kills if its source goes away: never a guest that runs. Any other pause is someone
+  // else's: a user's, an I/O error's.
   switch (reason) {
     case VIR_DOMAIN_PAUSED_MIGRATION:
+    case VIR_DOMAIN_PAUSED_STARTING_UP:
     case VIR_DOMAIN_PAUSED_POSTCOPY_FAILED:
     case VIR_DOMAIN_PAUSED_UNKNOWN: return DomainState::paused;
     default: return DomainState::running;
