@@ -24,6 +24,7 @@ CommandEntry compute(CLI::App& command) {
     std::string state_dir, libvirt_uri, inventory, name, zone;
     std::vector<std::string> traits;
     int max_instances = -1;
+    int simulate = 0;
   };
   auto o = std::make_shared<Overrides>();
   command.add_option("--state-dir", o->state_dir, "where the provider uuid and instances live");
@@ -33,6 +34,10 @@ CommandEntry compute(CLI::App& command) {
   command.add_option("--trait", o->traits, "a trait to report, e.g. CUSTOM_GPU (repeatable)");
   command.add_option("--az", o->zone, "availability zone (a Placement aggregate)");
   command.add_option("--max-instances", o->max_instances, "report FULL at this many instances (0: no limit)");
+  command.add_option("--simulate", o->simulate,
+                     "run N simulated hosts in this process (in-memory hypervisors, --inventory each; --name "
+                     "is their prefix)")
+      ->check(CLI::Range(1, 100000));
   command.footer("Example: toyvm compute --state-dir /var/lib/toyvm --libvirt-uri qemu:///system");
   return [o](const Config& base, Say&) {
     Config config = base;
@@ -44,6 +49,7 @@ CommandEntry compute(CLI::App& command) {
     if (!o->traits.empty()) c.traits = o->traits;
     if (!o->zone.empty()) c.availability_zone = o->zone;
     if (o->max_instances >= 0) c.max_instances = o->max_instances;
+    if (o->simulate > 0) return run_simulated_hosts(config, o->simulate);
     return run_compute(config);
   };
 }

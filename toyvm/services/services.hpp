@@ -12,6 +12,10 @@
 namespace toyvm {
 
 Outcome run_compute(const Config& config);
+// `toyvm compute --simulate N`: N hosts in one process, each a whole agent (its provider, lease,
+// host record and work) on an in-memory hypervisor, named <name>-00001... with their state
+// under <state_dir>/<host>: toyvm at the size of a large cloud, on one machine.
+Outcome run_simulated_hosts(const Config& config, int hosts);
 
 struct ScheduleOptions {
   std::string query;

@@ -37,7 +37,10 @@ std::string host_name() {
   return buf;
 }
 
-result<HostSetup> set_up_host(const ComputeConfig& c) {
+namespace {
+
+// What set_up_host and a simulated host share: identity, dirs, inventory, images.
+result<HostSetup> set_up_common(const ComputeConfig& c) {
   HostSetup setup;
   auto uuid = load_or_create_provider_uuid(c.state_dir);
   if (!uuid) return uuid.error();
@@ -60,8 +63,6 @@ result<HostSetup> set_up_host(const ComputeConfig& c) {
     if (!facts) return facts.error().doing("cannot measure this host's resources");
     setup.inventory = inventory_from_host(*facts, c.policy);
   }
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  setup.cpu_traits = cpu_traits(std::string(std::istreambuf_iterator<char>(cpuinfo), std::istreambuf_iterator<char>()));
   ImageStoreOptions& images = setup.images;
   images.image_dir = c.image_dir.empty() ? (state_dir / "images").string() : c.image_dir;
   images.cache_dir = c.image_cache_dir.empty() ? (state_dir / "image-cache").string() : c.image_cache_dir;
@@ -69,6 +70,18 @@ result<HostSetup> set_up_host(const ComputeConfig& c) {
   images.max_download_bytes = uint64_t(c.image_max_gb * double(1 << 30));
   images.schemes = c.image_schemes;
   images.ca_file = c.image_ca_file;
+  return setup;
+}
+
+}  // namespace
+
+result<HostSetup> set_up_host(const ComputeConfig& c) {
+  auto common = set_up_common(c);
+  if (!common) return common.error();
+  HostSetup setup = std::move(*common);
+  const HostIdentity& host = setup.host;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  setup.cpu_traits = cpu_traits(std::string(std::istreambuf_iterator<char>(cpuinfo), std::istreambuf_iterator<char>()));
   LibvirtOptions libvirt{c.libvirt_uri, c.domain_type, host.instance_dir, c.network, c.bridge, c.nic_model,
                          c.guest_filter, host.provider};
   auto backend = open_libvirt(libvirt);
@@ -79,6 +92,14 @@ result<HostSetup> set_up_host(const ComputeConfig& c) {
     spdlog::error("libvirt network {}: {}", c.network, network.error().message());
   // Told to guests in their network data; without it they still have what DHCP says.
   if (auto dns = setup.backend->network_dns()) setup.guest_dns = std::move(*dns);
+  return setup;
+}
+
+result<HostSetup> set_up_simulated_host(const ComputeConfig& c, std::shared_ptr<MemoryHosts> hosts) {
+  if (c.inventory.empty()) return Error(errc::invalid_argument, "a simulated host needs --inventory");
+  auto setup = set_up_common(c);
+  if (!setup) return setup.error();
+  setup->backend = std::make_unique<MemoryVirt>(std::move(hosts), c.move_libvirt_uri);
   return setup;
 }
 
@@ -115,14 +136,25 @@ struct Servers {
   StopSignal stop;
 };
 
+// The threads the agents' blocking calls run on: one host's own, or shared by the simulated
+// hosts of one process. Joined before any agent goes: a call under way uses its agent's parts.
+struct AgentThreads {
+  AgentThreads(int workers, int sends) : pool(size_t(workers)), sends(size_t(sends)) {}
+  ~AgentThreads() { join(); }
+  void join() {
+    pool.join();
+    sends.join();
+  }
+  asio::thread_pool pool;
+  asio::thread_pool sends;  // guests sent to other hosts
+};
+
 class ComputeAgent {
  public:
-  ComputeAgent(asio::io_context& io, const Config& config, Servers& servers, HostSetup setup)
+  ComputeAgent(asio::io_context& io, const Config& config, Servers& servers, HostSetup setup, AgentThreads& threads)
       : config_(config),
-        pool_(size_t(config_.compute.workers)),
-        sends_(size_t(config_.compute.max_concurrent_moves)),
-        virt_(pool_, with_lifecycle_events(io, std::move(setup.backend)), &sends_),
-        ctx_{io, config_, KeyLayout(config_.etcd.prefix), servers.etcd, servers.placement, pool_, virt_,
+        virt_(threads.pool, with_lifecycle_events(io, std::move(setup.backend)), &threads.sends),
+        ctx_{io, config_, KeyLayout(config_.etcd.prefix), servers.etcd, servers.placement, threads.pool, virt_,
              std::move(setup.host), servers.stop, std::move(setup.guest_dns)},
         parts_(ctx_, std::move(setup.inventory), std::move(setup.cpu_traits), std::move(setup.images)),
         work_(ctx_, ctx_.keys.work_prefix(ctx_.host.provider),
@@ -135,12 +167,8 @@ class ComputeAgent {
     spdlog::info("provider {} ({}), libvirt {}", ctx_.host.provider, ctx_.host.name, config_.compute.libvirt_uri);
   }
 
-  ~ComputeAgent() {
-    pool_.join();
-    sends_.join();
-  }
-
-  awaitable<Outcome> run() {
+  // Its metrics and metadata served, registered, announced, its moves known, its loops started.
+  awaitable<result<void>> start_up() {
     if (auto served = serve_agent_metrics(); !served) co_return served.error();
     spawn_detached(ctx_.io, parts_.metadata.run(), "serving metadata");
     co_await parts_.maintenance.load();
@@ -160,14 +188,17 @@ class ComputeAgent {
       spawn_detached(ctx_.io, parts_.observer.follow_console_requests(), "following console requests");
     if (!ctx_.stop.requested())
       spawn_detached(ctx_.io, parts_.observer.follow_usage_requests(), "following usage requests");
-    spawn_detached(ctx_.io, release_pages_when_quiet(), "releasing idle pages");
+    co_return result<void>{};
+  }
+
+  // This host's work followed until a signal, then its presence ended.
+  awaitable<void> serve() {
     if (!ctx_.stop.requested()) co_await work_.follow();  // until a signal
     // The host record goes with the lease; the provider is marked disabled so that
     // schedulers spend no candidate on it; the next start sets the traits afresh (disabled
     // again if an operator disabled the host).
     co_await parts_.presence.revoke();
     co_await parts_.registration.mark_disabled();
-    co_return ExitCode::ok;
   }
 
   void stop() {
@@ -184,29 +215,6 @@ class ComputeAgent {
       asio::post(io, [this, uuid, started] { parts_.instances.observe(uuid, started); });
     });
     return backend;
-  }
-
-  // Start-up, each burst of work (builds, deletions) and the periodic jobs (a resync a minute,
-  // the host's figures every 30 s) run code that then lies idle for a long while. Once the
-  // agent has been quiet for a few seconds, the pages of its executable and libraries are
-  // given back; what runs after (the lease's keep-alive, timers) comes back. What it does is
-  // read from what the metrics count: its requests to etcd and Placement, its listings.
-  awaitable<void> release_pages_when_quiet() {
-    auto activity = [] {
-      return metrics::total("toyvm_etcd_requests_total") + metrics::total("toyvm_placement_requests_total") +
-             metrics::total("toyvm_work_listings_total");
-    };
-    double seen = activity();
-    std::optional<double> released_at;
-    while (co_await ctx_.stop.sleep(3s)) {
-      if (const double now = activity(); now != seen) {
-        seen = now;  // still busy
-        continue;
-      }
-      if (released_at == seen) continue;  // nothing ran since the last time
-      release_idle_pages();
-      released_at = seen;
-    }
   }
 
   // Prometheus' /metrics, when asked for, with the instances by the state recorded here.
@@ -228,8 +236,6 @@ class ComputeAgent {
   }
 
   const Config& config_;
-  asio::thread_pool pool_;
-  asio::thread_pool sends_;  // guests sent to other hosts
   VirtCalls virt_;
   AgentContext ctx_;
   AgentParts parts_;
@@ -237,10 +243,33 @@ class ComputeAgent {
   KeyFeed moves_;  // guests moving, here or away
 };
 
+// Start-up, each burst of work (builds, deletions) and the periodic jobs (a resync a minute,
+// the host's figures every 30 s) run code that then lies idle for a long while. Once the
+// agent has been quiet for a few seconds, the pages of its executable and libraries are
+// given back; what runs after (the lease's keep-alive, timers) comes back. What it does is
+// read from what the metrics count: its requests to etcd and Placement, its listings.
+awaitable<void> release_pages_when_quiet(StopSignal& stop) {
+  auto activity = [] {
+    return metrics::total("toyvm_etcd_requests_total") + metrics::total("toyvm_placement_requests_total") +
+           metrics::total("toyvm_work_listings_total");
+  };
+  double seen = activity();
+  std::optional<double> released_at;
+  while (co_await stop.sleep(3s)) {
+    if (const double now = activity(); now != seen) {
+      seen = now;  // still busy
+      continue;
+    }
+    if (released_at == seen) continue;  // nothing ran since the last time
+    release_idle_pages();
+    released_at = seen;
+  }
+}
+
 // This host's provider (adopted by name when its state dir was lost), its parts, then the
 // agent until a signal. `agent` is the caller's: detached steps refer to it until the loop ends.
-awaitable<Outcome> start(asio::io_context& io, const Config& config, Servers& servers,
-                     std::unique_ptr<ComputeAgent>& agent) {
+awaitable<Outcome> start(asio::io_context& io, const Config& config, Servers& servers, AgentThreads& threads,
+                         std::unique_ptr<ComputeAgent>& agent) {
   const ComputeConfig& c = config.compute;
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const error_code& ec, int) {
@@ -257,11 +286,95 @@ awaitable<Outcome> start(asio::io_context& io, const Config& config, Servers& se
   if (servers.stop.requested()) co_return ExitCode::ok;
   auto setup = set_up_host(c);
   if (!setup) co_return setup.error();
-  agent = std::make_unique<ComputeAgent>(io, config, servers, std::move(*setup));
-  co_return co_await agent->run();
+  agent = std::make_unique<ComputeAgent>(io, config, servers, std::move(*setup), threads);
+  if (auto started = co_await agent->start_up(); !started) co_return started.error();
+  spawn_detached(io, release_pages_when_quiet(servers.stop), "releasing idle pages");
+  co_await agent->serve();
+  co_return ExitCode::ok;
+}
+
+// How many simulated hosts are starting and serving; `changed` wakes whoever waits on either.
+struct SimulatedHosts {
+  explicit SimulatedHosts(asio::io_context& io) : changed(io, asio::steady_timer::time_point::max()) {}
+  asio::steady_timer changed;
+  size_t starting = 0;
+  size_t serving = 0;
+};
+
+// (Parameters, not a capturing lambda: a coroutine lambda's captures die with the lambda.)
+awaitable<void> run_simulated(ComputeAgent& agent, SimulatedHosts& hosts) {
+  auto started = co_await agent.start_up();
+  --hosts.starting;
+  hosts.changed.cancel();
+  if (!started) spdlog::error("a simulated host did not start: {}", started.error().message());
+  else co_await agent.serve();
+  --hosts.serving;
+  hosts.changed.cancel();
+}
+
+// Starts the simulated hosts a few at a time, as a cloud's hosts come up, and runs them until a
+// signal. `agents` is the caller's, as for one host.
+awaitable<Outcome> start_simulated(asio::io_context& io, const std::vector<Config>& configs, Servers& servers,
+                                   AgentThreads& threads, std::shared_ptr<MemoryHosts> hypervisors,
+                                   std::vector<std::unique_ptr<ComputeAgent>>& agents) {
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const error_code& ec, int) {
+    if (ec) return;
+    spdlog::info("shutting down {} simulated hosts", agents.size());
+    servers.stop.request();
+    for (auto& agent : agents)
+      if (agent) agent->stop();
+  });
+  SimulatedHosts hosts(io);
+  const size_t at_once = 32;  // start-ups under way at once
+  const auto began = std::chrono::steady_clock::now();
+  for (const Config& config : configs) {
+    if (servers.stop.requested()) break;
+    auto setup = set_up_simulated_host(config.compute, hypervisors);
+    if (!setup) co_return setup.error().doing(config.compute.name);
+    agents.push_back(std::make_unique<ComputeAgent>(io, config, servers, std::move(*setup), threads));
+    while (hosts.starting >= at_once && !servers.stop.requested())
+      co_await hosts.changed.async_wait(asio::as_tuple(use_awaitable));
+    ++hosts.starting;
+    ++hosts.serving;
+    spawn_detached(io, run_simulated(*agents.back(), hosts), "a simulated host");
+  }
+  while (hosts.starting > 0) co_await hosts.changed.async_wait(asio::as_tuple(use_awaitable));
+  spdlog::info("{} simulated hosts started in {:.1f} s", agents.size(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
+  spawn_detached(io, release_pages_when_quiet(servers.stop), "releasing idle pages");
+  while (hosts.serving > 0) co_await hosts.changed.async_wait(asio::as_tuple(use_awaitable));
+  co_return ExitCode::ok;
 }
 
 }  // namespace
+
+Outcome run_simulated_hosts(const Config& base, int count) {
+  Config shared = base;
+  shared.etcd.keepalive = true;
+  // One process, one address: nothing is served per host.
+  shared.compute.metrics_listen.clear();
+  shared.compute.metadata_interface.clear();
+  const std::string prefix = base.compute.name.empty() ? compute::host_name() : base.compute.name;
+  const std::filesystem::path root = base.compute.state_dir;
+  std::vector<Config> configs(size_t(count), shared);  // each agent refers to its own
+  for (int i = 0; i < count; ++i) {
+    ComputeConfig& c = configs[size_t(i)].compute;
+    c.name = fmt::format("{}-{:05d}", prefix, i + 1);
+    c.state_dir = (root / c.name).string();
+    c.instance_dir.clear();
+    c.move_libvirt_uri = "memory:///" + c.name;  // its peers in this process reach it there
+  }
+  asio::io_context io(1);
+  Servers servers(io, shared);
+  AgentThreads threads(shared.compute.workers, shared.compute.max_concurrent_moves);
+  std::vector<std::unique_ptr<ComputeAgent>> agents;  // outlive the loop
+  agents.reserve(size_t(count));
+  Outcome outcome =
+      run_until_done(io, start_simulated(io, configs, servers, threads, std::make_shared<MemoryHosts>(), agents));
+  threads.join();
+  return outcome;
+}
 
 Outcome run_compute(const Config& base) {
   // libvirt's client writes to libvirtd's socket without MSG_NOSIGNAL: a libvirtd that
@@ -271,8 +384,11 @@ Outcome run_compute(const Config& base) {
   config.etcd.keepalive = true;
   asio::io_context io(1);
   Servers servers(io, config);
+  AgentThreads threads(config.compute.workers, config.compute.max_concurrent_moves);
   std::unique_ptr<ComputeAgent> agent;  // outlives the loop
-  return run_until_done(io, start(io, config, servers, agent));
+  Outcome outcome = run_until_done(io, start(io, config, servers, threads, agent));
+  threads.join();
+  return outcome;
 }
 
 }  // namespace toyvm

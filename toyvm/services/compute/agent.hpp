@@ -15,6 +15,7 @@
 #include "services/compute/registration.hpp"
 #include "services/placer.hpp"
 #include "virt/images.hpp"
+#include "virt/memory_backend.hpp"
 
 #include <filesystem>
 #include <memory>
@@ -39,6 +40,9 @@ std::string host_name();
 
 // From [compute] and the host itself; the provider uuid is the state dir's (made on first use).
 result<HostSetup> set_up_host(const ComputeConfig& config);
+// A simulated host (`toyvm compute --simulate`): the same, on an in-memory hypervisor reached
+// by its peers in `hosts` at its move URI, with the inventory it is given and no CPU traits.
+result<HostSetup> set_up_simulated_host(const ComputeConfig& config, std::shared_ptr<MemoryHosts> hosts);
 
 struct AgentParts {
   AgentParts(AgentContext& ctx, Inventory inventory, std::vector<std::string> cpu_traits, ImageStoreOptions images);
