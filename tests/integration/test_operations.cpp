@@ -19,8 +19,7 @@ TEST_CASE("an agent reports its host's memory, disk and load, and show --hosts s
   CHECK(first.mem_available_mb <= first.mem_total_mb);
   CHECK(first.disk_available_mb <= first.disk_total_mb);
   CHECK(first.cpus_online >= 1);
-  // Measured again every stats_interval.
-  CHECK(wait_for([&] { auto s = host_stats(servers, rp); return s && s->at > first.at; }, 10));
+  // Measured every stats_interval, written again only once they moved enough (worth_reporting).
 
   json::object host = shown_host(servers, rp);
   REQUIRE(host.at("stats").is_object());

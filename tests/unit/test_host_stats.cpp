@@ -109,3 +109,30 @@ TEST_CASE("a usage record from etcd that is not an object is an error, not a cra
   CHECK_FALSE(decode_usage("[1,2]"));
   CHECK_FALSE(decode_usage("{\"vcpus\": \"two\"}"));
 }
+
+TEST_CASE("a host's figures are written again only once they moved enough", "[host_stats]") {
+  const HostStats reported{.mem_total_mb = 16000, .mem_available_mb = 8000, .disk_total_mb = 100000,
+                           .disk_available_mb = 50000, .load = 0.5, .cpus_online = 8, .at = 1000};
+  HostStats now = reported;
+  now.at = 1030;  // only time passed
+  CHECK_FALSE(worth_reporting(reported, now));
+  now.mem_available_mb = 8000 - 799;  // less than a twentieth of the total
+  now.disk_available_mb = 50000 + 4999;
+  now.load = 1.49;
+  CHECK_FALSE(worth_reporting(reported, now));
+  HostStats memory = reported;
+  memory.mem_available_mb = 8000 - 800;
+  CHECK(worth_reporting(reported, memory));
+  HostStats disk = reported;
+  disk.disk_available_mb = 50000 - 5000;
+  CHECK(worth_reporting(reported, disk));
+  HostStats load = reported;
+  load.load = 1.5;
+  CHECK(worth_reporting(reported, load));
+  HostStats cpus = reported;
+  cpus.cpus_online = 7;
+  CHECK(worth_reporting(reported, cpus));
+  HostStats grown = reported;
+  grown.disk_total_mb = 200000;
+  CHECK(worth_reporting(reported, grown));
+}

@@ -214,6 +214,7 @@ awaitable<result<int64_t>> PlacementClient::provider_generation(const std::strin
   int64_t generation = 0;
   if (parser.parse(response->body)["generation"].get_int64().get(generation))
     co_return Error(errc::placement_error, "malformed resource provider");
+  generations_[uuid] = generation;
   co_return generation;
 }
 
@@ -224,7 +225,10 @@ awaitable<result<void>> PlacementClient::ensure_provider(std::string uuid, std::
   json::object body{{"uuid", uuid}, {"name", name}};
   auto response = co_await call("POST", "/resource_providers", mv_providers, json::serialize(body));
   if (!response) co_return response.error();
-  if (response->status == 200 || response->status == 201) co_return result<void>{};
+  if (response->status == 200 || response->status == 201) {
+    generations_[uuid] = 0;  // a new provider's
+    co_return result<void>{};
+  }
   // Another start of this same agent may have created it meanwhile.
   if (response->status == 409 && (co_await provider_generation(uuid))) co_return result<void>{};
   co_return refused(*response);
@@ -235,12 +239,22 @@ awaitable<result<void>> PlacementClient::ensure_provider(std::string uuid, std::
 awaitable<result<void>> PlacementClient::put_with_generation(std::string uuid, std::string what,
                                                              std::string microversion, std::string value_json) {
   for (int attempt = 0; attempt < 10; ++attempt) {
-    auto generation = co_await provider_generation(uuid);
+    result<int64_t> generation = Error(errc::not_found);
+    if (auto seen = generations_.find(uuid); seen != generations_.end()) generation = seen->second;
+    else generation = co_await provider_generation(uuid);
     if (!generation) co_return generation.error();
     std::string body = fmt::format(R"({{"resource_provider_generation":{},"{}":{}}})", *generation, what, value_json);
     auto response = co_await call("PUT", "/resource_providers/" + uuid + "/" + what, microversion, std::move(body));
     if (!response) co_return response.error();
-    if (response->status == 200) co_return result<void>{};
+    if (response->status == 200) {
+      // The answer carries the provider's new generation (inventories, traits, aggregates).
+      simdjson::dom::parser parser;
+      int64_t next = 0;
+      if (!parser.parse(response->body)["resource_provider_generation"].get_int64().get(next)) generations_[uuid] = next;
+      else generations_.erase(uuid);
+      co_return result<void>{};
+    }
+    generations_.erase(uuid);  // read again before the next try
     if (Error refusal = refused(*response); refusal != errc::placement_concurrent_update) co_return refusal;
   }
   co_return Error(errc::placement_concurrent_update, "the provider kept changing meanwhile");
@@ -289,10 +303,11 @@ awaitable<result<void>> PlacementClient::add_trait(std::string uuid, std::string
 awaitable<result<void>> PlacementClient::set_traits(std::string uuid, std::vector<std::string> traits) {
   json::array names;
   for (const std::string& trait : traits) {
-    if (trait.starts_with("CUSTOM_")) {
+    if (trait.starts_with("CUSTOM_") && !custom_traits_.count(trait)) {
       auto created = co_await call("PUT", "/traits/" + trait, mv_traits);
       if (!created) co_return created.error();
       if (created->status != 201 && created->status != 204) co_return refused(*created);
+      custom_traits_.insert(trait);
     }
     names.emplace_back(trait);
   }

@@ -10,6 +10,7 @@
 #include "model/query.hpp"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,11 @@ class PlacementClient final : public Placement {
   PlacementConfig config_;
   std::unique_ptr<HttpClient> keystone_;  // with auth_url only
   std::string token_;
+  // A provider's generation as this client last saw it: a write tries it first and reads the
+  // provider again only when refused (someone else changed it). Registering a host takes five
+  // requests, not ten.
+  std::map<std::string, int64_t> generations_;
+  std::set<std::string> custom_traits_;  // made by this client: not asked for again
 };
 
 }  // namespace toyvm

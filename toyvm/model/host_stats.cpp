@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -86,6 +89,14 @@ result<HostStats> measure_host_stats(const std::string& instance_dir) {
   stats.disk_available_mb = int64_t((unsigned long long)fs.f_bavail * fs.f_frsize >> 20);
   stats.at = unix_seconds();
   return stats;
+}
+
+bool worth_reporting(const HostStats& reported, const HostStats& now) {
+  auto moved = [](int64_t before, int64_t after, int64_t total) { return std::abs(after - before) * 20 >= std::max<int64_t>(total, 1); };
+  return moved(reported.mem_available_mb, now.mem_available_mb, now.mem_total_mb) ||
+         moved(reported.disk_available_mb, now.disk_available_mb, now.disk_total_mb) ||
+         reported.mem_total_mb != now.mem_total_mb || reported.disk_total_mb != now.disk_total_mb ||
+         std::abs(reported.load - now.load) >= 1.0 || reported.cpus_online != now.cpus_online;
 }
 
 }  // namespace toyvm

@@ -23,6 +23,12 @@ std::optional<double> parse_loadavg(std::string_view text);
 // The cpuN lines of /proc/stat (not the "cpu" total line).
 int64_t count_online_cpus(std::string_view proc_stat);
 
+// Whether figures measured `now` are worth a write over those `reported` last: memory or disk
+// available moved by a twentieth of its total, the load by 1, the CPUs online at all. A
+// cloud at rest then writes nothing (ten thousand hosts reporting every 30 s would be 333
+// writes a second); its figures are never more than that far off.
+bool worth_reporting(const HostStats& reported, const HostStats& now);
+
 // Reads /proc/meminfo, /proc/loadavg, /proc/stat and statvfs(instance_dir).
 result<HostStats> measure_host_stats(const std::string& instance_dir);
 

@@ -192,6 +192,8 @@ awaitable<void> HostPresence::report_stats() {
   do {
     auto stats = measure_host_stats(ctx_.host.instance_dir);
     if (stats) {
+      // Put with the host record at every announce; again only once they moved enough.
+      if (stats_ && !worth_reporting(*stats_, *stats)) continue;
       stats_ = *stats;
       if (lease_) co_await ctx_.etcd->put(ctx_.keys.stats(ctx_.host.provider), encode(*stats), lease_);
     } else {

@@ -97,13 +97,15 @@ awaitable<result<void>> ProviderRegistration::register_once() {
   if (!created) co_return created;
   auto inventory = co_await placement.set_inventory(provider, inventory_);
   if (!inventory) co_return inventory;
-  // Only the CPU traits this Placement knows: an unknown standard trait is refused.
-  auto known = co_await placement.known_traits("HW_CPU_X86_");
-  if (!known) co_return known.error();
   traits_ = ctx_.config.compute.traits;
   traits_.push_back(ctx_.config.placement.provider_trait);  // schedules and audit know toyvm's by it
-  for (const std::string& trait : cpu_traits_)
-    if (std::find(known->begin(), known->end(), trait) != known->end()) traits_.push_back(trait);
+  if (!cpu_traits_.empty()) {
+    // Only the CPU traits this Placement knows: an unknown standard trait is refused.
+    auto known = co_await placement.known_traits("HW_CPU_X86_");
+    if (!known) co_return known.error();
+    for (const std::string& trait : cpu_traits_)
+      if (std::find(known->begin(), known->end(), trait) != known->end()) traits_.push_back(trait);
+  }
   const bool disabled = operator_disabled_;
   std::vector<std::string> traits = traits_with_status(disabled);
   auto traits_set = co_await placement.set_traits(provider, std::move(traits));
