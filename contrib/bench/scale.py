@@ -5,12 +5,18 @@
 destroys everything. Prints a table and writes JSON.
 
     contrib/bench/scale.py [--agents 200] [--instances 2000] [--batches 8] [--out DIR] [--keep]
+    contrib/bench/scale.py --simulated --agents 10000 --instances 20000
+
+With --simulated the agents are simulated hosts of one process (`toyvm compute --simulate`,
+in-memory hypervisors, toyvm's own agent code), and one schedule's wall time is sampled first
+at 10 such hosts, then at --agents, in the same run.
 """
 
 import argparse
 import json
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,6 +72,26 @@ def etcd_db_size(cloud):
     return {"db_bytes": size, "db_in_use_bytes": in_use}
 
 
+def schedule_latencies(cloud, samples):
+    """Wall times of `samples` single schedules one after the other, each destroyed after."""
+    times = []
+    for _ in range(samples):
+        started = time.monotonic()
+        result = cloud.run("schedule", QUERY)
+        times.append(time.monotonic() - started)
+        if result.returncode == 0:
+            cloud.run("destroy", result.stdout.split()[-1], "--no-wait")
+    times.sort()
+    return {"p50_ms": 1000 * times[len(times) // 2], "p99_ms": 1000 * times[min(len(times) - 1, int(len(times) * 0.99))],
+            "samples": samples}
+
+
+def start_simulated(cloud, workdir, name, count, config):
+    proc = cloud.spawn(name, [cloud.toyvm, "--config", str(config), "compute", "--simulate", str(count), "--state-dir",
+                              str(workdir / name), "--inventory", INVENTORY, "--name", name], cloud.env)
+    return {name: proc}
+
+
 def parallel(items, work, threads):
     items, lock, results = list(items), threading.Lock(), []
 
@@ -94,6 +120,8 @@ def main():
     parser.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "bench")
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
+    parser.add_argument("--simulated", action="store_true", help="the agents as simulated hosts of one process")
+    parser.add_argument("--samples", type=int, default=40, help="single schedules timed at each size (--simulated)")
     args = parser.parse_args()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-scale-"))
     figures = {"agents": args.agents, "instances": args.instances, "batches": args.batches}
@@ -103,13 +131,27 @@ def main():
         config = workdir / "agent.toml"
         config.write_text("[compute]\nstop_timeout = 0\n")
         figures["etcd_empty"] = etcd_db_size(cloud)
+        if args.simulated:
+            small = start_simulated(cloud, workdir, "small", 10, config)
+            wait_until("10 simulated hosts alive", lambda: sum(h["alive"] for h in cloud.hosts()) == 10, 120)
+            figures["schedule_at_10"] = schedule_latencies(cloud, args.samples)
+            print(f"scale: one schedule at 10 hosts: {figures['schedule_at_10']}", flush=True)
+            cloud.stop("small", signal.SIGTERM)
+            wait_until("10 simulated hosts gone", lambda: not cloud.hosts(), 120)
 
         started = time.monotonic()
-        agents = {f"h{i:04d}": cloud.start_agent(f"h{i:04d}", INVENTORY, config) for i in range(args.agents)}
-        wait_until("every agent alive", lambda: sum(h["alive"] for h in cloud.hosts()) == args.agents, 600)
+        if args.simulated:
+            agents = start_simulated(cloud, workdir, "h", args.agents, config)
+        else:
+            agents = {f"h{i:04d}": cloud.start_agent(f"h{i:04d}", INVENTORY, config) for i in range(args.agents)}
+        # Polled every 5 s: each look reads every host record, itself a load at 10,000.
+        wait_until("every agent alive", lambda: sum(h["alive"] for h in cloud.hosts()) == args.agents, 1800, 5)
         figures["agents_alive_s"] = time.monotonic() - started
         print(f"scale: {args.agents} agents registered and alive in {figures['agents_alive_s']:.1f} s", flush=True)
         figures["etcd_idle_hosts"] = etcd_rate(cloud, AT_REST_S)
+        if args.simulated:
+            figures["schedule_at_agents"] = schedule_latencies(cloud, args.samples)
+            print(f"scale: one schedule at {args.agents} hosts: {figures['schedule_at_agents']}", flush=True)
 
         per_batch = [args.instances // args.batches + (i < args.instances % args.batches) for i in range(args.batches)]
         started = time.monotonic()
@@ -173,6 +215,11 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scale.json").write_text(json.dumps(figures, indent=2) + "\n")
     rows = [
+        *([("one schedule at 10 hosts, p50 / p99",
+            f"{figures['schedule_at_10']['p50_ms']:.1f} / {figures['schedule_at_10']['p99_ms']:.1f} ms"),
+           (f"one schedule at {args.agents} hosts, p50 / p99",
+            f"{figures['schedule_at_agents']['p50_ms']:.1f} / {figures['schedule_at_agents']['p99_ms']:.1f} ms")]
+          if "schedule_at_agents" in figures else []),
         ("agents registered and alive", f"{figures.get('agents_alive_s', float('nan')):.1f} s"),
         ("etcd at rest, hosts only", f"{figures.get('etcd_idle_hosts', {}).get('writes_per_s', float('nan')):.2f} writes/s"),
         ("instances placed", f"{figures.get('placed', 0)} in {figures.get('place_s', float('nan')):.1f} s "

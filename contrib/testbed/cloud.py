@@ -43,7 +43,7 @@ def free_port():
             return port
 
 
-def wait_until(what, check, timeout=30.0):
+def wait_until(what, check, timeout=30.0, interval=0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -51,7 +51,7 @@ def wait_until(what, check, timeout=30.0):
                 return True
         except Exception:
             pass
-        time.sleep(0.1)
+        time.sleep(interval)
     raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
 
 

@@ -2,6 +2,7 @@
 
 #include "catch_result.hpp"
 
+#include <map>
 #include <set>
 
 using namespace toyvm;
@@ -61,6 +62,29 @@ TEST_CASE("an availability zone maps to one aggregate uuid everywhere") {
   CHECK(availability_zone_aggregate("zone-a") != availability_zone_aggregate("zone-b"));
   CHECK(is_uuid(availability_zone_aggregate("zone-a")));
   CHECK(availability_zone_aggregate("zone-a")[14] == '5');  // a name-based (SHA-1) uuid
+}
+
+TEST_CASE("hosts fall into shards evenly and the same way everywhere; each shard is one aggregate") {
+  std::map<int, int> hosts_in;
+  for (int i = 0; i < 10'000; ++i) {
+    const std::string provider = new_uuid();
+    const int shard = shard_of(provider, 100);
+    CHECK(shard == shard_of(provider, 100));
+    REQUIRE(shard >= 0);
+    REQUIRE(shard < 100);
+    hosts_in[shard] += 1;
+  }
+  CHECK(hosts_in.size() == 100);
+  for (const auto& [shard, hosts] : hosts_in) {
+    CHECK(hosts > 50);  // 100 each on average
+    CHECK(hosts < 150);
+  }
+  CHECK(shard_of("2a3ef9c5-b66e-4f96-b3b1-903723b7b9b8", 0) == 0);  // no shards: one
+  CHECK(shard_of("2a3ef9c5-b66e-4f96-b3b1-903723b7b9b8", 1) == 0);
+  CHECK(shard_aggregate(7) == shard_aggregate(7));
+  CHECK(shard_aggregate(7) != shard_aggregate(8));
+  CHECK(is_uuid(shard_aggregate(7)));
+  CHECK(shard_aggregate(0) != availability_zone_aggregate("shard-0"));  // a namespace of its own
 }
 
 TEST_CASE("new uuids are random version 4 uuids, never repeated") {

@@ -44,6 +44,9 @@ struct PlacementConfig {
   std::string token_header = "X-Auth-Token";
   Duration timeout{10000};  // per request
   int candidate_limit = 50;  // `limit` on GET /allocation_candidates unless the query has one
+  // A large cloud's hosts in this many shards (Placement aggregates); a schedule asks about one
+  // at random first, the whole cloud only when it has no room. 0: none. One per 100 hosts or so.
+  int shards = 0;
   std::string ca_file;       // https endpoint: the CA to trust; empty: the system's
   // Keystone v3 password authentication instead of the static token: a project-scoped token
   // is fetched from auth_url and fetched again when it expires or Placement answers 401.

@@ -55,6 +55,21 @@ std::string availability_zone_aggregate(std::string_view zone) {
   return boost::uuids::to_string(generate(zone.data(), zone.size()));
 }
 
+int shard_of(std::string_view provider, int shards) {
+  if (shards <= 1) return 0;
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a: stable across builds and machines
+  for (const char c : provider) hash = (hash ^ uint8_t(c)) * 1099511628211ull;
+  return int(hash % uint64_t(shards));
+}
+
+std::string shard_aggregate(int shard) {
+  // toyvm's namespace for shards (a random UUID, fixed forever).
+  static const boost::uuids::uuid ns = boost::uuids::string_generator()("3d9a51c7-2e84-4b0f-a6d3-8c1f0e7b5a92");
+  boost::uuids::name_generator_sha1 generate(ns);
+  const std::string name = "shard-" + std::to_string(shard);
+  return boost::uuids::to_string(generate(name.data(), name.size()));
+}
+
 std::string request_instance_uuid(std::string_view request_id, int index) {
   // toyvm's namespace for the instances of project requests (a random UUID, fixed forever).
   static const boost::uuids::uuid ns = boost::uuids::string_generator()("0b8e4f7a-3c21-4d6e-9f50-7a1c2e3d4b59");

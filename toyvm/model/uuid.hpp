@@ -15,6 +15,13 @@ uint64_t random_seed();
 // UUID, so every host and scheduler derives the same one without a lookup.
 std::string availability_zone_aggregate(std::string_view zone);
 
+// Shards of a large cloud ([placement] shards): each host joins the aggregate of the shard its
+// provider uuid falls in, and a schedule asks Placement about one shard first (a bounded,
+// well-spread subset), the whole cloud only when that one has no room. The same on every host
+// and scheduler without a lookup: a hash of the uuid, and a name-based (version 5) UUID.
+int shard_of(std::string_view provider, int shards);
+std::string shard_aggregate(int shard);
+
 // The uuid of the `index`th instance a project's request makes (model/requests.hpp): the same
 // for every try of it, so a scheduler service that takes over a request another left half
 // done finds that one's claims under the same consumers.

@@ -77,6 +77,10 @@ awaitable<Outcome> Scheduler::run() {
   if (auto fits = co_await check_quota(placement_, config_.placement, project_, asked_, false); !fits)
     co_return fits.error();
 
+  if (const int shards = config_.placement.shards; shards > 1) {
+    std::mt19937_64 rng{random_seed()};
+    shard_ = shard_aggregate(std::uniform_int_distribution<int>(0, shards - 1)(rng));
+  }
   std::vector<std::string> uuids = options_.uuids;
   uuids.resize(size_t(count));
   for (std::string& uuid : uuids)
@@ -204,7 +208,8 @@ awaitable<result<PlacementView>> Scheduler::first_look(PlacementQuery query, int
 }
 
 awaitable<result<PlacementView>> Scheduler::look(PlacementQuery query, int limit) {
-  spdlog::debug("schedule: asking Placement and etcd");
+  spdlog::debug("schedule: asking Placement and etcd{}", shard_.empty() ? "" : " about shard " + shard_);
+  if (!shard_.empty()) query.params.emplace_back("member_of", shard_);
   auto view = co_await placer_.look(std::move(query), options_.group, {}, limit);
   if (!view) co_return view.error();
   for (GroupPolicy policy : view->group_policies) {
@@ -219,15 +224,20 @@ awaitable<result<PlacementView>> Scheduler::look(PlacementQuery query, int limit
 }
 
 awaitable<result<std::vector<Claim>>> Scheduler::claim_one(PlacementQuery query, std::string uuid) {
-  auto view = co_await first_look(std::move(query), 0);
-  if (!view) co_return view.error();
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::mt19937_64 rng{random_seed()};
-  auto ranked = placer_.rank(*view, placer_.weigh_policy(options_.policy), uniform(rng), group_policy());
-  claiming_ = true;
-  auto claim = co_await placer_.claim_first_fit(uuid, std::move(ranked), owner_);
-  if (!claim) co_return claim.error();
-  co_return std::vector<Claim>{std::move(*claim)};
+  auto view = co_await first_look(query, 0);
+  while (true) {
+    if (!view) co_return view.error();
+    auto ranked = placer_.rank(*view, placer_.weigh_policy(options_.policy), uniform(rng), group_policy());
+    claiming_ = true;
+    auto claim = co_await placer_.claim_first_fit(uuid, std::move(ranked), owner_);
+    if (claim) co_return std::vector<Claim>{std::move(*claim)};
+    if (claim.error() != errc::no_allocations_left || shard_.empty()) co_return claim.error();
+    spdlog::debug("schedule: no room in shard {}; asking about the whole cloud", shard_);
+    shard_.clear();
+    view = co_await look(query, 0);
+  }
 }
 
 awaitable<result<std::vector<Claim>>> Scheduler::claim_batch(PlacementQuery query,
@@ -246,8 +256,14 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_batch(PlacementQuery quer
     const bool truncated = !own_limit && view->candidates.allocation_requests.size() >= size_t(limit);
     auto plan = plan_batch(std::move(*view), uuids.size(), placer_.weigh_policy(options_.policy), group_policy(), rng);
     if (!plan) {
-      if (!truncated) co_return Error(errc::no_allocations_left);
-      limit *= 4;  // the rest of the cloud may have room
+      if (truncated) {
+        limit *= 4;  // the rest of the cloud may have room
+      } else if (!shard_.empty()) {
+        spdlog::debug("schedule: no room in shard {}; asking about the whole cloud", shard_);
+        shard_.clear();
+      } else {
+        co_return Error(errc::no_allocations_left);
+      }
       continue;
     }
     std::vector<std::pair<std::string, Allocations>> consumers;

@@ -191,13 +191,12 @@ awaitable<void> HostPresence::report_stats() {
   const auto interval = ctx_.config.compute.stats_interval;
   do {
     auto stats = measure_host_stats(ctx_.host.instance_dir);
-    if (stats) {
+    if (!stats) {
+      spdlog::warn("cannot measure this host's memory, disk and load");
+    } else if (!stats_ || worth_reporting(*stats_, *stats)) {
       // Put with the host record at every announce; again only once they moved enough.
-      if (stats_ && !worth_reporting(*stats_, *stats)) continue;
       stats_ = *stats;
       if (lease_) co_await ctx_.etcd->put(ctx_.keys.stats(ctx_.host.provider), encode(*stats), lease_);
-    } else {
-      spdlog::warn("cannot measure this host's memory, disk and load");
     }
   } while (co_await ctx_.stop.sleep(interval));
 }

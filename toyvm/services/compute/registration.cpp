@@ -114,6 +114,8 @@ awaitable<result<void>> ProviderRegistration::register_once() {
   std::vector<std::string> aggregates;
   if (!ctx_.config.compute.availability_zone.empty())
     aggregates.push_back(availability_zone_aggregate(ctx_.config.compute.availability_zone));
+  if (const int shards = ctx_.config.placement.shards; shards > 1)
+    aggregates.push_back(shard_aggregate(shard_of(provider, shards)));
   co_return co_await placement.set_aggregates(provider, std::move(aggregates));
 }
 
