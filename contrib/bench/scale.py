@@ -80,7 +80,7 @@ def schedule_latencies(cloud, samples):
         result = cloud.run("schedule", QUERY)
         times.append(time.monotonic() - started)
         if result.returncode == 0:
-            cloud.run("destroy", result.stdout.split()[-1], "--no-wait")
+            cloud.run("destroy", result.stdout.split()[-1])
     times.sort()
     return {"p50_ms": 1000 * times[len(times) // 2], "p99_ms": 1000 * times[min(len(times) - 1, int(len(times) * 0.99))],
             "samples": samples}
@@ -122,6 +122,9 @@ def main():
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
     parser.add_argument("--simulated", action="store_true", help="the agents as simulated hosts of one process")
     parser.add_argument("--samples", type=int, default=40, help="single schedules timed at each size (--simulated)")
+    parser.add_argument("--shards", type=int, default=None,
+                        help="[placement] shards for agents and schedules (default: one per 100 hosts from 1,000)")
+    parser.add_argument("--lease-ttl", type=int, default=10, help="[compute] lease_ttl, seconds")
     args = parser.parse_args()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-scale-"))
     figures = {"agents": args.agents, "instances": args.instances, "batches": args.batches}
@@ -129,15 +132,22 @@ def main():
     try:
         cloud = Cloud(args.build, workdir, etcd_members=3, postgresql=True, placement_workers=4)
         config = workdir / "agent.toml"
-        config.write_text("[compute]\nstop_timeout = 0\n")
+        shards = args.shards if args.shards is not None else (args.agents // 100 if args.agents >= 1000 else 0)
+        figures["shards"] = shards
+        config.write_text(f"[compute]\nstop_timeout = 0\nlease_ttl = {args.lease_ttl}\n[placement]\nshards = {shards}\n")
         figures["etcd_empty"] = etcd_db_size(cloud)
         if args.simulated:
-            small = start_simulated(cloud, workdir, "small", 10, config)
+            # Ten hosts as a cloud of ten would run: no shards.
+            unsharded = workdir / "small.toml"
+            unsharded.write_text(f"[compute]\nstop_timeout = 0\nlease_ttl = {args.lease_ttl}\n")
+            cloud.env["TOYVM_CONFIG"] = str(unsharded)
+            small = start_simulated(cloud, workdir, "small", 10, unsharded)
             wait_until("10 simulated hosts alive", lambda: sum(h["alive"] for h in cloud.hosts()) == 10, 120)
             figures["schedule_at_10"] = schedule_latencies(cloud, args.samples)
             print(f"scale: one schedule at 10 hosts: {figures['schedule_at_10']}", flush=True)
             cloud.stop("small", signal.SIGTERM)
-            wait_until("10 simulated hosts gone", lambda: not cloud.hosts(), 120)
+            wait_until("10 simulated hosts gone", lambda: not any(h["alive"] for h in cloud.hosts()), 120)
+        cloud.env["TOYVM_CONFIG"] = str(config)  # the schedules' as the agents'
 
         started = time.monotonic()
         if args.simulated:
