@@ -218,10 +218,12 @@ awaitable<result<int64_t>> PlacementClient::provider_generation(const std::strin
   co_return generation;
 }
 
-awaitable<result<void>> PlacementClient::ensure_provider(std::string uuid, std::string name) {
-  auto existing = co_await provider_generation(uuid);
-  if (existing) co_return result<void>{};
-  if (existing.error() != errc::not_found) co_return existing.error();
+awaitable<result<void>> PlacementClient::ensure_provider(std::string uuid, std::string name, bool surely_new) {
+  if (!surely_new) {
+    auto existing = co_await provider_generation(uuid);
+    if (existing) co_return result<void>{};
+    if (existing.error() != errc::not_found) co_return existing.error();
+  }
   json::object body{{"uuid", uuid}, {"name", name}};
   auto response = co_await call("POST", "/resource_providers", mv_providers, json::serialize(body));
   if (!response) co_return response.error();

@@ -68,8 +68,9 @@ class Placement {
   virtual awaitable<result<Inventory>> inventory(std::string provider) = 0;
   virtual awaitable<result<std::vector<std::string>>> traits(std::string provider) = 0;
 
-  // Creates the provider if it does not exist (idempotent).
-  virtual awaitable<result<void>> ensure_provider(std::string uuid, std::string name) = 0;
+  // Creates the provider if it does not exist (idempotent); `surely_new`: created without
+  // looking first (a uuid just made).
+  virtual awaitable<result<void>> ensure_provider(std::string uuid, std::string name, bool surely_new = false) = 0;
   // Replaces the provider's inventory, retrying on generation conflicts.
   virtual awaitable<result<void>> set_inventory(std::string uuid, Inventory inventory) = 0;
   // The traits Placement knows whose names start with `prefix`.
@@ -108,7 +109,7 @@ class PlacementClient final : public Placement {
   awaitable<result<std::map<std::string, ResourceAmounts>>> provider_allocations(std::string provider) override;
   awaitable<result<Inventory>> inventory(std::string provider) override;
   awaitable<result<std::vector<std::string>>> traits(std::string provider) override;
-  awaitable<result<void>> ensure_provider(std::string uuid, std::string name) override;
+  awaitable<result<void>> ensure_provider(std::string uuid, std::string name, bool surely_new = false) override;
   awaitable<result<void>> set_inventory(std::string uuid, Inventory inventory) override;
   awaitable<result<std::vector<std::string>>> known_traits(std::string prefix) override;
   awaitable<result<void>> set_aggregates(std::string uuid, std::vector<std::string> aggregates) override;

@@ -216,7 +216,7 @@ class MemoryPlacement final : public Placement {
     co_return std::vector<std::string>((*p)->traits.begin(), (*p)->traits.end());
   }
 
-  awaitable<result<void>> ensure_provider(std::string uuid, std::string name) override {
+  awaitable<result<void>> ensure_provider(std::string uuid, std::string name, bool = false) override {
     if (auto e = unreachable()) co_return *e;
     providers_by_uuid.try_emplace(uuid, Provider{name, {}, {}, {}});
     co_return result<void>{};

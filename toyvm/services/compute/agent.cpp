@@ -42,9 +42,9 @@ namespace {
 // What set_up_host and a simulated host share: identity, dirs, inventory, images.
 result<HostSetup> set_up_common(const ComputeConfig& c) {
   HostSetup setup;
-  auto uuid = load_or_create_provider_uuid(c.state_dir);
-  if (!uuid) return uuid.error();
   HostIdentity& host = setup.host;
+  auto uuid = load_or_create_provider_uuid(c.state_dir, &host.new_provider);
+  if (!uuid) return uuid.error();
   host.provider = *uuid;
   host.name = c.name.empty() ? host_name() : c.name;
   std::error_code ec;

@@ -53,6 +53,7 @@ struct HostIdentity {
   std::string provider;      // resource provider uuid, kept in the state dir
   std::string name;
   std::string instance_dir;  // absolute
+  bool new_provider = false;  // its uuid was made at this start: no Placement has it yet
 };
 
 struct AgentContext {

@@ -13,7 +13,7 @@ namespace toyvm::compute {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-result<std::string> load_or_create_provider_uuid(const fs::path& state_dir) {
+result<std::string> load_or_create_provider_uuid(const fs::path& state_dir, bool* made) {
   std::error_code ec;
   fs::create_directories(state_dir, ec);
   fs::path file = state_dir / "provider_uuid";
@@ -37,6 +37,7 @@ result<std::string> load_or_create_provider_uuid(const fs::path& state_dir) {
   if (ec) {
     return Error(errc::invalid_config, fmt::format("cannot write {}: {}", file.string(), ec.message()));
   }
+  if (made) *made = true;
   return uuid;
 }
 
@@ -93,7 +94,7 @@ awaitable<void> ProviderRegistration::register_until_done() {
 awaitable<result<void>> ProviderRegistration::register_once() {
   Placement& placement = ctx_.placement;
   const std::string& provider = ctx_.host.provider;
-  auto created = co_await placement.ensure_provider(provider, ctx_.host.name);
+  auto created = co_await placement.ensure_provider(provider, ctx_.host.name, ctx_.host.new_provider);
   if (!created) co_return created;
   auto inventory = co_await placement.set_inventory(provider, inventory_);
   if (!inventory) co_return inventory;

@@ -13,8 +13,8 @@
 
 namespace toyvm::compute {
 
-// The provider uuid in `state_dir`, made on first use.
-result<std::string> load_or_create_provider_uuid(const std::filesystem::path& state_dir);
+// The provider uuid in `state_dir`, made on first use (then `*made` is set: no Placement has it).
+result<std::string> load_or_create_provider_uuid(const std::filesystem::path& state_dir, bool* made = nullptr);
 
 // A host whose state dir was lost is still its provider in Placement, under its name (names
 // are unique there): with no uuid in `state_dir`, the uuid of the provider named `name` is
