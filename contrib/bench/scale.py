@@ -159,6 +159,7 @@ def main():
         figures["agents_alive_s"] = time.monotonic() - started
         print(f"scale: {args.agents} agents registered and alive in {figures['agents_alive_s']:.1f} s", flush=True)
         figures["etcd_idle_hosts"] = etcd_rate(cloud, AT_REST_S)
+        print(f"scale: etcd at rest with the hosts only: {figures['etcd_idle_hosts']}", flush=True)
         if args.simulated:
             figures["schedule_at_agents"] = schedule_latencies(cloud, args.samples)
             print(f"scale: one schedule at {args.agents} hosts: {figures['schedule_at_agents']}", flush=True)
@@ -195,6 +196,7 @@ def main():
         wait_until("the metadata service", answers, 60)
         figures["mdserver_rss_mib"] = rss_kib(mdserver.pid) / 1024
         figures["etcd_idle_instances"] = etcd_rate(cloud, AT_REST_S)
+        print(f"scale: etcd at rest with the instances: {figures['etcd_idle_instances']}", flush=True)
         figures["etcd_full"] = etcd_db_size(cloud)
         # Guests that talk to their consoles, nobody reading them (the test driver writes no
         # console: the benchmark stands in for QEMU and appends a line to each every second).
