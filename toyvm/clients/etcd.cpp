@@ -185,7 +185,7 @@ class GrpcEtcdClient final : public EtcdClient {
   }
 
   std::unique_ptr<EtcdWatch> watch(WatchOptions options) override {
-    return etcd_grpc::open_watch(*stubs().watch, token_, options);
+    return watches_.open(*stubs().watch, token_, options);
   }
 
   awaitable<result<void>> user_add(std::string name, std::string password) override {
@@ -360,6 +360,7 @@ class GrpcEtcdClient final : public EtcdClient {
   std::string endpoints_text_;
   std::chrono::milliseconds timeout_;
   std::string token_;  // from Authenticate; used and renewed on the event loop's thread
+  etcd_grpc::WatchStreams watches_;
   // The channel is made at the first call, not with the client: gRPC's start (its library,
   // its threads, the connection) then overlaps what a command asks of Placement first.
   struct Stubs {

@@ -77,6 +77,10 @@ class BidiStream final : public std::enable_shared_from_this<BidiStream<Request,
 
   awaitable<Item> next() { co_return co_await items_.async_pop(); }
 
+  // Items handed to `sink` on gRPC's thread as they come, instead of queued for next(); set
+  // before start. (Called with no lock of the stream's held: it may write.)
+  void set_sink(std::function<void(Item)> sink) { sink_ = std::move(sink); }
+
  private:
   void started(bool ok) {
     std::lock_guard lock(mutex_);
@@ -92,11 +96,18 @@ class BidiStream final : public std::enable_shared_from_this<BidiStream<Request,
   }
 
   void read(bool ok) {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     if (!ok) return finish();
-    items_.push(Item{std::move(response_), grpc::Status::OK});
+    Item item{std::move(response_), grpc::Status::OK};
     response_.Clear();
     read_next();
+    lock.unlock();
+    deliver(std::move(item));
+  }
+
+  void deliver(Item item) {
+    if (sink_) sink_(std::move(item));
+    else items_.push(std::move(item));
   }
 
   void write_next() {
@@ -116,7 +127,7 @@ class BidiStream final : public std::enable_shared_from_this<BidiStream<Request,
   void finish() {
     ending_ = true;
     rpc_->Finish(&status_, on_completion([self = this->shared_from_this()](bool) {
-      self->items_.push(Item{std::nullopt, self->status_});
+      self->deliver(Item{std::nullopt, self->status_});
     }));
   }
 
@@ -125,6 +136,7 @@ class BidiStream final : public std::enable_shared_from_this<BidiStream<Request,
   Response response_;
   grpc::Status status_;
   AsyncQueue<Item> items_;
+  std::function<void(Item)> sink_;
   std::mutex mutex_;
   std::deque<Request> pending_;  // deque: Write keeps a pointer to the front until it completes
   bool started_ = false;
@@ -133,7 +145,22 @@ class BidiStream final : public std::enable_shared_from_this<BidiStream<Request,
 };
 
 // The streaming calls (clients/etcd_streams.cpp), each under the auth token when there is one.
-std::unique_ptr<EtcdWatch> open_watch(pb::Watch::Stub& stub, const std::string& token, const WatchOptions& options);
+class WatchMux;
+
+// A client's watches, on one gRPC stream as etcd's own client keeps them (a watch id each):
+// ten thousand simulated hosts are one stream to etcd, not fifty thousand. A new stream is
+// opened once the last one ended (every watch on it then ends with its error, and its owner
+// watches again, as after any lost watch) or the auth token changed.
+class WatchStreams {
+ public:
+  std::unique_ptr<EtcdWatch> open(pb::Watch::Stub& stub, const std::string& token, const WatchOptions& options);
+
+ private:
+  std::mutex mutex_;
+  std::shared_ptr<WatchMux> mux_;
+  pb::Watch::Stub* stub_ = nullptr;
+  std::string token_;
+};
 std::unique_ptr<EtcdLeaseKeeper> open_keep_alive(pb::Lease::Stub& stub, const std::string& token, int64_t lease);
 
 }  // namespace toyvm::etcd_grpc

@@ -1,7 +1,10 @@
-// The etcd client's streams: watches and lease keep-alives, each a bidirectional gRPC stream
-// read by one coroutine.
+// The etcd client's streams: its watches, all on one bidirectional gRPC stream, and lease
+// keep-alives, a stream each.
 
 #include "clients/etcd_grpc.hpp"
+
+#include <deque>
+#include <map>
 
 namespace toyvm::etcd_grpc {
 namespace {
@@ -9,26 +12,114 @@ namespace {
 using WatchStream = BidiStream<pb::WatchRequest, pb::WatchResponse>;
 using KeepAliveStream = BidiStream<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse>;
 
-class GrpcWatch final : public EtcdWatch {
- public:
-  explicit GrpcWatch(std::shared_ptr<WatchStream> stream) : stream_(std::move(stream)) {}
-  ~GrpcWatch() override { stream_->cancel(); }
+}  // namespace
 
-  awaitable<WatchBatch> next() override {
-    WatchBatch batch;
+// One watch stream and the watches on it. etcd answers the creates in the order they were
+// asked, each with the id it gave the watch, and tags every later response with that id:
+// responses are handed to their watch's queue on gRPC's thread, as they come.
+class WatchMux final : public std::enable_shared_from_this<WatchMux> {
+ public:
+  struct Member {
+    AsyncQueue<WatchBatch> batches;
+    int64_t id = -1;         // etcd's, once created
+    bool dropped = false;    // its owner is gone or aborted it: cancelled once created
+  };
+
+  explicit WatchMux(std::shared_ptr<WatchStream> stream) : stream_(std::move(stream)) {}
+  ~WatchMux() { stream_->cancel(); }  // none of its watches is left
+
+  void start(pb::Watch::Stub& stub, const std::string& token) {
+    stream_->set_sink([weak = weak_from_this()](WatchStream::Item item) {
+      if (auto self = weak.lock()) self->dispatch(std::move(item));
+    });
+    stream_->start([watch = &stub, token](auto* ctx, auto* queue) {
+      if (!token.empty()) ctx->AddMetadata("token", token);
+      // A member cut off from its cluster ends the watches instead of keeping them silently.
+      ctx->AddMetadata("hasleader", "true");
+      return watch->PrepareAsyncWatch(ctx, queue);
+    });
+  }
+
+  bool ended() {
+    std::lock_guard lock(mutex_);
+    return ended_;
+  }
+
+  std::shared_ptr<Member> add(const WatchOptions& options) {
+    pb::WatchRequest request;
+    auto* create = request.mutable_create_request();
+    create->set_key(options.key);
+    create->set_range_end(options.range_end);
+    create->set_start_revision(options.start_revision);
+    create->set_prev_kv(options.prev_kv);
+    auto member = std::make_shared<Member>();
+    std::lock_guard lock(mutex_);
     if (ended_) {
-      batch.error = errc::cancelled;
-      co_return batch;
+      member->batches.push(ended_batch_);
+      return member;
     }
-    WatchStream::Item item = co_await stream_->next();
+    creating_.push_back(member);
+    stream_->write(std::move(request));
+    return member;
+  }
+
+  // Asks etcd to cancel it; its answer comes as a canceled batch.
+  void cancel(const std::shared_ptr<Member>& member) {
+    std::lock_guard lock(mutex_);
+    if (member->id >= 0 && !ended_) write_cancel(member->id);
+  }
+
+  // Its owner is done with it: nothing more is delivered, and etcd is asked to cancel it.
+  void drop(const std::shared_ptr<Member>& member) {
+    std::lock_guard lock(mutex_);
+    member->dropped = true;
+    if (member->id < 0 || ended_) return;  // still being created: cancelled once it is
+    if (members_.erase(member->id)) write_cancel(member->id);
+  }
+
+ private:
+  void write_cancel(int64_t id) {
+    pb::WatchRequest request;
+    request.mutable_cancel_request()->set_watch_id(id);
+    stream_->write(std::move(request));
+  }
+
+  void dispatch(WatchStream::Item item) {
+    std::lock_guard lock(mutex_);
     if (!item.response) {
+      // The stream is over: every watch on it ends with its status.
       ended_ = true;
-      batch.error = item.status.ok() ? Error(errc::cancelled) : from_status(item.status);
-      if (batch.error == errc::cancelled) batch.canceled = true;
-      co_return batch;
+      ended_batch_.error = item.status.ok() ? Error(errc::cancelled) : from_status(item.status);
+      if (ended_batch_.error == errc::cancelled) ended_batch_.canceled = true;
+      for (auto& member : creating_) member->batches.push(ended_batch_);
+      for (auto& [id, member] : members_) member->batches.push(ended_batch_);
+      creating_.clear();
+      members_.clear();
+      return;
     }
     const pb::WatchResponse& resp = *item.response;
-    watch_id_ = resp.watch_id();
+    std::shared_ptr<Member> member;
+    if (resp.created()) {
+      if (creating_.empty()) return;  // not one of ours: cannot happen
+      member = creating_.front();
+      creating_.pop_front();
+      member->id = resp.watch_id();
+      if (member->dropped) {
+        if (!resp.canceled() && resp.watch_id() >= 0) write_cancel(resp.watch_id());
+        return;
+      }
+      if (!resp.canceled()) members_[resp.watch_id()] = member;
+    } else {
+      auto found = members_.find(resp.watch_id());
+      if (found == members_.end()) return;  // cancelled meanwhile
+      member = found->second;
+      if (resp.canceled()) members_.erase(found);
+    }
+    member->batches.push(to_batch(resp));
+  }
+
+  static WatchBatch to_batch(const pb::WatchResponse& resp) {
+    WatchBatch batch;
     batch.revision = resp.header().revision();
     batch.compact_revision = resp.compact_revision();
     batch.created = resp.created();
@@ -42,22 +133,49 @@ class GrpcWatch final : public EtcdWatch {
       if (event.has_prev_kv()) out.prev = from_pb(event.prev_kv());
       batch.events.push_back(std::move(out));
     }
-    // etcd keeps the stream open after a cancel; end it so the reactor can finish.
-    if (batch.canceled) stream_->cancel();
+    return batch;
+  }
+
+  std::shared_ptr<WatchStream> stream_;
+  std::mutex mutex_;
+  std::deque<std::shared_ptr<Member>> creating_;   // asked, in order, not yet answered
+  std::map<int64_t, std::shared_ptr<Member>> members_;
+  bool ended_ = false;
+  WatchBatch ended_batch_;  // what every watch on it sees once it ended
+};
+
+namespace {
+
+class GrpcWatch final : public EtcdWatch {
+ public:
+  GrpcWatch(std::shared_ptr<WatchMux> mux, std::shared_ptr<WatchMux::Member> member)
+      : mux_(std::move(mux)), member_(std::move(member)) {}
+  ~GrpcWatch() override { mux_->drop(member_); }
+
+  awaitable<WatchBatch> next() override {
+    if (ended_) {
+      WatchBatch batch;
+      batch.error = errc::cancelled;
+      co_return batch;
+    }
+    WatchBatch batch = co_await member_->batches.async_pop();
+    if (batch.error.code || batch.canceled) ended_ = true;
     co_return batch;
   }
 
-  void cancel() override {
-    pb::WatchRequest request;
-    request.mutable_cancel_request()->set_watch_id(watch_id_);
-    stream_->write(std::move(request));
+  void cancel() override { mux_->cancel(member_); }
+
+  // Ends it here: next() sees an error (the one waiting now too), and etcd is asked to cancel it.
+  void abort() override {
+    mux_->drop(member_);
+    WatchBatch aborted;
+    aborted.error = errc::cancelled;
+    member_->batches.push(std::move(aborted));
   }
 
-  void abort() override { stream_->cancel(); }
-
  private:
-  std::shared_ptr<WatchStream> stream_;
-  int64_t watch_id_ = 0;
+  std::shared_ptr<WatchMux> mux_;
+  std::shared_ptr<WatchMux::Member> member_;
   bool ended_ = false;
 };
 
@@ -89,22 +207,21 @@ class GrpcLeaseKeeper final : public EtcdLeaseKeeper {
 
 }  // namespace
 
-std::unique_ptr<EtcdWatch> open_watch(pb::Watch::Stub& stub, const std::string& token, const WatchOptions& options) {
-  auto stream = std::make_shared<WatchStream>();
-  pb::WatchRequest request;
-  auto* create = request.mutable_create_request();
-  create->set_key(options.key);
-  create->set_range_end(options.range_end);
-  create->set_start_revision(options.start_revision);
-  create->set_prev_kv(options.prev_kv);
-  stream->start([watch = &stub, token](auto* ctx, auto* queue) {
-    if (!token.empty()) ctx->AddMetadata("token", token);
-    // A member cut off from its cluster ends the watch instead of keeping it silently.
-    ctx->AddMetadata("hasleader", "true");
-    return watch->PrepareAsyncWatch(ctx, queue);
-  });
-  stream->write(std::move(request));
-  return std::make_unique<GrpcWatch>(std::move(stream));
+std::unique_ptr<EtcdWatch> WatchStreams::open(pb::Watch::Stub& stub, const std::string& token,
+                                               const WatchOptions& options) {
+  std::shared_ptr<WatchMux> mux;
+  {
+    std::lock_guard lock(mutex_);
+    if (!mux_ || mux_->ended() || stub_ != &stub || token_ != token) {
+      mux_ = std::make_shared<WatchMux>(std::make_shared<WatchStream>());
+      mux_->start(stub, token);
+      stub_ = &stub;
+      token_ = token;
+    }
+    mux = mux_;
+  }
+  auto member = mux->add(options);
+  return std::make_unique<GrpcWatch>(std::move(mux), std::move(member));
 }
 
 std::unique_ptr<EtcdLeaseKeeper> open_keep_alive(pb::Lease::Stub& stub, const std::string& token, int64_t lease) {
