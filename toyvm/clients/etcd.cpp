@@ -181,7 +181,7 @@ class GrpcEtcdClient final : public EtcdClient {
   }
 
   std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t id) override {
-    return etcd_grpc::open_keep_alive(*stubs().lease, token_, id);
+    return keep_alives_.open(*stubs().lease, token_, id);
   }
 
   std::unique_ptr<EtcdWatch> watch(WatchOptions options) override {
@@ -361,6 +361,7 @@ class GrpcEtcdClient final : public EtcdClient {
   std::chrono::milliseconds timeout_;
   std::string token_;  // from Authenticate; used and renewed on the event loop's thread
   etcd_grpc::WatchStreams watches_;
+  etcd_grpc::KeepAliveStreams keep_alives_;
   // The channel is made at the first call, not with the client: gRPC's start (its library,
   // its threads, the connection) then overlaps what a command asks of Placement first.
   struct Stubs {

@@ -161,6 +161,18 @@ class WatchStreams {
   pb::Watch::Stub* stub_ = nullptr;
   std::string token_;
 };
-std::unique_ptr<EtcdLeaseKeeper> open_keep_alive(pb::Lease::Stub& stub, const std::string& token, int64_t lease);
+class KeepAliveMux;
+
+// A client's lease keep-alives, on one gRPC stream too (etcd answers each with its lease id).
+class KeepAliveStreams {
+ public:
+  std::unique_ptr<EtcdLeaseKeeper> open(pb::Lease::Stub& stub, const std::string& token, int64_t lease);
+
+ private:
+  std::mutex mutex_;
+  std::shared_ptr<KeepAliveMux> mux_;
+  pb::Lease::Stub* stub_ = nullptr;
+  std::string token_;
+};
 
 }  // namespace toyvm::etcd_grpc

@@ -1,5 +1,5 @@
-// The etcd client's streams: its watches, all on one bidirectional gRPC stream, and lease
-// keep-alives, a stream each.
+// The etcd client's streams: its watches, all on one bidirectional gRPC stream, and its lease
+// keep-alives, all on another.
 
 #include "clients/etcd_grpc.hpp"
 
@@ -179,29 +179,108 @@ class GrpcWatch final : public EtcdWatch {
   bool ended_ = false;
 };
 
-class GrpcLeaseKeeper final : public EtcdLeaseKeeper {
- public:
-  GrpcLeaseKeeper(std::shared_ptr<KeepAliveStream> stream, int64_t lease)
-      : stream_(std::move(stream)), lease_(lease) {}
-  ~GrpcLeaseKeeper() override { stream_->cancel(); }
+}  // namespace
 
-  awaitable<result<int64_t>> ping() override {
-    if (ended_) co_return errc::etcd_unavailable;
-    pb::LeaseKeepAliveRequest request;
-    request.set_id(lease_);
-    stream_->write(std::move(request));
-    KeepAliveStream::Item item = co_await stream_->next();
-    if (!item.response) {
-      ended_ = true;
-      co_return item.status.ok() ? Error(errc::etcd_unavailable, "the keep-alive stream ended")
-                                 : from_status(item.status);
+// One keep-alive stream and the leases kept alive on it: each answer names its lease, and
+// goes to the keepers of that lease waiting for one.
+class KeepAliveMux final : public std::enable_shared_from_this<KeepAliveMux> {
+ public:
+  struct Member {
+    int64_t lease = 0;
+    AsyncQueue<result<int64_t>> answers;
+    int waiting = 0;  // pings sent and not answered
+  };
+
+  explicit KeepAliveMux(std::shared_ptr<KeepAliveStream> stream) : stream_(std::move(stream)) {}
+  ~KeepAliveMux() { stream_->cancel(); }
+
+  void start(pb::Lease::Stub& stub, const std::string& token) {
+    stream_->set_sink([weak = weak_from_this()](KeepAliveStream::Item item) {
+      if (auto self = weak.lock()) self->dispatch(std::move(item));
+    });
+    stream_->start([keeper = &stub, token](auto* ctx, auto* queue) {
+      if (!token.empty()) ctx->AddMetadata("token", token);
+      ctx->AddMetadata("hasleader", "true");  // as for watches
+      return keeper->PrepareAsyncLeaseKeepAlive(ctx, queue);
+    });
+  }
+
+  bool ended() {
+    std::lock_guard lock(mutex_);
+    return ended_.has_value();
+  }
+
+  std::shared_ptr<Member> add(int64_t lease) {
+    auto member = std::make_shared<Member>();
+    member->lease = lease;
+    std::lock_guard lock(mutex_);
+    members_.emplace(lease, member);
+    return member;
+  }
+
+  void remove(const std::shared_ptr<Member>& member) {
+    std::lock_guard lock(mutex_);
+    auto [first, last] = members_.equal_range(member->lease);
+    for (auto it = first; it != last; ++it)
+      if (it->second == member) {
+        members_.erase(it);
+        break;
+      }
+  }
+
+  void ping(const std::shared_ptr<Member>& member) {
+    std::lock_guard lock(mutex_);
+    if (ended_) {
+      member->answers.push(*ended_);
+      return;
     }
-    co_return item.response->ttl();
+    ++member->waiting;
+    pb::LeaseKeepAliveRequest request;
+    request.set_id(member->lease);
+    stream_->write(std::move(request));
   }
 
  private:
+  void dispatch(KeepAliveStream::Item item) {
+    std::lock_guard lock(mutex_);
+    if (!item.response) {
+      ended_ = item.status.ok() ? Error(errc::etcd_unavailable, "the keep-alive stream ended") : from_status(item.status);
+      for (auto& [lease, member] : members_)
+        for (; member->waiting > 0; --member->waiting) member->answers.push(*ended_);
+      return;
+    }
+    auto [first, last] = members_.equal_range(item.response->id());
+    for (auto it = first; it != last; ++it) {
+      if (it->second->waiting == 0) continue;
+      --it->second->waiting;
+      it->second->answers.push(item.response->ttl());
+    }
+  }
+
   std::shared_ptr<KeepAliveStream> stream_;
-  int64_t lease_;
+  std::mutex mutex_;
+  std::multimap<int64_t, std::shared_ptr<Member>> members_;
+  std::optional<Error> ended_;
+};
+
+namespace {
+
+class GrpcLeaseKeeper final : public EtcdLeaseKeeper {
+ public:
+  GrpcLeaseKeeper(std::shared_ptr<KeepAliveMux> mux, int64_t lease) : mux_(std::move(mux)), member_(mux_->add(lease)) {}
+  ~GrpcLeaseKeeper() override { mux_->remove(member_); }
+
+  awaitable<result<int64_t>> ping() override {
+    if (ended_) co_return errc::etcd_unavailable;
+    mux_->ping(member_);
+    result<int64_t> ttl = co_await member_->answers.async_pop();
+    if (!ttl) ended_ = true;
+    co_return ttl;
+  }
+
+ private:
+  std::shared_ptr<KeepAliveMux> mux_;
+  std::shared_ptr<KeepAliveMux::Member> member_;
   bool ended_ = false;
 };
 
@@ -224,14 +303,16 @@ std::unique_ptr<EtcdWatch> WatchStreams::open(pb::Watch::Stub& stub, const std::
   return std::make_unique<GrpcWatch>(std::move(mux), std::move(member));
 }
 
-std::unique_ptr<EtcdLeaseKeeper> open_keep_alive(pb::Lease::Stub& stub, const std::string& token, int64_t lease) {
-  auto stream = std::make_shared<KeepAliveStream>();
-  stream->start([keeper = &stub, token](auto* ctx, auto* queue) {
-    if (!token.empty()) ctx->AddMetadata("token", token);
-    ctx->AddMetadata("hasleader", "true");  // as for watches
-    return keeper->PrepareAsyncLeaseKeepAlive(ctx, queue);
-  });
-  return std::make_unique<GrpcLeaseKeeper>(std::move(stream), lease);
+std::unique_ptr<EtcdLeaseKeeper> KeepAliveStreams::open(pb::Lease::Stub& stub, const std::string& token,
+                                                       int64_t lease) {
+  std::lock_guard lock(mutex_);
+  if (!mux_ || mux_->ended() || stub_ != &stub || token_ != token) {
+    mux_ = std::make_shared<KeepAliveMux>(std::make_shared<KeepAliveStream>());
+    mux_->start(stub, token);
+    stub_ = &stub;
+    token_ = token;
+  }
+  return std::make_unique<GrpcLeaseKeeper>(mux_, lease);
 }
 
 }  // namespace toyvm::etcd_grpc
