@@ -8,13 +8,15 @@ destroys everything. Prints a table and writes JSON.
     contrib/bench/scale.py --simulated --agents 10000 --instances 20000
 
 With --simulated the agents are simulated hosts of one process (`toyvm compute --simulate`,
-in-memory hypervisors, toyvm's own agent code), and one schedule's wall time is sampled first
-at 10 such hosts, then at --agents, in the same run.
+in-memory hypervisors, toyvm's own agent code), one schedule's wall time is sampled first
+at 10 such hosts, then at --agents, in the same run, and one more host with --evacuate
+instances dies and is evacuated among them.
 """
 
 import argparse
 import json
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -86,10 +88,49 @@ def schedule_latencies(cloud, samples):
             "samples": samples}
 
 
-def start_simulated(cloud, workdir, name, count, config):
+def start_simulated(cloud, workdir, name, count, config, extra=()):
     proc = cloud.spawn(name, [cloud.toyvm, "--config", str(config), "compute", "--simulate", str(count), "--state-dir",
-                              str(workdir / name), "--inventory", INVENTORY, "--name", name], cloud.env)
+                              str(workdir / name), "--inventory", INVENTORY, "--name", name, *extra], cloud.env)
     return {name: proc}
+
+
+def evacuate_one(cloud, workdir, count):
+    """One more simulated host, `count` instances packed on it, its process killed -9, then
+    `toyvm evacuate` timed; the instances must be ACTIVE elsewhere, and audit clean once it is
+    back."""
+    config = workdir / "victim.toml"
+    # A short lease: its death is known in seconds.
+    config.write_text(re.sub(r"lease_ttl = \d+", "lease_ttl = 3", pathlib.Path(cloud.env["TOYVM_CONFIG"]).read_text()))
+    start_simulated(cloud, workdir, "victim", 1, config, ["--trait", "CUSTOM_VICTIM"])
+    victim = "victim-00001"
+    wait_until("the victim alive", lambda: any(h["name"] == victim and h["alive"] for h in cloud.hosts()), 120, 2)
+    placed = cloud.run("schedule", QUERY + "&required=CUSTOM_VICTIM", "--count", str(count), "--wait")
+    uuids = [line.split()[-1] for line in placed.stdout.splitlines() if line.startswith("NOTIFIED")]
+    cloud.stop("victim", signal.SIGKILL)
+    wait_until("the victim's lease to end", lambda: not any(h["name"] == victim and h["alive"] for h in cloud.hosts()),
+               60, 2)
+    started = time.monotonic()
+    evacuated = cloud.run("evacuate", victim, timeout=1200)
+    took = time.monotonic() - started
+    moved = evacuated.stdout.count("EVACUATED")
+
+    def active_elsewhere():
+        records = {i["uuid"]: i for i in cloud.instances()}
+        return all(u in records and records[u]["state"] == "ACTIVE" and records[u]["host"] != placed_on(placed)
+                   for u in uuids)
+    wait_until("the evacuated instances ACTIVE elsewhere", active_elsewhere, 300, 2)
+    active_s = time.monotonic() - started
+    start_simulated(cloud, workdir, "victim", 1, config, ["--trait", "CUSTOM_VICTIM"])
+    wait_until("the victim back", lambda: any(h["name"] == victim and h["alive"] for h in cloud.hosts()), 120, 2)
+    audit = cloud.run("audit")
+    return {"instances": len(uuids), "moved": moved, "exit": evacuated.returncode, "seconds": took,
+            "ms_per_instance": took / max(moved, 1) * 1000, "all_active_s": active_s, "audit_exit": audit.returncode,
+            "audit": audit.stdout.strip()[-300:]}
+
+
+def placed_on(schedule):
+    lines = [line for line in schedule.stdout.splitlines() if line.startswith("NOTIFIED")]
+    return lines[0].split(", ")[1] if lines else ""
 
 
 def parallel(items, work, threads):
@@ -125,6 +166,8 @@ def main():
     parser.add_argument("--shards", type=int, default=None,
                         help="[placement] shards for agents and schedules (default: one per 100 hosts from 1,000)")
     parser.add_argument("--lease-ttl", type=int, default=10, help="[compute] lease_ttl, seconds")
+    parser.add_argument("--evacuate", type=int, default=16,
+                        help="instances on one more host that dies and is evacuated (--simulated)")
     args = parser.parse_args()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-scale-"))
     figures = {"agents": args.agents, "instances": args.instances, "batches": args.batches}
@@ -215,6 +258,10 @@ def main():
         finally:
             talking.set()
             talker.join()
+
+        if args.simulated:
+            figures["evacuation"] = evacuate_one(cloud, workdir, args.evacuate)
+            print(f"scale: evacuation of a dead host: {figures['evacuation']}", flush=True)
 
         uuids = [i["uuid"] for i in cloud.instances()]
         started = time.monotonic()
