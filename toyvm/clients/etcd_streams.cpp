@@ -23,6 +23,7 @@ class WatchMux final : public std::enable_shared_from_this<WatchMux> {
     AsyncQueue<WatchBatch> batches;
     int64_t id = -1;         // etcd's, once created
     bool dropped = false;    // its owner is gone or aborted it: cancelled once created
+    bool cancel_asked = false;  // asked before it was created: cancelled once it is
   };
 
   explicit WatchMux(std::shared_ptr<WatchStream> stream) : stream_(std::move(stream)) {}
@@ -66,7 +67,9 @@ class WatchMux final : public std::enable_shared_from_this<WatchMux> {
   // Asks etcd to cancel it; its answer comes as a canceled batch.
   void cancel(const std::shared_ptr<Member>& member) {
     std::lock_guard lock(mutex_);
-    if (member->id >= 0 && !ended_) write_cancel(member->id);
+    if (ended_) return;
+    if (member->id >= 0) write_cancel(member->id);
+    else member->cancel_asked = true;
   }
 
   // Its owner is done with it: nothing more is delivered, and etcd is asked to cancel it.
@@ -108,7 +111,10 @@ class WatchMux final : public std::enable_shared_from_this<WatchMux> {
         if (!resp.canceled() && resp.watch_id() >= 0) write_cancel(resp.watch_id());
         return;
       }
-      if (!resp.canceled()) members_[resp.watch_id()] = member;
+      if (!resp.canceled()) {
+        members_[resp.watch_id()] = member;
+        if (member->cancel_asked) write_cancel(resp.watch_id());
+      }
     } else {
       auto found = members_.find(resp.watch_id());
       if (found == members_.end()) return;  // cancelled meanwhile
