@@ -146,22 +146,40 @@ class BidiStream final : public std::enable_shared_from_this<BidiStream<Request,
 
 // The streaming calls (clients/etcd_streams.cpp), each under the auth token when there is one.
 class WatchMux;
+class KeepAliveMux;
+
+// A client's multiplexed stream of one kind: a new one once the last ended (everything on it
+// then ends with its error, and its owners ask again, as after any lost stream) or the stub or
+// the auth token changed. `Mux::open(stub, token)` starts one (clients/etcd_streams.cpp).
+template <class Mux, class Stub>
+class SharedStream {
+ public:
+  std::shared_ptr<Mux> current(Stub& stub, const std::string& token) {
+    std::lock_guard lock(mutex_);
+    if (!mux_ || mux_->ended() || stub_ != &stub || token_ != token) {
+      mux_ = Mux::open(stub, token);
+      stub_ = &stub;
+      token_ = token;
+    }
+    return mux_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::shared_ptr<Mux> mux_;
+  Stub* stub_ = nullptr;
+  std::string token_;
+};
 
 // A client's watches, on one gRPC stream as etcd's own client keeps them (a watch id each):
-// ten thousand simulated hosts are one stream to etcd, not fifty thousand. A new stream is
-// opened once the last one ended (every watch on it then ends with its error, and its owner
-// watches again, as after any lost watch) or the auth token changed.
+// ten thousand simulated hosts are one stream to etcd, not fifty thousand.
 class WatchStreams {
  public:
   std::unique_ptr<EtcdWatch> open(pb::Watch::Stub& stub, const std::string& token, const WatchOptions& options);
 
  private:
-  std::mutex mutex_;
-  std::shared_ptr<WatchMux> mux_;
-  pb::Watch::Stub* stub_ = nullptr;
-  std::string token_;
+  SharedStream<WatchMux, pb::Watch::Stub> stream_;
 };
-class KeepAliveMux;
 
 // A client's lease keep-alives, on one gRPC stream too (etcd answers each with its lease id).
 class KeepAliveStreams {
@@ -169,10 +187,7 @@ class KeepAliveStreams {
   std::unique_ptr<EtcdLeaseKeeper> open(pb::Lease::Stub& stub, const std::string& token, int64_t lease);
 
  private:
-  std::mutex mutex_;
-  std::shared_ptr<KeepAliveMux> mux_;
-  pb::Lease::Stub* stub_ = nullptr;
-  std::string token_;
+  SharedStream<KeepAliveMux, pb::Lease::Stub> stream_;
 };
 
 }  // namespace toyvm::etcd_grpc

@@ -27,6 +27,11 @@ class WatchMux final : public std::enable_shared_from_this<WatchMux> {
   };
 
   explicit WatchMux(std::shared_ptr<WatchStream> stream) : stream_(std::move(stream)) {}
+  static std::shared_ptr<WatchMux> open(pb::Watch::Stub& stub, const std::string& token) {
+    auto mux = std::make_shared<WatchMux>(std::make_shared<WatchStream>());
+    mux->start(stub, token);
+    return mux;
+  }
   ~WatchMux() { stream_->cancel(); }  // none of its watches is left
 
   void start(pb::Watch::Stub& stub, const std::string& token) {
@@ -198,6 +203,11 @@ class KeepAliveMux final : public std::enable_shared_from_this<KeepAliveMux> {
   };
 
   explicit KeepAliveMux(std::shared_ptr<KeepAliveStream> stream) : stream_(std::move(stream)) {}
+  static std::shared_ptr<KeepAliveMux> open(pb::Lease::Stub& stub, const std::string& token) {
+    auto mux = std::make_shared<KeepAliveMux>(std::make_shared<KeepAliveStream>());
+    mux->start(stub, token);
+    return mux;
+  }
   ~KeepAliveMux() { stream_->cancel(); }
 
   void start(pb::Lease::Stub& stub, const std::string& token) {
@@ -294,31 +304,14 @@ class GrpcLeaseKeeper final : public EtcdLeaseKeeper {
 
 std::unique_ptr<EtcdWatch> WatchStreams::open(pb::Watch::Stub& stub, const std::string& token,
                                                const WatchOptions& options) {
-  std::shared_ptr<WatchMux> mux;
-  {
-    std::lock_guard lock(mutex_);
-    if (!mux_ || mux_->ended() || stub_ != &stub || token_ != token) {
-      mux_ = std::make_shared<WatchMux>(std::make_shared<WatchStream>());
-      mux_->start(stub, token);
-      stub_ = &stub;
-      token_ = token;
-    }
-    mux = mux_;
-  }
+  std::shared_ptr<WatchMux> mux = stream_.current(stub, token);
   auto member = mux->add(options);
   return std::make_unique<GrpcWatch>(std::move(mux), std::move(member));
 }
 
 std::unique_ptr<EtcdLeaseKeeper> KeepAliveStreams::open(pb::Lease::Stub& stub, const std::string& token,
                                                        int64_t lease) {
-  std::lock_guard lock(mutex_);
-  if (!mux_ || mux_->ended() || stub_ != &stub || token_ != token) {
-    mux_ = std::make_shared<KeepAliveMux>(std::make_shared<KeepAliveStream>());
-    mux_->start(stub, token);
-    stub_ = &stub;
-    token_ = token;
-  }
-  return std::make_unique<GrpcLeaseKeeper>(mux_, lease);
+  return std::make_unique<GrpcLeaseKeeper>(stream_.current(stub, token), lease);
 }
 
 }  // namespace toyvm::etcd_grpc
