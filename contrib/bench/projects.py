@@ -7,11 +7,18 @@ scheduler`. Each schedule is a `toyvm schedule` process, as a user runs it: SEQU
 p99), then 16 users at once making ROUNDS each (instances a second), every instance destroyed
 between the paths; then `toyvm audit` clean and the project's use exact.
 
-  usage: projects.py --build DIR [--agents 4] [--sequential 40] [--rounds 6] [--users 16]
+And the batching path against Placement's ceiling, in the same run: USERS members at once
+asking the service for one instance after another (`toyvm-bench members`: kept-alive
+connections, no process per schedule), against the same number of loops each claiming one
+instance at a time straight from Placement (`toyvm-bench floor`: GET candidates, PUT the
+claim, one etcd write: Placement's one-claim-at-a-time ceiling).
+
+  usage: projects.py --build DIR [--agents 4] [--sequential 40] [--rounds 6] [--users 16] [--claims 480]
 """
 
 import argparse
 import concurrent.futures
+import json
 import pathlib
 import statistics
 import subprocess
@@ -38,6 +45,7 @@ def main():
     parser.add_argument("--sequential", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--users", type=int, default=16)
+    parser.add_argument("--claims", type=int, default=480, help="instances in each rate measure against the ceiling")
     args = parser.parse_args()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-projects-"))
     cloud = Cloud(pathlib.Path(args.build), workdir, etcd_secure=True)
@@ -86,6 +94,29 @@ def main():
             print(f"{name:<30} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {rate:12.1f}")
         (a50, _, arate), (m50, _, mrate) = results.values()
         print(f"member / admin: p50 x{m50 / a50:.2f}, throughput x{mrate / arate:.2f}")
+
+        bench = str(pathlib.Path(args.build) / "contrib" / "bench" / "toyvm-bench")
+        common = ["--placement", cloud.placement_url, "--etcd", cloud.etcd_url, "--query", QUERY,
+                  "--concurrency", str(args.users), "--count", str(args.claims)]
+
+        def rate(mode, *extra):
+            done = subprocess.run([bench, mode, *common, *extra], capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise RuntimeError(f"toyvm-bench {mode}: exit {done.returncode}: {done.stderr[-2000:]}")
+            measured = json.loads(done.stdout)
+            return measured["ok"] / measured["wall_s"], percentile(measured["latencies_ms"], 50)
+
+        # Ceiling and batching path twice each, alternating, so that neither has the quieter minutes.
+        ceilings, batched = [], []
+        for _ in range(2):
+            ceilings.append(rate("floor", "--config", str(cloud.member_config("root")), "--release-after"))
+            batched.append(rate("members", "--config", str(cloud.member_config("alice")), "--project", "bench"))
+            destroy_all()
+        ceiling, batching = max(c[0] for c in ceilings), max(b[0] for b in batched)
+        print(f"{args.users} at once, one instance each: Placement's one-claim ceiling "
+              f"{' / '.join(f'{c[0]:.1f}' for c in ceilings)} inst/s (p50 {ceilings[-1][1]:.1f} ms); through the "
+              f"service's batches {' / '.join(f'{b[0]:.1f}' for b in batched)} inst/s (p50 {batched[-1][1]:.1f} ms): "
+              f"x{batching / ceiling:.2f} of the ceiling (the best of each)")
         audit = cloud.run("audit")
         used = cloud.run("project", "show", "bench", "--json")
         print(f"audit exit {audit.returncode}; project bench after destroying all: {used.stdout.strip()}")

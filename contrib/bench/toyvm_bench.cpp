@@ -5,6 +5,9 @@
 //              over kept-alive connections, at a given concurrency (the raw floor and, at high
 //              concurrency, Placement's ceiling for the same request mix); with --count 1
 //              --start-like-schedule under `exec`, the same requests from one process each
+//   members    N users of a project at once, each asking the scheduler service for one
+//              instance after another through etcd (a member's `toyvm schedule` without its
+//              process), kept-alive connections as the floor's: the batching path's rate
 //   exec       runs a command N times at a given concurrency, timing each run
 //   active     hands instances straight to one host through etcd and times until ACTIVE
 //   providers  creates N resource providers with inventory
@@ -21,6 +24,7 @@
 #include "model/keys.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
+#include "services/member.hpp"
 #include "virt/backend.hpp"
 
 #include <CLI/CLI.hpp>
@@ -56,16 +60,24 @@ struct Options {
   std::string query = "resources=VCPU:1,MEMORY_MB:64";  // run.py's QUERY
   std::string host;
   std::string instance_dir;
+  std::string config_file;  // etcd's TLS and user, as toyvm reads them
+  std::string project;      // members: theirs
   int count = 100;
   int concurrency = 1;
   int limit = 50;
   bool new_connections = false;  // floor: a Placement connection per instance, as a process has
   bool start_like_schedule = false;  // floor: etcd's channel made alongside the candidates
+  bool release_after = false;  // floor: its claims given back once timed, its etcd keys erased
   std::vector<std::string> command;
 };
 
 Config make_config(const Options& o) {
   Config config;
+  if (!o.config_file.empty()) {
+    CommonOverrides file;
+    file.config_file = o.config_file;
+    config = load_config(file).value();
+  }
   config.etcd.endpoints = split_endpoints(o.etcd);
   config.placement.endpoint = o.placement;
   return config;
@@ -87,7 +99,7 @@ void run_loop(Fn make_task) {
 // One worker: its own Placement connection, `n` instances one after another.
 awaitable<void> floor_worker(asio::io_context& io, const Config& config, std::shared_ptr<EtcdClient> etcd,
                              std::string query, int n, const Options& o, std::vector<double>& latencies,
-                             int& failures) {
+                             int& failures, std::vector<std::string>& claimed_uuids) {
   std::optional<PlacementClient> placement_client(std::in_place, io.get_executor(), config.placement);
   KeyLayout keys("/toyvm-bench");
   for (int i = 0; i < n; ++i) {
@@ -119,6 +131,7 @@ awaitable<void> floor_worker(asio::io_context& io, const Config& config, std::sh
       ++failures;  // a generation conflict: the floor does not retry
       continue;
     }
+    claimed_uuids.push_back(uuid);
     std::vector<EtcdCompare> compare{EtcdCompare::absent(keys.instance(uuid))};
     std::vector<EtcdOp> ops{EtcdOp::put(keys.instance(uuid), "{}")};
     auto txn = co_await etcd->txn(std::move(compare), std::move(ops));
@@ -135,12 +148,62 @@ int run_floor(const Options& o) {
   auto etcd = EtcdClient::create(config.etcd);
   std::string query = parse_placement_query(o.query).value().to_query_string(o.limit);
   std::vector<std::vector<double>> latencies(size_t(o.concurrency));
+  std::vector<std::string> claimed;
   int failures = 0;
   auto start = Clock::now();
   run_loop([&](asio::io_context& io) -> awaitable<void> {
     for (int w = 0; w < o.concurrency; ++w) {
       int n = o.count / o.concurrency + (w < o.count % o.concurrency ? 1 : 0);
-      asio::co_spawn(io, floor_worker(io, config, etcd, query, n, o, latencies[size_t(w)], failures), asio::detached);
+      asio::co_spawn(io, floor_worker(io, config, etcd, query, n, o, latencies[size_t(w)], failures, claimed),
+                     asio::detached);
+    }
+    co_return;
+  });
+  double wall = ms_since(start) / 1000;
+  if (o.release_after) {
+    run_loop([&](asio::io_context& io) -> awaitable<void> {
+      PlacementClient placement(io.get_executor(), config.placement);
+      for (const std::string& uuid : claimed) co_await placement.release(uuid);
+      co_await etcd->erase("/toyvm-bench/", prefix_range_end("/toyvm-bench/"));
+    });
+  }
+  std::vector<double> all;
+  for (auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
+  json::object out{{"latencies_ms", to_json(all)}, {"wall_s", wall}, {"ok", all.size()}, {"failed", failures}};
+  std::printf("%s\n", json::serialize(out).c_str());
+  // Nothing placed fails the run; as one process per instance under `exec`, that is its count.
+  return all.empty() && o.count > 0 ? 1 : 0;
+}
+
+// One member: `n` schedules of one instance, one after another, each a request and its reply.
+awaitable<void> member_worker(const Config& config, std::shared_ptr<EtcdClient> etcd, const Options& o, int n,
+                              std::vector<double>& latencies, int& failures) {
+  KeyLayout keys(config.etcd.prefix);
+  for (int i = 0; i < n; ++i) {
+    ProjectRequest request;
+    request.user = config.etcd.user;
+    request.query = o.query;
+    const auto start = Clock::now();
+    auto reply = co_await ask_service(*etcd, keys, o.project, std::move(request), std::chrono::seconds(60));
+    if (!reply || reply->exit_code != 0 || reply->instances.size() != 1) {
+      ++failures;
+      continue;
+    }
+    latencies.push_back(ms_since(start));
+  }
+}
+
+int run_members(const Options& o) {
+  Config config = make_config(o);
+  config.etcd.keepalive = true;
+  auto etcd = EtcdClient::create(config.etcd);
+  std::vector<std::vector<double>> latencies(size_t(o.concurrency));
+  int failures = 0;
+  auto start = Clock::now();
+  run_loop([&](asio::io_context& io) -> awaitable<void> {
+    for (int w = 0; w < o.concurrency; ++w) {
+      int n = o.count / o.concurrency + (w < o.count % o.concurrency ? 1 : 0);
+      asio::co_spawn(io, member_worker(config, etcd, o, n, latencies[size_t(w)], failures), asio::detached);
     }
     co_return;
   });
@@ -149,8 +212,7 @@ int run_floor(const Options& o) {
   for (auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
   json::object out{{"latencies_ms", to_json(all)}, {"wall_s", wall}, {"ok", all.size()}, {"failed", failures}};
   std::printf("%s\n", json::serialize(out).c_str());
-  // Nothing placed fails the run; as one process per instance under `exec`, that is its count.
-  return all.empty() && o.count > 0 ? 1 : 0;
+  return failures == 0 ? 0 : 1;
 }
 
 // Runs the command `count` times with `concurrency` runs in flight, timing each.
@@ -358,11 +420,15 @@ int main(int argc, char** argv) {
     sub->add_option("--count", o.count);
     sub->add_option("--concurrency", o.concurrency);
     sub->add_option("--limit", o.limit, "0: no limit");
+    sub->add_option("--config", o.config_file, "toyvm's configuration file, for etcd's TLS and user");
   };
   auto* floor = app.add_subcommand("floor", "raw GET candidates + PUT allocations + etcd Txn");
   floor->add_flag("--new-connections", o.new_connections, "a new Placement connection per instance");
   floor->add_flag("--start-like-schedule", o.start_like_schedule,
                   "open Placement's connection first, make etcd's channel alongside the candidates");
+  floor->add_flag("--release-after", o.release_after, "give the claims back once timed");
+  auto* members = app.add_subcommand("members", "users asking the scheduler service for one instance each");
+  members->add_option("--project", o.project, "the members' project")->required();
   auto* exec = app.add_subcommand("exec", "time a command");
   auto* active = app.add_subcommand("active", "time work -> ACTIVE on one host");
   auto* providers = app.add_subcommand("providers", "create providers");
@@ -380,12 +446,13 @@ int main(int argc, char** argv) {
   live->add_option("--dir", migration.dir, "where the two instance dirs go")->required();
   live->add_option("--rounds", migration.rounds, "moves, alternating direction");
   live->add_flag("--virsh", migration.virsh, "move with `virsh migrate` instead: the floor");
-  for (auto* sub : {floor, exec, active, providers, candidates, seed}) common(sub);
+  for (auto* sub : {floor, members, exec, active, providers, candidates, seed}) common(sub);
   active->add_option("--host", o.host)->required();
   exec->add_option("command", o.command)->required();
   CLI11_PARSE(app, argc, argv);
   int code = 1;
   if (*floor) code = run_floor(o);
+  if (*members) code = run_members(o);
   if (*exec) code = run_exec(o);
   if (*active) code = run_active(o);
   if (*providers) code = run_providers(o);

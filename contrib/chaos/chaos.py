@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A seeded fault campaign: several agents on libvirt's test driver, a random mix of
 operations (schedule, --count, server groups, bad images, stop, start, destroy, schedules of
-two projects at the edges of their quotas) and faults
-(agents killed -9 or stopped and restarted, an agent killed and its host evacuated before it
+two projects at the edges of their quotas, by the admin and by the projects' members several
+at once, through two `toyvm scheduler` services whose leader takes them in batches) and faults
+(agents or a scheduler service killed -9 or stopped and restarted, an agent killed and its host evacuated before it
 comes back, an agent restarted with its state dir wiped, etcd restarted or its history
 compacted, Placement's uWSGI restarted), and operators acting at once with the agents and
 each other (two evacuations of one dead host, `destroy --force` racing an evacuation, `audit
@@ -11,7 +12,9 @@ batches with user data near its limit, live and cold moves, resizes, and host dr
 and requires: `toyvm audit` clean, every instance ACTIVE, STOPPED, ERROR or gone, no move left
 in flight, no provider over its capacity, no guest lost that had work (audit's
 instance_without_domain), each project within its quota with Placement counting exactly its
-instances that hold something, and the projects' views of the records exactly the records.
+instances that hold something, the projects' views of the records exactly the records, and
+every member's request answered and gone.
+etcd runs with TLS and its auth on, as members need (each signs in by its own certificate).
 libvirt's test driver can neither migrate a domain nor stream or resize a volume: every move
 and resize here gets as far as its books and the destination's files (a cold one: its guest
 powered off) and is then undone (or meets a fault on the way), which is what it checks;
@@ -43,13 +46,15 @@ FLAVORS = ["resources=VCPU:1,MEMORY_MB:256,DISK_GB:1", "resources=VCPU:2,MEMORY_
 FINAL = {"ACTIVE", "STOPPED", "ERROR"}
 # Projects whose quotas the campaign schedules against, at their edges: (name, limits).
 PROJECTS = [("p1", {"instances": 6, "VCPU": 8}), ("p2", {"instances": 4})]
+SCHEDULERS = ["scheduler1", "scheduler2"]
 
 
 class ChaosCloud(Cloud):
-    """One etcd, Placement on sqlite, and `agents` agents with short leases and resyncs."""
+    """One etcd (TLS, auth on), Placement on sqlite, `agents` agents with short leases and
+    resyncs, two scheduler services, a member in each project."""
 
     def __init__(self, build, dir, agents):
-        super().__init__(build, dir)
+        super().__init__(build, dir, etcd_secure=True)
         self.config = dir / "agent.toml"
         self.config.write_text("[compute]\nlease_ttl = 3\nresync_interval = 5\nstop_timeout = 0\n"
                                "move_prepare_timeout = 10\n"
@@ -65,6 +70,15 @@ class ChaosCloud(Cloud):
             made = self.run("project", "create", name, *[f"--limit={k}={v}" for k, v in limits.items()])
             if made.returncode != 0:
                 raise RuntimeError(f"project create {name}: {made.stderr}")
+            added = self.run("project", "add-member", name, f"m-{name}")
+            if added.returncode != 0:
+                raise RuntimeError(f"project add-member {name}: {added.stderr}")
+        self.members = {name: self.member_config(f"m-{name}") for name, _ in PROJECTS}
+        for name in SCHEDULERS:
+            self.start_scheduler(name)
+
+    def start_scheduler(self, name):
+        return self.spawn(name, [self.toyvm, "scheduler", "--name", name], self.env)
 
     def start_agent(self, name, inventory=INVENTORY, config=None):
         return super().start_agent(name, inventory, config or self.config)
@@ -93,8 +107,12 @@ class Campaign:
     def operation(self):
         rng, cloud = self.rng, self.cloud
         kind = rng.choices(["schedule", "count", "group", "bad_image", "destroy", "stop", "start", "migrate",
-                            "migrate_cold", "resize", "project"], weights=[6, 2, 2, 1, 4, 2, 2, 2, 1, 1, 4])[0]
+                            "migrate_cold", "resize", "project", "members"],
+                           weights=[6, 2, 2, 1, 4, 2, 2, 2, 1, 1, 3, 3])[0]
         flavor = rng.choice(FLAVORS)
+        if kind == "members":
+            self.members(flavor)
+            return
         if kind == "project":  # at the edge of its quota: placed, or refused with exit 7
             args = ["schedule", flavor, "--project", rng.choice(PROJECTS)[0], "--count", str(rng.randint(1, 3))]
         elif kind == "schedule":
@@ -123,6 +141,26 @@ class Campaign:
             self.note(kind, f"exit {result.returncode}")
         except subprocess.TimeoutExpired:
             self.note(kind, "timed out")
+
+    def members(self, flavor):
+        """A project's members scheduling at once through the service (a batch), at the edge of
+        their project's quota: placed whole, refused with exit 7, or no room (1)."""
+        rng, cloud = self.rng, self.cloud
+        project = rng.choice(PROJECTS)[0]
+        asked = [["--config", str(cloud.members[project]), "schedule", flavor, "--count", str(rng.randint(1, 2))]
+                 for _ in range(rng.randint(2, 5))]
+        procs = [subprocess.Popen([cloud.toyvm, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=cloud.env) for args in asked]
+        exits = []
+        for proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=90)
+                exits.append(f"{proc.returncode}:{out.count('NOTIFIED')}")
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                exits.append("timed out")
+        self.note("members", f"{project} exits:placed {' '.join(exits)}")
 
     def kill_host(self, name):
         self.cloud.stop(name, signal.SIGKILL)
@@ -198,9 +236,16 @@ class Campaign:
     def fault(self):
         rng, cloud = self.rng, self.cloud
         kind = rng.choices(["kill_agent", "term_agent", "wipe_agent", "evacuate_agent", "restart_etcd",
-                            "restart_placement", "compact_etcd", "operator"], weights=[4, 3, 1, 1, 1, 1, 1, 4])[0]
+                            "restart_placement", "compact_etcd", "operator", "kill_scheduler"],
+                           weights=[4, 3, 1, 1, 1, 1, 1, 4, 1])[0]
         if kind == "operator":
             self.operator()
+            return
+        if kind == "kill_scheduler":  # the leader or the one standing by; the other leads on
+            name = rng.choice(SCHEDULERS)
+            cloud.stop(name, signal.SIGKILL)
+            cloud.start_scheduler(name)
+            self.note(kind, name)
             return
         if kind == "evacuate_agent":
             # A host that dies and is evacuated while the operations go on; then it comes back.
@@ -280,6 +325,16 @@ class Campaign:
         if over:
             problems.append(f"providers over capacity: {over}")
         problems += self.check_projects()
+        # Every member's request answered, and gone with its reply (its command erases both).
+        left = []
+        for _ in range(30):
+            left = cloud.etcdctl("get", "--prefix", "--keys-only", "/toyvm/v1/requests/").stdout.split()
+            left += cloud.etcdctl("get", "--prefix", "--keys-only", "/toyvm/v1/replies/").stdout.split()
+            if not left:
+                break
+            time.sleep(1)  # the polling interval
+        if left:
+            problems.append(f"members' requests or replies left behind: {' '.join(left)}")
         return problems, found
 
     def check_projects(self):

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+import tomllib
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -78,8 +79,14 @@ class Cloud:
         self.placement_log = dir / "placement" / "uwsgi.log"  # its request log (placement-setup.sh)
         self.env = dict(os.environ, TOYVM_ETCD=self.etcd_url, TOYVM_PLACEMENT=self.placement_url)
         self.pki = pathlib.Path(servers.get("pki", ""))
+        self.etcdctl_auth = []  # etcdctl as root, where etcd asks who it is
         if etcd_secure:
             self.env["TOYVM_CONFIG"] = servers["config"]
+            etcd = tomllib.loads(pathlib.Path(servers["config"]).read_text())["etcd"]
+            self.etcdctl_auth = [f"--{flag}={etcd[key]}" for flag, key in
+                                 (("cacert", "ca_file"), ("cert", "cert_file"), ("key", "key_file")) if key in etcd]
+            if etcd.get("password"):
+                self.etcdctl_auth.append(f"--user={etcd['user']}:{etcd['password']}")
 
     def member_config(self, user):
         """A configuration file for etcd user `user`, signed in by a client certificate of its own."""
@@ -118,7 +125,8 @@ class Cloud:
         return self.ask("compact-etcd")["revision"]
 
     def etcdctl(self, *args):
-        return subprocess.run(["etcdctl", "--endpoints", self.etcd_url, *args], capture_output=True, text=True,
+        return subprocess.run(["etcdctl", "--endpoints", self.etcd_url, *self.etcdctl_auth, *args],
+                              capture_output=True, text=True,
                               timeout=30)
 
     def restart_placement(self):

@@ -33,6 +33,22 @@ std::map<std::string, int64_t> used_by(const Servers& servers, const std::string
   return out;
 }
 
+// A member's configuration: etcd by TLS with a client certificate of its own.
+std::string member_config(const Servers& servers, const std::string& user) {
+  make_client_certificate(servers.pki(), user);
+  const std::string path = servers.dir() + "/" + user + ".toml";
+  std::ofstream(path) << fmt::format("[etcd]\nca_file = '{0}/ca.crt'\ncert_file = '{0}/{1}.crt'\nkey_file = "
+                                     "'{0}/{1}.key'\nuser = '{1}'\n",
+                                     servers.pki(), user);
+  return path;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 size_t instance_records(const Servers& servers) {
   return servers.etcd_prefix(KeyLayout().instances_prefix()).size();
 }
@@ -252,16 +268,8 @@ TEST_CASE("projects' members reach their own project's instances only, as etcd's
   REQUIRE(servers.toyvm({"project", "add-member", "team-b", "bob"}).exit_code == 0);
   REQUIRE(servers.toyvm({"project", "add-member", "team-a", "carol", "--role", "reader"}).exit_code == 0);
   REQUIRE(servers.toyvm({"project", "add-member", "team", "dave"}).exit_code == 0);
-  auto config_of = [&](const std::string& user) {
-    make_client_certificate(servers.pki(), user);
-    const std::string path = servers.dir() + "/" + user + ".toml";
-    std::ofstream(path) << fmt::format("[etcd]\nca_file = '{0}/ca.crt'\ncert_file = '{0}/{1}.crt'\nkey_file = "
-                                       "'{0}/{1}.key'\nuser = '{1}'\n",
-                                       servers.pki(), user);
-    return path;
-  };
-  const std::string alice = config_of("alice"), bob = config_of("bob"), carol = config_of("carol"),
-                    dave = config_of("dave");
+  const std::string alice = member_config(servers, "alice"), bob = member_config(servers, "bob"),
+                    carol = member_config(servers, "carol"), dave = member_config(servers, "dave");
   auto as = [&](const std::string& config, std::vector<std::string> args) {
     args.insert(args.begin(), {"--config", config});
     return servers.toyvm(args);
@@ -357,7 +365,7 @@ TEST_CASE("projects' members reach their own project's instances only, as etcd's
   denied("bob", "get /toyvm/v1/console/team-a/ --prefix");
 
   // A user in no project (a certificate the CA signed, no user in etcd) is refused, clearly.
-  const std::string henry = config_of("henry");
+  const std::string henry = member_config(servers, "henry");
   auto nobody = as(henry, {"schedule", one_vcpu});
   CHECK(nobody.exit_code == 5);
   CHECK_THAT(nobody.err, Catch::Contains("in no project"));
@@ -370,7 +378,7 @@ TEST_CASE("projects' members reach their own project's instances only, as etcd's
   std::ofstream(servers.dir() + "/frank.toml") << fmt::format(
       "[etcd]\nca_file = '{0}/ca.crt'\ncert_file = '{0}/frank.crt'\nkey_file = '{0}/frank.key'\nuser = 'frank'\n",
       servers.pki());
-  const std::string gina = config_of("gina");
+  const std::string gina = member_config(servers, "gina");
   CHECK(as(gina, {"show", uuid}).exit_code == 0);
   write_revocation_list(servers.pki(), {"gina"});
   const size_t before = instance_records(servers);
@@ -396,7 +404,7 @@ TEST_CASE("projects' members reach their own project's instances only, as etcd's
   // numbers. Then batches of 2 the same way.
   REQUIRE(servers.toyvm({"project", "create", "edge", "--limit", "VCPU=6"}).exit_code == 0);
   REQUIRE(servers.toyvm({"project", "add-member", "edge", "eve"}).exit_code == 0);
-  const std::string eve = config_of("eve");
+  const std::string eve = member_config(servers, "eve");
   auto race = [&](std::vector<std::string> extra, int each) {
     std::vector<std::unique_ptr<Process>> racing;
     for (int i = 0; i < 16; ++i) {
@@ -444,6 +452,69 @@ TEST_CASE("projects' members reach their own project's instances only, as etcd's
   CHECK(service->wait(20) == 0);
 }
 
+TEST_CASE("members' requests waiting together are claimed together, each all or nothing, each project within its "
+          "quota, and what the batch cannot place is decided alone",
+          "[projects][rbac][batch]") {
+  Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
+  ScopedEnv admin("TOYVM_CONFIG", servers.secure_config);
+  std::string rp1, rp2;
+  auto c1 = servers.start_compute("c1", "VCPU:5,DISK_GB:100,MEMORY_MB:8192", &rp1);
+  auto c2 = servers.start_compute("c2", "VCPU:5,DISK_GB:100,MEMORY_MB:8192", &rp2);
+  REQUIRE(servers.toyvm({"project", "create", "team-a", "--limit", "VCPU=3"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "create", "team-b"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "alice"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "team-b", "bob"}).exit_code == 0);
+  const std::string alice = member_config(servers, "alice"), bob = member_config(servers, "bob");
+
+  // Seven requests wait before any service runs, so that the first pass takes them together:
+  // alice's four of one instance each (together above her quota of 3 VCPU, each alone within
+  // it), bob's of 3, 3 and 5 instances (room for 10 in all).
+  // Bob's are asked in that order (a batch plans its requests oldest first).
+  auto waiting = [&](size_t n) {
+    return wait_for([&] { return servers.etcd_prefix(KeyLayout().requests_root()).size() == n; }, 60);
+  };
+  std::vector<std::unique_ptr<Process>> alices, bobs;
+  for (int i = 0; i < 4; ++i)
+    alices.push_back(servers.spawn_toyvm({"--config", alice, "schedule", one_vcpu}, fmt::format("alice{}.log", i)));
+  REQUIRE(waiting(4));
+  for (const char* count : {"3", "3", "5"}) {
+    bobs.push_back(servers.spawn_toyvm({"--config", bob, "schedule", one_vcpu, "--count", count},
+                                       fmt::format("bob{}.log", bobs.size())));
+    REQUIRE(waiting(4 + bobs.size()));
+  }
+  auto service = servers.spawn_toyvm({"-v", "scheduler", "--name", "s1"}, "scheduler.log");
+
+  // alice's: three placed, one refused by the quota, whichever it is.
+  std::map<int, int> alice_exits;
+  for (auto& one : alices) {
+    INFO(one->output() << service->output());
+    const int code = one->wait(90);
+    alice_exits[code] += 1;
+    CHECK(count_of(one->output(), "NOTIFIED TARGET") == (code == 0 ? 1u : 0u));
+    if (code == 7) CHECK_THAT(one->output(), Catch::Contains("over its quota"));
+  }
+  CHECK(alice_exits == std::map<int, int>{{0, 3}, {7, 1}});
+  // bob's: both of 3 whole; the 5 no room left for it anywhere, and none of it placed.
+  std::vector<int> bob_exits;
+  for (auto& one : bobs) bob_exits.push_back(one->wait(90));
+  INFO(bobs[0]->output() << bobs[1]->output() << bobs[2]->output() << service->output());
+  CHECK(bob_exits == std::vector<int>{0, 0, 1});
+  CHECK(count_of(bobs[0]->output() + bobs[1]->output(), "NOTIFIED TARGET") == 6);
+  CHECK(count_of(bobs[2]->output(), "NOTIFIED TARGET") == 0);
+  CHECK_THAT(bobs[2]->output(), Catch::Contains("NO ALLOCATIONS LEFT"));
+  // The first pass took them together: bob's two of 3 placed in it, the rest decided alone.
+  CHECK_THAT(service->output(), Catch::Contains("7 request(s) together: 2 placed"));
+
+  CHECK(used_by(servers, "team-a")["VCPU"] == 3);
+  CHECK(used_by(servers, "team-b")["instances"] == 6);
+  CHECK(servers.usages(rp1)["VCPU"] + servers.usages(rp2)["VCPU"] == 9);
+  CHECK(servers.usages(rp1)["VCPU"] <= 5);
+  CHECK(servers.usages(rp2)["VCPU"] <= 5);
+  CHECK(instance_records(servers) == 9);
+  CHECK(servers.etcd_prefix(KeyLayout().claims_prefix()).empty());  // no hold left behind
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
+
 TEST_CASE("two scheduler services: the leader killed in the middle of a member's batch, the other finishes it, "
           "nothing lost or doubled",
           "[projects][rbac]") {
@@ -480,11 +551,7 @@ TEST_CASE("two scheduler services: the leader killed in the middle of a member's
   // the batch under the same uuids: three instances, three claims.
   INFO(batch->output() << second->output());
   REQUIRE(batch->wait(90) == 0);
-  size_t notified = 0;
-  for (size_t at = batch->output().find("NOTIFIED TARGET"); at != std::string::npos;
-       at = batch->output().find("NOTIFIED TARGET", at + 1))
-    ++notified;
-  CHECK(notified == 3);
+  CHECK(count_of(batch->output(), "NOTIFIED TARGET") == 3);
   CHECK_THAT(second->output(), Catch::Contains("second leads"));
   CHECK(used_by(servers, "team-a")["instances"] == 3);
   CHECK(instance_records(servers) == 3);

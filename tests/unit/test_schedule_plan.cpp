@@ -56,6 +56,27 @@ TEST_CASE("a batch spreads or packs as the policy says, and keeps to its group's
   CHECK(per_host(*apart).size() == 2);
 }
 
+TEST_CASE("requests that arrived together are planned in turn, each all or nothing") {
+  std::mt19937_64 rng{1};
+  WeighPolicy spread;
+  // Room for 5: 2 + 3 fit, and the next two find none left.
+  auto plans = plan_requests(hosts({"a", "b", "c", "d", "e"}, 1), {2, 3, 2, 1}, spread, rng);
+  REQUIRE(plans.size() == 4);
+  REQUIRE(plans[0]);
+  REQUIRE(plans[1]);
+  CHECK_FALSE(plans[2]);
+  CHECK_FALSE(plans[3]);
+  std::map<std::string, int> used = per_host(*plans[0]);
+  for (const auto& [host, n] : per_host(*plans[1])) used[host] += n;
+  CHECK(used == std::map<std::string, int>{{"a", 1}, {"b", 1}, {"c", 1}, {"d", 1}, {"e", 1}});
+  // A request too big for what is left does not take the room of a smaller one after it.
+  auto second = plan_requests(hosts({"a", "b"}, 1), {3, 1, 1}, spread, rng);
+  CHECK_FALSE(second[0]);
+  CHECK(second[1]);
+  CHECK(second[2]);
+  CHECK(per_host(*second[1]) != per_host(*second[2]));
+}
+
 TEST_CASE("handing an instance over costs five compares and four writes, one more of each with a group") {
   KeyLayout keys("/p");
   WorkSpec spec;

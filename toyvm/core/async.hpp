@@ -8,7 +8,9 @@
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -19,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <utility>
+#include <vector>
 
 namespace toyvm {
 
@@ -96,6 +99,17 @@ auto run_blocking(asio::thread_pool& pool, Fn fn) -> awaitable<decltype(fn())> {
   asio::post(pool, [queue, fn = std::move(fn)]() mutable { queue->push(std::optional<R>(fn())); });
   std::optional<R> value = co_await queue->async_pop();
   co_return std::move(*value);
+}
+
+// Runs the tasks side by side on the caller's executor and returns when all have ended.
+inline awaitable<void> run_together(std::vector<awaitable<void>> tasks) {
+  if (tasks.empty()) co_return;
+  auto executor = co_await asio::this_coro::executor;
+  using Spawned = decltype(asio::co_spawn(executor, std::declval<awaitable<void>>(), asio::deferred));
+  std::vector<Spawned> spawned;
+  for (awaitable<void>& task : tasks) spawned.push_back(asio::co_spawn(executor, std::move(task), asio::deferred));
+  co_await asio::experimental::make_parallel_group(std::move(spawned))
+      .async_wait(asio::experimental::wait_for_all(), use_awaitable);
 }
 
 }  // namespace toyvm

@@ -101,4 +101,10 @@ ProjectUsage without(ProjectUsage after, const ProjectUsage& asked) {
   return after;
 }
 
+ProjectUsage plus(ProjectUsage used, const ProjectUsage& more) {
+  used.instances += more.instances;
+  for (const auto& [rc, amount] : more.amounts) used.amounts[rc] += amount;
+  return used;
+}
+
 }  // namespace toyvm

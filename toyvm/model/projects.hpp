@@ -64,5 +64,7 @@ result<ProjectUsage> parse_project_usage(const std::string& body);
 std::vector<std::string> over_quota(const Limits& limits, const ProjectUsage& used, const ProjectUsage& asked);
 // `after` less `asked` (a use counted with the asked claims in it, as before them).
 ProjectUsage without(ProjectUsage after, const ProjectUsage& asked);
+// `used` and `more` together (requests asked together).
+ProjectUsage plus(ProjectUsage used, const ProjectUsage& more);
 
 }  // namespace toyvm

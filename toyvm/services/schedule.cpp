@@ -40,22 +40,20 @@ Scheduler::Scheduler(asio::io_context& io, const Config& config, const ScheduleO
       group_policy_(options.group.empty() ? std::nullopt : parse_group_policy(options.group_policy)),
       on_behalf_(std::move(on_behalf)) {}
 
-awaitable<Outcome> Scheduler::run() {
+result<Scheduler::Prepared> Scheduler::read_request() const {
   auto query = parse_placement_query(options_.query);
-  if (!query) co_return query.error().doing("invalid query");
+  if (!query) return query.error().doing("invalid query");
   if (!options_.group.empty() && !is_group_name(options_.group))
-    co_return Error(errc::invalid_argument,
-                    fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group));
+    return Error(errc::invalid_argument, fmt::format("bad group name '{}' (1 to 64 of A-Z a-z 0-9 _ . -)", options_.group));
   if (!options_.availability_zone.empty())
     query->params.emplace_back("member_of", availability_zone_aggregate(options_.availability_zone));
-  WorkSpec spec;
-  if (auto read = read_guest_data(options_, spec); !read) co_return read.error();
-  auto membership = co_await caller_membership(*etcd_, keys_, config_.etcd, options_.project);
-  if (!membership) co_return with_endpoints(*etcd_, membership.error());
-  if (*membership) {
-    member_ = std::move(*membership);
-    co_return co_await ask_service(std::move(spec));
-  }
+  Prepared asked;
+  asked.query = std::move(*query);
+  if (auto read = read_guest_data(options_, asked.spec); !read) return read.error();
+  return asked;
+}
+
+awaitable<result<Scheduler::Prepared>> Scheduler::admit(Prepared asked) {
   // Nothing is claimed for a request its project's quota refuses.
   std::string project_name = options_.project.empty() ? config_.schedule.project : options_.project;
   auto project = co_await read_project(*etcd_, keys_, std::move(project_name));
@@ -66,27 +64,79 @@ awaitable<Outcome> Scheduler::run() {
   // Checked before anything is claimed: an instance etcd cannot take in one request could
   // never be handed over, and its claim would only have to be given back.
   const int count = std::max(1, options_.count);
-  const Placed biggest = instance(spec, new_uuid(), count - 1, new_uuid(), {});  // its host not known yet
+  const Placed biggest = instance(asked.spec, new_uuid(), count - 1, new_uuid(), {});  // its host not known yet
   if (const TxnCost one = hand_over_cost(keys_, biggest.work, biggest.record); !split_by_limits({one}))
     co_return Error(errc::invalid_argument,
                     fmt::format("the instance's data ({} bytes with its user data and keys) is more than etcd takes "
                                 "in one request ({} bytes)", one.bytes, etcd_request_budget));
 
   asked_.instances = count;
-  for (const auto& [rc, amount] : query->resources) asked_.amounts[rc] = amount * count;
+  for (const auto& [rc, amount] : asked.query.resources) asked_.amounts[rc] = amount * count;
   if (auto fits = co_await check_quota(placement_, config_.placement, project_, asked_, false); !fits)
     co_return fits.error();
+  asked.uuids = options_.uuids;
+  asked.uuids.resize(size_t(count));
+  for (std::string& uuid : asked.uuids)
+    if (uuid.empty()) uuid = new_uuid();
+  asked.project = project_;
+  asked.asked = asked_;
+  asked.owner = owner_;
+  co_return asked;
+}
 
+awaitable<Outcome> Scheduler::run() {
+  auto asked = read_request();
+  if (!asked) co_return asked.error();
+  auto membership = co_await caller_membership(*etcd_, keys_, config_.etcd, options_.project);
+  if (!membership) co_return with_endpoints(*etcd_, membership.error());
+  if (*membership) {
+    member_ = std::move(*membership);
+    co_return co_await ask_service(std::move(asked->spec));
+  }
+  auto ready = co_await admit(std::move(*asked));
+  if (!ready) co_return ready.error();
   if (const int shards = config_.placement.shards; shards > 1) {
     std::mt19937_64 rng{random_seed()};
     shard_ = shard_aggregate(std::uniform_int_distribution<int>(0, shards - 1)(rng));
   }
-  std::vector<std::string> uuids = options_.uuids;
-  uuids.resize(size_t(count));
-  for (std::string& uuid : uuids)
-    if (uuid.empty()) uuid = new_uuid();
-  auto placed = co_await (place(std::move(*query), std::move(spec), std::move(uuids)) || keep_holding());
+  auto placed = co_await (place(std::move(ready->query), std::move(ready->spec), std::move(ready->uuids)) ||
+                          keep_holding());
   co_return std::get<0>(placed);
+}
+
+awaitable<result<Scheduler::Prepared>> Scheduler::prepare() {
+  auto asked = read_request();
+  if (!asked) co_return asked.error();
+  co_return co_await admit(std::move(*asked));
+}
+
+awaitable<std::optional<Outcome>> Scheduler::hand_over_claimed(const Prepared& prepared, std::vector<Claim> claims) {
+  uuids_ = prepared.uuids;
+  claiming_ = true;
+  std::vector<WorkSpec> specs;
+  std::vector<InstanceRecord> records;
+  HandOver handed = co_await hand_over_claims(prepared.spec, prepared.uuids, claims, specs, records);
+  if (!handed.disabled_host.empty() && handed.handed == 0) {
+    co_await release_all(prepared.uuids);
+    co_return std::nullopt;
+  }
+  co_return co_await settle(std::move(handed), prepared.uuids, std::move(specs), std::move(records));
+}
+
+awaitable<Scheduler::HandOver> Scheduler::hand_over_claims(const WorkSpec& spec, const std::vector<std::string>& uuids,
+                                                           const std::vector<Claim>& claims,
+                                                           std::vector<WorkSpec>& specs,
+                                                           std::vector<InstanceRecord>& records) {
+  specs.clear();
+  records.clear();
+  for (size_t i = 0; i < uuids.size(); ++i) {
+    const Claim& claim = claims[i];
+    Placed one = instance(spec, uuids[i], int(i), claim.host, claim.allocations.at(claim.host));
+    specs.push_back(std::move(one.work));
+    records.push_back(std::move(one.record));
+  }
+  co_await failpoint::pass("schedule.hand_over");  // claimed, not yet handed over
+  co_return co_await hand_over(specs, records);
 }
 
 awaitable<Outcome> Scheduler::place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids) {
@@ -122,27 +172,20 @@ awaitable<Outcome> Scheduler::place(PlacementQuery query, WorkSpec spec, std::ve
       co_await let_go();
       co_return with_endpoints(*etcd_, fits.error());
     }
-
-    specs.clear();
-    records.clear();
-    for (int i = 0; i < count; ++i) {
-      const Claim& claim = (*claims)[size_t(i)];
-      Placed one = instance(spec, uuids[size_t(i)], i, claim.host, claim.allocations.at(claim.host));
-      specs.push_back(std::move(one.work));
-      records.push_back(std::move(one.record));
-    }
-    co_await failpoint::pass("schedule.hand_over");  // claimed, not yet handed over
-    handed = co_await hand_over(specs, records);
+    handed = co_await hand_over_claims(spec, uuids, *claims, specs, records);
     if (handed.disabled_host.empty() || handed.handed > 0 || round >= config_.schedule.max_claim_attempts) break;
     spdlog::info("schedule: host {} was disabled before the hand-over; placing again", handed.disabled_host);
     co_await release_all(uuids);
   }
-  if (handed.error.code) {
-    co_await let_go();  // nothing more of this schedule's is on its way
-    co_return co_await give_up_hand_over(handed, uuids, specs, records);
-  }
+  if (handed.error.code) co_await let_go();  // nothing more of this schedule's is on its way
   // Its keys went with the hand-over; the lease, now holding nothing, runs out by itself.
   hold_lease_ = 0;
+  co_return co_await settle(std::move(handed), std::move(uuids), std::move(specs), std::move(records));
+}
+
+awaitable<Outcome> Scheduler::settle(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
+                                     std::vector<InstanceRecord> records) {
+  if (handed.error.code) co_return co_await give_up_hand_over(handed, uuids, specs, records);
   spdlog::debug("schedule: handed over through etcd");
   for (const InstanceRecord& record : records)
     say_.line(fmt::format("NOTIFIED TARGET, {}, OF INSTANCE {}", record.host, record.uuid));

@@ -7,8 +7,12 @@
 
 namespace toyvm {
 
-std::optional<std::vector<Claim>> plan_batch(PlacementView view, size_t count, const WeighPolicy& policy,
-                                             std::optional<GroupPolicy> group, std::mt19937_64& rng) {
+namespace {
+
+// plan_batch's work on `view` itself: what it plans is taken from the view's free capacity
+// (all of it, or, when an instance fits nowhere, some of it: the caller keeps a copy).
+std::optional<std::vector<Claim>> plan_into(PlacementView& view, size_t count, const WeighPolicy& policy,
+                                            std::optional<GroupPolicy> group, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::vector<Claim> plan;
   for (size_t i = 0; i < count; ++i) {
@@ -33,6 +37,25 @@ std::optional<std::vector<Claim>> plan_batch(PlacementView view, size_t count, c
     plan.push_back(Claim{first->host, *first->allocations});
   }
   return plan;
+}
+
+}  // namespace
+
+std::optional<std::vector<Claim>> plan_batch(PlacementView view, size_t count, const WeighPolicy& policy,
+                                             std::optional<GroupPolicy> group, std::mt19937_64& rng) {
+  return plan_into(view, count, policy, group, rng);
+}
+
+std::vector<std::optional<std::vector<Claim>>> plan_requests(PlacementView view, const std::vector<size_t>& counts,
+                                                             const WeighPolicy& policy, std::mt19937_64& rng) {
+  std::vector<std::optional<std::vector<Claim>>> plans;
+  for (const size_t count : counts) {
+    PlacementView trial = view;
+    auto plan = plan_into(trial, count, policy, std::nullopt, rng);
+    if (plan) view = std::move(trial);
+    plans.push_back(std::move(plan));
+  }
+  return plans;
 }
 
 TxnCost hand_over_cost(const KeyLayout& keys, const WorkSpec& spec, const InstanceRecord& record) {

@@ -20,6 +20,12 @@ namespace toyvm {
 std::optional<std::vector<Claim>> plan_batch(PlacementView view, size_t count, const WeighPolicy& policy,
                                              std::optional<GroupPolicy> group, std::mt19937_64& rng);
 
+// Requests that arrived together (each `counts[i]` instances of one query, no group), planned
+// in turn against one look: each all or nothing, none planned into room an earlier one took.
+// Nothing for a request that fits nowhere in what is left.
+std::vector<std::optional<std::vector<Claim>>> plan_requests(PlacementView view, const std::vector<size_t>& counts,
+                                                             const WeighPolicy& policy, std::mt19937_64& rng);
+
 // What handing one instance over adds to a transaction: its work, record and group
 // membership, each compared absent and written; its hold, compared present and erased.
 TxnCost hand_over_cost(const KeyLayout& keys, const WorkSpec& spec, const InstanceRecord& record);

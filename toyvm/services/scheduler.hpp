@@ -42,6 +42,24 @@ class Scheduler {
 
   awaitable<Outcome> run();
 
+  // What a schedule asks, read and checked before anything is claimed.
+  struct Prepared {
+    PlacementQuery query;             // with its zone's aggregate
+    WorkSpec spec;                    // the guest data
+    std::vector<std::string> uuids;   // its instances
+    ProjectStanding project;
+    ProjectUsage asked;               // what it counts against the project's quota
+    ConsumerOwner owner;              // its consumers' in Placement
+  };
+  // The two halves of run() for the scheduler service's batches (services/scheduler_batch.cpp),
+  // which claims for many schedules at once: everything before the claim (the project read,
+  // the request's quota checked alone)...
+  awaitable<result<Prepared>> prepare();
+  // ... and everything after it, given claims made under the service's hold: the hand-over
+  // with its reply, or the instances given up. nullopt: a host was disabled since the look;
+  // the claims are given back and the request is to be placed again.
+  awaitable<std::optional<Outcome>> hand_over_claimed(const Prepared& prepared, std::vector<Claim> claims);
+
  private:
   // How long a schedule's hold on its claims outlives it (killed, or cut off from etcd).
   static constexpr int64_t claim_hold_ttl_s = 10;
@@ -58,7 +76,18 @@ class Scheduler {
     Error error;
   };
 
+  // The command line's request, checked as it is (no one asked yet).
+  result<Prepared> read_request() const;
+  // The request within its project's quota, and what it asks counted.
+  awaitable<result<Prepared>> admit(Prepared asked);
   awaitable<Outcome> place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids);
+  // Each instance's work and record on its claimed host, handed over.
+  awaitable<HandOver> hand_over_claims(const WorkSpec& spec, const std::vector<std::string>& uuids,
+                                       const std::vector<Claim>& claims, std::vector<WorkSpec>& specs,
+                                       std::vector<InstanceRecord>& records);
+  // After the hand-over: what was handed said, or what was not taken back; the wait, if asked.
+  awaitable<Outcome> settle(HandOver handed, std::vector<std::string> uuids, std::vector<WorkSpec> specs,
+                            std::vector<InstanceRecord> records);
   // A project member's schedule: asked of the scheduler service, which claims for it.
   awaitable<Outcome> ask_service(WorkSpec spec);
 

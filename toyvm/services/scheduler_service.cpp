@@ -23,6 +23,7 @@
 #include "services/common.hpp"
 #include "services/instance_lookup.hpp"
 #include "services/scheduler.hpp"
+#include "services/scheduler_batch.hpp"
 #include "services/services.hpp"
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -44,14 +45,8 @@ using namespace asio::experimental::awaitable_operators;
 
 constexpr int64_t leader_ttl_s = 10;
 
-// What a schedule run for a member says, kept for its reply.
-class Recorded final : public Say {
- public:
-  void line(std::string_view text) override { lines.emplace_back(text); }
-  void note(std::string_view text) override { lines.emplace_back(text); }
-  void raw(std::string_view) override {}
-  std::vector<std::string> lines;
-};
+// At most this many requests are taken in one pass (a batch): the rest wait for the next.
+constexpr size_t max_batch = 128;
 
 class SchedulerService {
  public:
@@ -229,17 +224,57 @@ class SchedulerService {
       std::vector<KeyValue> pending;
       for (const KeyValue& kv : listed->ranges[0].kvs)
         if (!answered.count(kv.key.substr(keys_.requests_root().size()))) pending.push_back(kv);
-      std::sort(pending.begin(), pending.end(),
-                [](const KeyValue& a, const KeyValue& b) { return a.create_revision < b.create_revision; });
-      for (const KeyValue& kv : pending) {
+      std::sort(pending.begin(), pending.end(), by_age);
+      if (pending.size() > max_batch) pending.resize(max_batch);
+      const bool any = !pending.empty();
+      const std::vector<KeyValue> alone = co_await together(std::move(pending));
+      for (const KeyValue& kv : alone) {
         if (!leading_) co_return;
         co_await handle(kv);
       }
-      if (!pending.empty()) continue;  // more may have come meanwhile
+      if (any) continue;  // more may have come meanwhile
       // Nothing waits: until a request comes (or a while, as a net for a lost watch).
       co_await wait_for_change(keys_.requests_root(), prefix_range_end(keys_.requests_root()), listed->revision + 1,
                                std::chrono::seconds(30));
     }
+  }
+
+  static bool by_age(const KeyValue& a, const KeyValue& b) { return a.create_revision < b.create_revision; }
+
+  // The schedule requests among `pending` that can go together (without a group: a group's
+  // members are placed one request at a time) go as a batch when there are two or more; what
+  // is left to take alone is returned, oldest first.
+  awaitable<std::vector<KeyValue>> together(std::vector<KeyValue> pending) {
+    std::vector<WaitingRequest> batch;
+    std::vector<KeyValue> alone;
+    for (const KeyValue& kv : pending) {
+      auto waiting = co_await batchable(kv);
+      if (waiting) {
+        batch.push_back(std::move(*waiting));
+      } else {
+        alone.push_back(kv);
+      }
+    }
+    if (batch.size() < 2) co_return pending;
+    auto left = co_await schedule_together(io_, config_, etcd_, placement_, lease_, std::move(batch));
+    for (WaitingRequest& waiting : left) alone.push_back(std::move(waiting.kv));
+    std::sort(alone.begin(), alone.end(), by_age);
+    co_return alone;
+  }
+
+  awaitable<std::optional<WaitingRequest>> batchable(const KeyValue& kv) {
+    auto waiting = waiting_request(kv);
+    if (!waiting) co_return std::nullopt;
+    auto request = decode_request(kv.value);
+    if (!request || request->action != RequestAction::schedule || !request->group.empty()) co_return std::nullopt;
+    if (!request->policy.empty() && !parse_weigh_kind(request->policy)) co_return std::nullopt;
+    waiting->options = schedule_options(std::move(*request), waiting->project, waiting->id);
+    // Asked before this leader led: another may have begun it. Taken alone if it left anything.
+    if (kv.create_revision < term_) {
+      auto left = co_await left_before(waiting->options.uuids, waiting->project);
+      if (!left || *left) co_return std::nullopt;
+    }
+    co_return waiting;
   }
 
   // A member's console request (`project-console-requests/<project>/<instance>/<asker>`, under
@@ -279,44 +314,54 @@ class SchedulerService {
     if (!put) spdlog::debug("scheduler: passing on {}: {}", kv.key, put.error().message());
   }
 
-  awaitable<void> handle(const KeyValue& kv) {
-    // requests/<project>/<id>: the project is the key's, whatever the value says.
+  // requests/<project>/<id>: the project is the key's, whatever the value says. Every write
+  // of its answer requires the request still asked, not answered, and this service still the
+  // leader it was when it read it.
+  std::optional<WaitingRequest> waiting_request(const KeyValue& kv) const {
     const std::string rest = kv.key.substr(keys_.requests_root().size());
     const size_t slash = rest.find('/');
-    const std::string project = rest.substr(0, slash), id = slash == std::string::npos ? "" : rest.substr(slash + 1);
-    if (!is_project_name(project) || !is_uuid(id)) {
+    WaitingRequest waiting;
+    waiting.project = rest.substr(0, slash);
+    waiting.id = slash == std::string::npos ? "" : rest.substr(slash + 1);
+    if (!is_project_name(waiting.project) || !is_uuid(waiting.id)) return std::nullopt;
+    waiting.kv = kv;
+    waiting.reply_key = keys_.reply(waiting.project, waiting.id);
+    waiting.standing = {EtcdCompare::present(kv.key), EtcdCompare::absent(waiting.reply_key),
+                        EtcdCompare{keys_.scheduler_leader(), EtcdCompare::Target::create_revision,
+                                    EtcdCompare::Result::equal, term_, {}}};
+    return waiting;
+  }
+
+  awaitable<void> handle(const KeyValue& kv) {
+    auto waiting = waiting_request(kv);
+    if (!waiting) {
       spdlog::warn("scheduler: ignoring {}: not a request key", kv.key);
       co_return;
     }
-    const std::string reply_key = keys_.reply(project, id);
-    // Required by every write of its answer: the request still asked, not answered, and this
-    // service still the leader it was when it read it.
-    std::vector<EtcdCompare> standing{EtcdCompare::present(kv.key), EtcdCompare::absent(reply_key),
-                                      EtcdCompare{keys_.scheduler_leader(), EtcdCompare::Target::create_revision,
-                                                  EtcdCompare::Result::equal, term_, {}}};
     auto request = decode_request(kv.value);
     if (!request) {
       ProjectReply refused{2, {}, "the request cannot be read: " + request.error().message(), {}};
-      co_await answer(standing, reply_key, kv.lease, std::move(refused));
+      co_await answer_request(*etcd_, waiting->standing, waiting->reply_key, kv.lease, refused);
       co_return;
     }
-    spdlog::info("scheduler: {} of project {} asks to {}", request->user, project, to_string(request->action));
+    spdlog::info("scheduler: {} of project {} asks to {}", request->user, waiting->project,
+                 to_string(request->action));
     ProjectReply reply;
     if (request->action == RequestAction::schedule) {
-      auto done = co_await schedule(project, id, std::move(*request), kv, standing, reply_key);
+      auto done = co_await schedule(*waiting, std::move(*request));
       if (!done) co_return;  // answered in its hand-over
       reply = std::move(*done);
     } else {
-      reply = co_await power(project, *request);
+      reply = co_await power(waiting->project, *request);
     }
-    co_await answer(standing, reply_key, kv.lease, reply);
+    co_await answer_request(*etcd_, waiting->standing, waiting->reply_key, kv.lease, reply);
   }
 
   // nullopt: answered by the hand-over itself.
-  awaitable<std::optional<ProjectReply>> schedule(std::string project, std::string id, ProjectRequest request,
-                                                  KeyValue kv, std::vector<EtcdCompare> standing,
-                                                  std::string reply_key) {
-    ScheduleOptions options = schedule_options(std::move(request), project, id);
+  awaitable<std::optional<ProjectReply>> schedule(WaitingRequest waiting, ProjectRequest request) {
+    const std::string& project = waiting.project;
+    const KeyValue& kv = waiting.kv;
+    ScheduleOptions options = schedule_options(std::move(request), project, waiting.id);
     if (!options.group.empty() && !parse_group_policy(options.group_policy))
       co_return ProjectReply{2, {}, fmt::format("bad group policy '{}'", options.group_policy), {}};
     if (!options.policy.empty() && !parse_weigh_kind(options.policy))
@@ -327,16 +372,12 @@ class SchedulerService {
       if (!left) co_return ProjectReply{5, {}, left.error().message(), {}};
       if (*left) co_return std::move(**left);
     }
-    Recorded said;
-    OnBehalf on_behalf{std::move(standing), std::move(reply_key), kv.lease};
+    RecordedSay said;
+    OnBehalf on_behalf{std::move(waiting.standing), std::move(waiting.reply_key), kv.lease};
     Scheduler scheduler(io_, config_, options, said, etcd_, std::move(on_behalf));
     Outcome outcome = co_await scheduler.run();
     if (outcome && *outcome == ExitCode::ok) co_return std::nullopt;
-    ProjectReply reply;
-    reply.lines = std::move(said.lines);
-    reply.exit_code = outcome ? int(*outcome) : int(exit_code_for(outcome.error().code));
-    if (!outcome) reply.error = outcome.error().message();
-    co_return reply;
+    co_return reply_of(outcome, std::move(said.lines));
   }
 
   // What another leader left of the request: its instances (some handed over: answered from
@@ -388,12 +429,6 @@ class SchedulerService {
     auto asked = co_await request_power(*etcd_, keys_, target->record, to);
     if (!asked) co_return ProjectReply{int(exit_code_for(asked.error().code)), {}, asked.error().message(), {}};
     co_return ProjectReply{0, {}, {}, {uuid}};
-  }
-
-  awaitable<void> answer(std::vector<EtcdCompare> standing, std::string reply_key, int64_t lease, ProjectReply reply) {
-    std::vector<EtcdOp> put{EtcdOp::put(reply_key, encode(reply), lease)};
-    auto written = co_await etcd_->txn(std::move(standing), std::move(put));
-    if (!written) spdlog::warn("scheduler: answering {}: {}", reply_key, written.error().message());
   }
 
   asio::io_context& io_;

@@ -1,0 +1,268 @@
+// The scheduler service's batches (see scheduler_batch.hpp). The order of a batch: every
+// request read and checked alone (project, quota); each project's requests checked together
+// against its quota; for each kind of request one look, a plan that gives each request its
+// own room or none; the hold (one key an instance, under the service's lease); one claim for
+// all; the quotas checked again with the claims counted; each request handed over in its own
+// transaction with its reply, all at once.
+
+#include "services/scheduler_batch.hpp"
+
+#include "model/txn_limits.hpp"
+#include "model/uuid.hpp"
+#include "services/placer.hpp"
+#include "services/quota.hpp"
+#include "services/schedule_plan.hpp"
+#include "services/scheduler.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+
+namespace toyvm {
+
+ProjectReply reply_of(const Outcome& outcome, std::vector<std::string> lines) {
+  ProjectReply reply;
+  reply.lines = std::move(lines);
+  reply.exit_code = outcome ? int(*outcome) : int(exit_code_for(outcome.error().code));
+  if (!outcome) reply.error = outcome.error().message();
+  return reply;
+}
+
+awaitable<void> answer_request(EtcdClient& etcd, std::vector<EtcdCompare> standing, std::string reply_key,
+                               int64_t lease, const ProjectReply& reply) {
+  std::vector<EtcdOp> put{EtcdOp::put(reply_key, encode(reply), lease)};
+  auto written = co_await etcd.txn(std::move(standing), std::move(put));
+  if (!written) spdlog::warn("scheduler: answering {}: {}", reply_key, written.error().message());
+}
+
+namespace {
+
+// One request of the batch, from its first read to its answer.
+struct Entry {
+  WaitingRequest waiting;
+  RecordedSay said;
+  std::unique_ptr<Scheduler> scheduler;
+  Scheduler::Prepared prepared;
+  std::vector<Claim> claims;
+  enum class Fate { open, answered, alone } fate = Fate::open;
+  bool handed = false;  // its instances are in etcd, and its hold with them
+};
+
+class Batch {
+ public:
+  Batch(asio::io_context& io, const Config& config, std::shared_ptr<EtcdClient> etcd, Placement& placement,
+        int64_t hold_lease)
+      : io_(io), config_(config), keys_(config.etcd.prefix), etcd_(std::move(etcd)), placement_(placement),
+        placer_(placement, *etcd_, config), hold_lease_(hold_lease) {}
+
+  awaitable<std::vector<WaitingRequest>> run(std::vector<WaitingRequest> requests) {
+    for (WaitingRequest& waiting : requests) {
+      auto entry = std::make_unique<Entry>();
+      entry->waiting = std::move(waiting);
+      OnBehalf on_behalf{entry->waiting.standing, entry->waiting.reply_key, entry->waiting.kv.lease};
+      entry->scheduler = std::make_unique<Scheduler>(io_, config_, entry->waiting.options, entry->said, etcd_,
+                                                     std::move(on_behalf));
+      entries_.push_back(std::move(entry));
+    }
+    std::vector<awaitable<void>> reads;
+    for (auto& entry : entries_) reads.push_back(prepare(*entry));
+    co_await run_together(std::move(reads));
+    co_await check_quotas(false);
+    co_await plan();
+    if (!open().empty()) co_await claim();
+    if (!open().empty()) co_await check_quotas(true);
+    std::vector<awaitable<void>> hand_overs;
+    for (Entry* entry : open()) hand_overs.push_back(hand_over(*entry));
+    co_await run_together(std::move(hand_overs));
+    co_await drop_holds();
+    std::vector<WaitingRequest> alone;
+    size_t placed = 0;
+    for (auto& entry : entries_) {
+      placed += entry->handed;
+      if (entry->fate == Entry::Fate::alone) alone.push_back(std::move(entry->waiting));
+    }
+    spdlog::info("scheduler: {} request(s) together: {} placed, {} left to be taken alone", entries_.size(), placed,
+                 alone.size());
+    co_return alone;
+  }
+
+ private:
+  std::vector<Entry*> open() const {
+    std::vector<Entry*> out;
+    for (const auto& entry : entries_)
+      if (entry->fate == Entry::Fate::open) out.push_back(entry.get());
+    return out;
+  }
+
+  awaitable<void> answer(Entry& entry, const Outcome& outcome) {
+    entry.fate = Entry::Fate::answered;
+    co_await answer_request(*etcd_, entry.waiting.standing, entry.waiting.reply_key, entry.waiting.kv.lease,
+                            reply_of(outcome, std::move(entry.said.lines)));
+  }
+
+  // What a request asks, read and checked alone: a request refused alone is refused together.
+  awaitable<void> prepare(Entry& entry) {
+    auto ready = co_await entry.scheduler->prepare();
+    if (!ready) {
+      const Outcome refused = ready.error();
+      co_await answer(entry, refused);
+      co_return;
+    }
+    entry.prepared = std::move(*ready);
+  }
+
+  // Each project's requests together within its quota, before the claim and after it (with
+  // the claims counted: a schedule of another path may have raced them). A project that
+  // does not fit, or whose use cannot be read, has its requests taken alone, in order, where
+  // each is decided exactly; its claims made here are given back first.
+  awaitable<void> check_quotas(bool counted) {
+    std::map<std::string, std::vector<Entry*>> by_project;
+    for (Entry* entry : open()) by_project[entry->prepared.project.name].push_back(entry);
+    for (auto& [name, members] : by_project) {
+      if (members.size() < 2 && !counted) continue;  // checked alone already
+      ProjectUsage asked;
+      for (Entry* entry : members) asked = plus(std::move(asked), entry->prepared.asked);
+      auto fits = co_await check_quota(placement_, config_.placement, members.front()->prepared.project, asked, counted);
+      if (fits) continue;
+      spdlog::debug("scheduler: project {}'s requests together: {}; taking them alone", name, fits.error().message());
+      for (Entry* entry : members) {
+        if (counted) co_await release(*entry);
+        entry->fate = Entry::Fate::alone;
+      }
+    }
+  }
+
+  // One look for each kind of request, and room for each request planned in it or none.
+  awaitable<void> plan() {
+    std::map<std::string, std::vector<Entry*>> by_kind;
+    for (Entry* entry : open()) {
+      const ScheduleOptions& o = entry->waiting.options;
+      by_kind[fmt::format("{}\n{}\n{}", o.query, o.availability_zone, o.policy)].push_back(entry);
+    }
+    std::mt19937_64 rng{random_seed()};
+    for (auto& [kind, members] : by_kind) {
+      PlacementQuery query = members.front()->prepared.query;
+      if (const int shards = config_.placement.shards; shards > 1)
+        query.params.emplace_back("member_of",
+                                  shard_aggregate(std::uniform_int_distribution<int>(0, shards - 1)(rng)));
+      std::vector<size_t> counts;
+      for (Entry* entry : members) counts.push_back(entry->prepared.uuids.size());
+      const size_t instances = std::accumulate(counts.begin(), counts.end(), size_t(0));
+      const int limit = query.limit > 0 ? 0 : std::max(config_.placement.candidate_limit, int(instances));
+      auto view = co_await placer_.look(std::move(query), {}, {}, limit);
+      if (!view) spdlog::debug("scheduler: a batch's look: {}", view.error().message());
+      auto plans = view ? plan_requests(std::move(*view), counts,
+                                        placer_.weigh_policy(members.front()->waiting.options.policy), rng)
+                        : std::vector<std::optional<std::vector<Claim>>>(members.size());
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (plans[i]) {
+          members[i]->claims = std::move(*plans[i]);
+        } else {
+          members[i]->fate = Entry::Fate::alone;
+        }
+      }
+    }
+  }
+
+  // The hold, then one claim for every planned instance. A claim refused is nobody's: the
+  // requests are taken alone. One whose answer was lost may have been made: it is given back.
+  awaitable<void> claim() {
+    std::vector<std::string> uuids;
+    for (Entry* entry : open()) uuids.insert(uuids.end(), entry->prepared.uuids.begin(), entry->prepared.uuids.end());
+    if (auto held = co_await hold(uuids); !held) {
+      spdlog::warn("scheduler: holding a batch's claims: {}", held.error().message());
+      for (Entry* entry : open()) entry->fate = Entry::Fate::alone;
+      co_return;
+    }
+    std::vector<ConsumerWrite> writes;
+    for (Entry* entry : open())
+      for (size_t i = 0; i < entry->claims.size(); ++i)
+        writes.push_back(ConsumerWrite{entry->prepared.uuids[i], entry->claims[i].allocations, std::nullopt,
+                                       ConsumerType::instance, entry->prepared.owner});
+    auto claimed = co_await placement_.write_together(std::move(writes));
+    if (claimed) co_return;
+    const bool refused = claimed.error() == errc::placement_capacity ||
+                         claimed.error() == errc::placement_concurrent_update ||
+                         claimed.error() == errc::placement_consumer_changed;
+    spdlog::debug("scheduler: a batch's claim: {}; taking its requests alone", claimed.error().message());
+    for (Entry* entry : open()) {
+      if (!refused) co_await release(*entry);
+      entry->fate = Entry::Fate::alone;
+    }
+  }
+
+  // A key an instance under the service's lease: `audit --fix` leaves their claims alone
+  // while the service leads, and the hand-over requires and erases them.
+  awaitable<result<void>> hold(const std::vector<std::string>& uuids) {
+    held_ = uuids;
+    std::vector<TxnCost> costs(uuids.size(), TxnCost{0, 1, keys_.claim(uuids.front()).size()});
+    size_t first = 0;
+    for (const size_t end : split_by_limits(costs).value_or(std::vector<size_t>{})) {
+      std::vector<EtcdOp> puts;
+      for (size_t i = first; i < end; ++i) puts.push_back(EtcdOp::put(keys_.claim(uuids[i]), "", hold_lease_));
+      std::vector<EtcdCompare> always;
+      auto put = co_await etcd_->txn(std::move(always), std::move(puts));
+      if (!put) co_return put.error();
+      first = end;
+    }
+    co_return result<void>{};
+  }
+
+  // The holds of instances not handed over: to be taken alone (which holds them anew), or
+  // given up (as a schedule taken alone lets its hold go).
+  awaitable<void> drop_holds() {
+    std::vector<EtcdOp> erases;
+    for (const auto& entry : entries_) {
+      if (entry->handed) continue;
+      for (const std::string& uuid : entry->prepared.uuids)
+        if (std::find(held_.begin(), held_.end(), uuid) != held_.end()) erases.push_back(EtcdOp::erase(keys_.claim(uuid)));
+    }
+    if (erases.empty()) co_return;
+    std::vector<EtcdCompare> always;
+    if (auto erased = co_await etcd_->txn(std::move(always), std::move(erases)); !erased)
+      spdlog::warn("scheduler: a batch's holds: {}", erased.error().message());  // they go with the lease
+  }
+
+  awaitable<void> release(Entry& entry) {
+    for (const std::string& uuid : entry.prepared.uuids)
+      if (auto released = co_await placement_.release(uuid); !released)
+        spdlog::error("releasing allocation {}: {}", uuid, released.error().message());
+  }
+
+  awaitable<void> hand_over(Entry& entry) {
+    auto outcome = co_await entry.scheduler->hand_over_claimed(entry.prepared, std::move(entry.claims));
+    if (!outcome) {
+      entry.fate = Entry::Fate::alone;  // a host disabled since the look; its claims given back
+    } else if (*outcome && **outcome == ExitCode::ok) {
+      entry.fate = Entry::Fate::answered;  // in its hand-over
+      entry.handed = true;
+    } else {
+      co_await answer(entry, *outcome);
+    }
+  }
+
+  asio::io_context& io_;
+  const Config& config_;
+  KeyLayout keys_;
+  std::shared_ptr<EtcdClient> etcd_;
+  Placement& placement_;
+  Placer placer_;
+  int64_t hold_lease_;
+  std::vector<std::unique_ptr<Entry>> entries_;
+  std::vector<std::string> held_;
+};
+
+}  // namespace
+
+awaitable<std::vector<WaitingRequest>> schedule_together(asio::io_context& io, const Config& config,
+                                                         std::shared_ptr<EtcdClient> etcd, Placement& placement,
+                                                         int64_t hold_lease, std::vector<WaitingRequest> requests) {
+  Batch batch(io, config, std::move(etcd), placement, hold_lease);
+  co_return co_await batch.run(std::move(requests));
+}
+
+}  // namespace toyvm

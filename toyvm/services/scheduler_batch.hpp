@@ -1,0 +1,59 @@
+#pragma once
+// The scheduler service's batches: schedule requests that waited together are claimed in
+// Placement together, one look and one POST /allocations for every request of one kind (the
+// same query, zone and policy), as Nomad's plan applier applies many plans at once. Each
+// request is still all or nothing, and is answered as if it had been taken alone; whatever a
+// batch cannot decide exactly is left to be taken alone.
+
+#include "clients/etcd.hpp"
+#include "clients/placement.hpp"
+#include "core/async.hpp"
+#include "core/config.hpp"
+#include "model/keys.hpp"
+#include "model/requests.hpp"
+#include "services/say.hpp"
+#include "services/services.hpp"
+
+#include <boost/asio/io_context.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace toyvm {
+
+// A member's request as the service read it.
+struct WaitingRequest {
+  KeyValue kv;                        // requests/<project>/<id>
+  std::string project, id;
+  std::vector<EtcdCompare> standing;  // what every write of its answer requires
+  std::string reply_key;
+  ScheduleOptions options;
+};
+
+// What a schedule run for a member says, kept for its reply.
+class RecordedSay final : public Say {
+ public:
+  void line(std::string_view text) override { lines.emplace_back(text); }
+  void note(std::string_view text) override { lines.emplace_back(text); }
+  void raw(std::string_view) override {}
+  std::vector<std::string> lines;
+};
+
+// The reply of a schedule that did not answer in its hand-over.
+ProjectReply reply_of(const Outcome& outcome, std::vector<std::string> lines);
+
+// The answer to a request, written only while the request stands as `standing` says.
+awaitable<void> answer_request(EtcdClient& etcd, std::vector<EtcdCompare> standing, std::string reply_key,
+                               int64_t lease, const ProjectReply& reply);
+
+// Claims for the requests together, under `hold_lease` (the service's), and hands each over
+// or answers it. Returns those left to be taken alone, in their order: a project whose
+// requests together would pass its quota, a request that fits nowhere in the look (alone, it
+// asks the whole cloud, so "no room" still means no room anywhere), a claim that another came
+// first to, a host disabled since the look.
+awaitable<std::vector<WaitingRequest>> schedule_together(asio::io_context& io, const Config& config,
+                                                         std::shared_ptr<EtcdClient> etcd, Placement& placement,
+                                                         int64_t hold_lease, std::vector<WaitingRequest> requests);
+
+}  // namespace toyvm
