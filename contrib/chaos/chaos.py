@@ -56,9 +56,12 @@ class ChaosCloud(Cloud):
     def __init__(self, build, dir, agents):
         super().__init__(build, dir, etcd_secure=True)
         self.config = dir / "agent.toml"
-        self.config.write_text("[compute]\nlease_ttl = 3\nresync_interval = 5\nstop_timeout = 0\n"
+        # etcd's TLS and user as every other process of the cloud has them, and the agents' own.
+        self.config.write_text(pathlib.Path(self.env["TOYVM_CONFIG"]).read_text() +
+                               "[compute]\nlease_ttl = 3\nresync_interval = 5\nstop_timeout = 0\n"
                                "move_prepare_timeout = 10\n"
                                f"image_dir = '{dir / 'images'}'\n")
+        self.config.chmod(0o600)  # it holds etcd's password
         (dir / "images").mkdir()
         (dir / "images" / "good.raw").write_bytes(b"\0" * 4096)
         self.agents = [f"host{i}" for i in range(agents)]
@@ -147,7 +150,12 @@ class Campaign:
         their project's quota: placed whole, refused with exit 7, or no room (1)."""
         rng, cloud = self.rng, self.cloud
         project = rng.choice(PROJECTS)[0]
-        asked = [["--config", str(cloud.members[project]), "schedule", flavor, "--count", str(rng.randint(1, 2))]
+        member = ["--config", str(cloud.members[project])]
+        theirs = [i["uuid"] for i in self.cloud.instances() if i.get("project") == project]
+        if theirs and rng.random() < 0.5:  # room made by the member itself, through the service
+            gone = cloud.run(*member, "destroy", theirs[rng.randrange(1 << 30) % len(theirs)], timeout=90)
+            self.note("members_destroy", f"exit {gone.returncode}")
+        asked = [[*member, "schedule", flavor, "--count", str(rng.randint(1, 2))]
                  for _ in range(rng.randint(2, 5))]
         procs = [subprocess.Popen([cloud.toyvm, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env=cloud.env) for args in asked]

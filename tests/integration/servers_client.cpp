@@ -93,9 +93,13 @@ int64_t Servers::etcd_compact() const {
     if (!r) throw std::runtime_error("etcd range failed: " + r.error().message());
     co_return r->revision;
   });
-  auto compacted = run_command({"etcdctl", "--endpoints", config.etcd.endpoints.front(), "compact",
-                                std::to_string(revision)},
-                               dir());
+  std::vector<std::string> etcdctl{"etcdctl", "--endpoints", config.etcd.endpoints.front()};
+  for (const auto& [flag, value] : {std::pair{"--cacert=", config.etcd.ca_file}, std::pair{"--cert=", config.etcd.cert_file},
+                                    std::pair{"--key=", config.etcd.key_file}})
+    if (!value.empty()) etcdctl.push_back(flag + value);
+  if (!config.etcd.password.empty()) etcdctl.push_back("--user=" + config.etcd.user + ":" + config.etcd.password);
+  etcdctl.insert(etcdctl.end(), {"compact", std::to_string(revision)});
+  auto compacted = run_command(etcdctl, dir());
   // Nothing written since the last compaction: the history is compacted up to now already.
   if (compacted.exit_code != 0 && compacted.err.find("required revision has been compacted") == std::string::npos)
     throw std::runtime_error("etcdctl compact failed: " + compacted.err);

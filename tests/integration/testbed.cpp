@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include <csignal>
 #include <cstdio>
@@ -56,6 +58,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::signal(SIGPIPE, SIG_IGN);
+  // Its answers alone on stdout: what its etcd client logs (a token renewed) goes to stderr.
+  spdlog::set_default_logger(spdlog::stderr_logger_st("testbed"));
   try {
     Servers servers(options);
     say(fmt::format(R"({{"etcd": ["{}"], "placement": "{}", "config": "{}", "pki": "{}"}})",
