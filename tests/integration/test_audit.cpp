@@ -160,12 +160,15 @@ TEST_CASE("audit --fix leaves a running schedule's claims alone, and gives back 
   // One schedule dies there. Once its hold lapses nothing can hand its claim over: given back.
   dead->signal(SIGKILL);
   dead->wait();
-  REQUIRE(wait_for([&] { return held_claims(servers) == 3; }, 30));
+  CHECK(held_claims(servers) == 4);  // its hold stays until its deadline has passed
+  REQUIRE(wait_for([&] { return servers.toyvm({"audit"}).out.find("allocation_without_instance") != std::string::npos; },
+                   40));
   auto after = servers.toyvm({"audit", "--fix", "--grace", "0.2"});
   INFO(after.out << after.err);
   CHECK(after.exit_code == 0);
   CHECK_THAT(after.out, Catch::Contains("allocation_without_instance") && Catch::Contains("(fixed)"));
   CHECK(servers.usages(rp)["VCPU"] == 3);
+  CHECK(held_claims(servers) == 3);  // its hold erased before its claim was given back
 
   // The other goes on: its three instances handed over with their claims, its hold let go.
   fs::remove(paused);
@@ -194,7 +197,7 @@ TEST_CASE("a schedule whose hold lapsed hands nothing over and gives its claim b
     schedule = servers.spawn_toyvm({"-v", "schedule", small}, "schedule.log");
   }
   REQUIRE(wait_for([&] { return paused_at(*schedule, "schedule.hand_over"); }, 20));
-  // What its lease running out would do (etcd out of its reach for longer than the TTL).
+  // What `audit --fix` does to a hold past its deadline (etcd out of the schedule's reach).
   auto held = servers.etcd_prefix(KeyLayout().claims_prefix());
   REQUIRE(held.size() == 1);
   servers.etcd_erase(held.front().key);

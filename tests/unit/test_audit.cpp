@@ -70,6 +70,16 @@ TEST_CASE("every kind of disagreement is named") {
     CHECK(kinds(s).empty());
     s.claiming.clear();  // the schedule is gone: nothing can hand it over any more
     CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance});
+    s.lapsed_holds["claimed"] = 42;  // its hold, past its deadline, goes with the claim's fix
+    CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance});
+  }
+  SECTION("a hold whose schedule is gone before it claimed anything") {
+    s.lapsed_holds["never-claimed"] = 42;
+    auto found = find_discrepancies(s);
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].kind == K::hold_lapsed);
+    CHECK(found[0].instance == "never-claimed");
+    CHECK(fixable(K::hold_lapsed));
   }
   SECTION("an instance that holds nothing, and one held elsewhere") {
     s.allocations.erase("i-1");
@@ -122,6 +132,19 @@ TEST_CASE("every kind of disagreement is named") {
     CHECK_THAT(found[0].detail, Catch::Contains("/toyvm/v1/work/a/i-1") && Catch::Contains("invalid power"));
   }
   for (const Discrepancy& d : find_discrepancies(s)) CHECK_FALSE(to_string(d.kind).empty());
+}
+
+TEST_CASE("a schedule's hold stands until its deadline has passed by more than the clocks may differ") {
+  const int64_t until = 1'000'000;
+  const std::string hold = encode_hold(until);
+  CHECK_FALSE(hold_lapsed(hold, until - 1));
+  CHECK_FALSE(hold_lapsed(hold, until + hold_clock_margin_ms));
+  CHECK(hold_lapsed(hold, until + hold_clock_margin_ms + 1));
+  // Under a lease (the scheduler service's): the lease ends it, never a deadline.
+  CHECK_FALSE(hold_lapsed("", until * 1000));
+  // Unknown is not absent: a value this toyvm cannot read stands.
+  CHECK_FALSE(hold_lapsed("soon", until * 1000));
+  CHECK_FALSE(hold_lapsed("12x", until * 1000));
 }
 
 TEST_CASE("only unambiguous repairs are fixable") {

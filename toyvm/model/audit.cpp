@@ -19,13 +19,14 @@ std::string_view to_string(AuditKind kind) noexcept {
     case AuditKind::unreadable_value: return "unreadable_value";
     case AuditKind::move_overdue: return "move_overdue";
     case AuditKind::move_without_domain: return "move_without_domain";
+    case AuditKind::hold_lapsed: return "hold_lapsed";
   }
   return "unknown";
 }
 
 bool fixable(AuditKind kind) noexcept {
   return kind == AuditKind::allocation_without_instance || kind == AuditKind::error_holding_allocation ||
-         kind == AuditKind::member_without_instance;
+         kind == AuditKind::member_without_instance || kind == AuditKind::hold_lapsed;
 }
 
 std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
@@ -50,6 +51,12 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
     if (ours && !s.instances.count(consumer) && !s.work_host.count(consumer) && !s.claiming.count(consumer))
       add(AuditKind::allocation_without_instance, consumer, providers_of(allocations),
           "resources held by a consumer that is no instance");
+  }
+  // A hold whose schedule is gone; one over a claim goes with the claim's fix.
+  for (auto& [uuid, revision] : s.lapsed_holds) {
+    auto held = s.allocations.find(uuid);
+    if (held == s.allocations.end() || held->second.empty())
+      add(AuditKind::hold_lapsed, uuid, "", "a schedule's hold past its deadline: the schedule is gone");
   }
 
   for (auto& [uuid, host] : s.work_host) {

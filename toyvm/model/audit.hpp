@@ -35,6 +35,7 @@ struct AuditSnapshot {
   std::map<std::string, std::set<std::string>> domains;      // live provider -> domain uuids it reports
   std::vector<UnreadableValue> unreadable;                   // work and records that do not decode
   std::set<std::string> claiming;                            // instances a running schedule claims for
+  std::map<std::string, int64_t> lapsed_holds;               // instance -> the mod revision of its lapsed hold
   std::map<std::string, MoveRecord> moves;                   // instance -> its move in flight
   bool moves_unreadable = false;  // a move record does not decode: any consumer may be its migration
   int64_t now_ms = 0;             // when the snapshot was taken (unix milliseconds)
@@ -61,6 +62,7 @@ enum class AuditKind {
   unreadable_value,             // work or a record toyvm cannot decode; agents leave it alone
   move_overdue,                 // a move in flight for longer than its deadline
   move_without_domain,          // ACTIVE or STOPPED and moving, yet neither live host reports its domain
+  hold_lapsed,                  // a schedule's hold past its deadline (the schedule gone), no claim under it
 };
 
 std::string_view to_string(AuditKind kind) noexcept;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <charconv>
 #include <chrono>
 
 namespace toyvm {
@@ -43,6 +44,15 @@ int64_t unix_seconds() {
 int64_t unix_millis() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string encode_hold(int64_t until_ms) { return std::to_string(until_ms); }
+
+bool hold_lapsed(std::string_view value, int64_t now_ms) {
+  int64_t until = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), until);
+  if (value.empty() || ec != std::errc() || end != value.data() + value.size()) return false;
+  return now_ms > until + hold_clock_margin_ms;
 }
 
 std::string encode(const HostRecord& r) {

@@ -145,4 +145,15 @@ ConsumerOwner owner_of(const WorkSpec& work, std::string_view consumer_project, 
 int64_t unix_seconds();
 int64_t unix_millis();
 
+// A schedule's hold on its claims (`claims/<instance>`): the unix milliseconds until which it
+// stands, renewed while the schedule runs, so that `audit --fix` leaves its claims alone. An
+// empty value is a hold under a lease (the scheduler service's), which ends with it.
+std::string encode_hold(int64_t until_ms);
+// How far apart two hosts' clocks may be: a hold lapses only this long after its deadline.
+constexpr int64_t hold_clock_margin_ms = 5000;
+// Whether the hold has lapsed at `now_ms`: its schedule is gone (killed, or cut off from etcd
+// for longer than it holds). Never one under a lease, nor one that cannot be read (unknown
+// is not absent).
+bool hold_lapsed(std::string_view value, int64_t now_ms);
+
 }  // namespace toyvm

@@ -3,7 +3,8 @@
 // lists every way they disagree (model/audit.hpp). With --fix it repairs what is unambiguous,
 // once the same discrepancy is seen again after a grace period, each release guarded by the
 // consumer generation it last read. A schedule in flight claims before it hands over: its
-// claims are held in etcd under its lease while it runs, and are not leaks.
+// claims are held in etcd (a deadline it renews, or the scheduler service's lease) while it
+// runs, and are not leaks; a hold past its deadline is its schedule's, gone.
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"
@@ -107,9 +108,16 @@ class Auditor {
       if (auto member = keys_.parse_group_member(kv.key)) s.group_members[member->instance] = member->group;
     for (const KeyValue& kv : txn->ranges[4].kvs)
       if (auto key = keys_.parse_domain(kv.key)) s.domains[key->host].insert(key->instance);
-    for (const KeyValue& kv : txn->ranges[5].kvs)
-      if (auto uuid = keys_.leaf(kv.key, keys_.claims_prefix())) s.claiming.insert(*uuid);
     s.now_ms = unix_millis();
+    for (const KeyValue& kv : txn->ranges[5].kvs) {
+      auto uuid = keys_.leaf(kv.key, keys_.claims_prefix());
+      if (!uuid) continue;
+      if (hold_lapsed(kv.value, s.now_ms)) {
+        s.lapsed_holds[*uuid] = kv.mod_revision;
+      } else {
+        s.claiming.insert(*uuid);
+      }
+    }
     s.move_deadline_ms = std::chrono::duration_cast<std::chrono::milliseconds>(options_.move_deadline).count();
     for (const KeyValue& kv : txn->ranges[6].kvs) {
       auto move = decode_move(kv.value);
@@ -142,6 +150,16 @@ class Auditor {
       if (!erased) co_return erased.error();
       co_return result<void>{};
     }
+    // A lapsed hold goes first, only as it was read: a schedule that renewed it lives on, and
+    // one that hands over later finds it gone and gives its claims back.
+    if (auto hold = s.lapsed_holds.find(d.instance); hold != s.lapsed_holds.end()) {
+      std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(keys_.claim(d.instance), hold->second)};
+      std::vector<EtcdOp> erase{EtcdOp::erase(keys_.claim(d.instance))};
+      auto erased = co_await etcd_->txn(std::move(as_read), std::move(erase));
+      if (!erased) co_return erased.error();
+      if (!erased->succeeded) co_return Error(errc::changed, "its schedule's hold was renewed or taken");
+    }
+    if (d.kind == AuditKind::hold_lapsed) co_return result<void>{};
     // Nothing of it is owed to anyone, as of the second look: released only if it still holds
     // what it held then (an empty PUT under that consumer generation).
     auto read = s.consumers.find(d.instance);

@@ -1,8 +1,9 @@
 // toyvm schedule: claims resources in Placement and hands the instance to the chosen host
 // through etcd. The claim is the commitment; the etcd write is create-only, and if it cannot
 // be made the claim is released, so a failed schedule leaves nothing behind. While it runs, a
-// key per instance under its lease says its claims are still on their way (`audit --fix`
-// leaves them alone); the hand-over requires those keys, so once they lapse it cannot happen.
+// key per instance with a deadline it keeps moving on says its claims are still on their way
+// (`audit --fix` leaves them alone until the deadline has passed, then erases the key before it
+// gives the claim back); the hand-over requires those keys, so once they are gone it cannot happen.
 // Here: the run and its claims; the hand-over is in services/schedule_hand_over.cpp, the
 // batch plan in services/schedule_plan.cpp, the guest data in services/guest_data.cpp.
 
@@ -178,8 +179,7 @@ awaitable<Outcome> Scheduler::place(PlacementQuery query, WorkSpec spec, std::ve
     co_await release_all(uuids);
   }
   if (handed.error.code) co_await let_go();  // nothing more of this schedule's is on its way
-  // Its keys went with the hand-over; the lease, now holding nothing, runs out by itself.
-  hold_lease_ = 0;
+  held_ = false;  // its keys went with the hand-over
   co_return co_await settle(std::move(handed), std::move(uuids), std::move(specs), std::move(records));
 }
 
@@ -211,40 +211,72 @@ awaitable<Outcome> Scheduler::settle(HandOver handed, std::vector<std::string> u
 }
 
 awaitable<result<void>> Scheduler::hold_claims() {
-  auto lease = co_await etcd_->lease_grant(claim_hold_ttl_s);
-  if (!lease) co_return lease.error();
-  hold_lease_ = *lease;
-  std::vector<TxnCost> costs(uuids_.size(), TxnCost{0, 1, keys_.claim(uuids_.front()).size()});
+  std::vector<TxnCost> costs(uuids_.size(), TxnCost{1, 1, 2 * keys_.claim(uuids_.front()).size() + 16});
+  hold_ends_ = split_by_limits(costs).value_or(std::vector<size_t>{});
+  hold_revisions_.assign(hold_ends_.size(), 0);
+  held_ = true;
+  const std::string until = encode_hold(unix_millis() + claim_hold_ttl_s * 1000);
   size_t first = 0;
-  for (const size_t end : split_by_limits(costs).value_or(std::vector<size_t>{})) {
+  for (size_t group = 0; group < hold_ends_.size(); ++group) {
     std::vector<EtcdOp> puts;
-    for (size_t i = first; i < end; ++i) puts.push_back(EtcdOp::put(keys_.claim(uuids_[i]), "", *lease));
-    auto put = co_await etcd_->txn({}, std::move(puts));
+    for (size_t i = first; i < hold_ends_[group]; ++i) puts.push_back(EtcdOp::put(keys_.claim(uuids_[i]), until));
+    std::vector<EtcdCompare> always;
+    auto put = co_await etcd_->txn(std::move(always), std::move(puts));
     if (!put) co_return put.error();
-    first = end;
+    hold_revisions_[group] = put->revision;
+    first = hold_ends_[group];
   }
   co_return result<void>{};
 }
 
 awaitable<void> Scheduler::keep_holding() {
   asio::steady_timer timer(io_);
-  std::unique_ptr<EtcdLeaseKeeper> keeper;
   while (true) {
     timer.expires_after(std::chrono::seconds(claim_hold_ttl_s) / 3);
     co_await timer.async_wait(use_awaitable);
-    if (!hold_lease_) continue;
-    if (!keeper) keeper = etcd_->keep_alive(hold_lease_);
-    auto ttl = co_await keeper->ping();
-    if (!ttl || *ttl == 0) keeper.reset();
+    if (held_) co_await renew_hold();
+  }
+}
+
+awaitable<void> Scheduler::renew_hold() {
+  const std::string until = encode_hold(unix_millis() + claim_hold_ttl_s * 1000);
+  size_t first = 0;
+  for (size_t group = 0; group < hold_ends_.size(); ++group) {
+    if (hold_revisions_[group] != 0) {
+      std::vector<EtcdCompare> as_written;
+      std::vector<EtcdOp> puts;
+      for (size_t i = first; i < hold_ends_[group]; ++i) {
+        as_written.push_back(EtcdCompare::mod_revision_is(keys_.claim(uuids_[i]), hold_revisions_[group]));
+        puts.push_back(EtcdOp::put(keys_.claim(uuids_[i]), until));
+      }
+      auto renewed = co_await etcd_->txn(std::move(as_written), std::move(puts));
+      // Not answered: tried again next time, while the deadline lasts.
+      if (renewed) hold_revisions_[group] = renewed->succeeded ? renewed->revision : 0;
+    }
+    first = hold_ends_[group];
   }
 }
 
 awaitable<void> Scheduler::let_go() {
-  if (const int64_t lease = std::exchange(hold_lease_, 0)) co_await etcd_->lease_revoke(lease);
+  if (!std::exchange(held_, false)) co_return;
+  size_t first = 0;
+  for (size_t group = 0; group < hold_ends_.size(); ++group) {
+    if (hold_revisions_[group] != 0) {
+      std::vector<EtcdCompare> as_written;
+      std::vector<EtcdOp> erases;
+      for (size_t i = first; i < hold_ends_[group]; ++i) {
+        as_written.push_back(EtcdCompare::mod_revision_is(keys_.claim(uuids_[i]), hold_revisions_[group]));
+        erases.push_back(EtcdOp::erase(keys_.claim(uuids_[i])));
+      }
+      // Not erased: it lapses at its deadline, and `audit --fix` takes it away.
+      co_await etcd_->txn(std::move(as_written), std::move(erases));
+    }
+    first = hold_ends_[group];
+  }
 }
 
 awaitable<result<PlacementView>> Scheduler::first_look(PlacementQuery query, int limit) {
-  if (hold_lease_) co_return co_await look(std::move(query), limit);  // placed again: the hold stands
+  if (held_) co_return co_await look(std::move(query), limit);  // placed again: the hold stands
   auto [view, held] = co_await (look(std::move(query), limit) && hold_claims());
   if (!held) co_return held.error();
   co_return std::move(view);

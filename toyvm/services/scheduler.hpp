@@ -61,7 +61,8 @@ class Scheduler {
   awaitable<std::optional<Outcome>> hand_over_claimed(const Prepared& prepared, std::vector<Claim> claims);
 
  private:
-  // How long a schedule's hold on its claims outlives it (killed, or cut off from etcd).
+  // How long a schedule's hold on its claims outlives it (killed, or cut off from etcd), give
+  // or take the hosts' clocks (hold_clock_margin_ms).
   static constexpr int64_t claim_hold_ttl_s = 10;
   // How long a member's schedule waits for the scheduler service to answer.
   static constexpr Duration service_timeout = std::chrono::seconds(60);
@@ -91,11 +92,15 @@ class Scheduler {
   // A project member's schedule: asked of the scheduler service, which claims for it.
   awaitable<Outcome> ask_service(WorkSpec spec);
 
-  // Before anything is claimed: a key per instance, under a lease of this schedule's.
+  // Before anything is claimed: a key per instance, its value the deadline it stands until
+  // (one write; no lease to grant, keep and let run out), in groups within etcd's limits.
   awaitable<result<void>> hold_claims();
-  // Renews the hold while the schedule runs; never ends by itself. A hold that lapsed is not
-  // put again: audit may have given its claims back meanwhile.
+  // Moves the deadline on while the schedule runs; never ends by itself.
   awaitable<void> keep_holding();
+  // Each group's deadline moved on, only while its keys are as this schedule last wrote them:
+  // a hold that lapsed (erased by `audit --fix`) or was handed over is not put again.
+  awaitable<void> renew_hold();
+  // The hold erased where it is still as written: the schedule gives up.
   awaitable<void> let_go();
 
   // The first look and the hold go out together: neither waits for the other.
@@ -139,7 +144,9 @@ class Scheduler {
   PlacementClient placement_;
   Placer placer_;
   std::vector<std::string> uuids_;  // the instances of this schedule
-  int64_t hold_lease_ = 0;          // the lease its claims are held under, while they are
+  bool held_ = false;               // its claims are held (hold_claims) and not handed over or let go
+  std::vector<size_t> hold_ends_;       // where each group of the hold's keys ends in uuids_
+  std::vector<int64_t> hold_revisions_; // the revision each group was last written at; 0: lapsed
   std::optional<GroupPolicy> group_policy_;  // with a group
   bool claiming_ = false;    // a claim went to Placement
   std::optional<OnBehalf> on_behalf_;
