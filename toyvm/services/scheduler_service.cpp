@@ -202,7 +202,11 @@ class SchedulerService {
     timer.async_wait([w = watch.get()](const error_code& ec) {
       if (!ec) w->abort();
     });
-    co_await watch->next();
+    // The first answer only says the watch was made: a change is what is waited for.
+    for (bool changed = false; !changed;) {
+      const WatchBatch batch = co_await watch->next();
+      changed = !batch.created || !batch.events.empty() || batch.error.code || batch.canceled || batch.compact_revision;
+    }
     timer.cancel();
     watches_.erase(watch.get());
   }
