@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <numeric>
 #include <random>
@@ -68,17 +69,32 @@ class Batch {
                                                      std::move(on_behalf));
       entries_.push_back(std::move(entry));
     }
+    // Where its time goes, for the debug log: each step's milliseconds.
+    std::vector<std::pair<const char*, double>> steps;
+    auto since = std::chrono::steady_clock::now();
+    auto step = [&](const char* name) {
+      const auto now = std::chrono::steady_clock::now();
+      steps.emplace_back(name, std::chrono::duration<double, std::milli>(now - since).count());
+      since = now;
+    };
     std::vector<awaitable<void>> reads;
     for (auto& entry : entries_) reads.push_back(prepare(*entry));
     co_await run_together(std::move(reads));
     co_await check_quotas(false);
+    step("read");
     co_await plan();
+    step("look");
     if (!open().empty()) co_await claim();
+    step("claim");
     if (!open().empty()) co_await check_quotas(true);
     std::vector<awaitable<void>> hand_overs;
     for (Entry* entry : open()) hand_overs.push_back(hand_over(*entry));
     co_await run_together(std::move(hand_overs));
     co_await drop_holds();
+    step("hand-over");
+    std::string timing;
+    for (const auto& [name, ms] : steps) timing += fmt::format(" {} {:.1f} ms", name, ms);
+    spdlog::debug("scheduler: a batch's steps:{}", timing);
     std::vector<WaitingRequest> alone;
     size_t placed = 0;
     for (auto& entry : entries_) {
