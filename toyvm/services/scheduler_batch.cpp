@@ -116,8 +116,8 @@ class Batch {
 
   awaitable<void> answer(Entry& entry, const Outcome& outcome) {
     entry.fate = Entry::Fate::answered;
-    co_await answer_request(*etcd_, entry.waiting.standing, entry.waiting.reply_key, entry.waiting.kv.lease,
-                            reply_of(outcome, std::move(entry.said.lines)));
+    const ProjectReply reply = reply_of(outcome, std::move(entry.said.lines));  // not made in co_await's arguments (GCC 12)
+    co_await answer_request(*etcd_, entry.waiting.standing, entry.waiting.reply_key, entry.waiting.kv.lease, reply);
   }
 
   // What a request asks, read and checked alone: a request refused alone is refused together.
@@ -214,7 +214,7 @@ class Batch {
   // A key an instance under the service's lease: `audit --fix` leaves their claims alone
   // while the service leads, and the hand-over requires and erases them.
   awaitable<result<void>> hold(const std::vector<std::string>& uuids) {
-    held_ = uuids;
+    held_uuids_ = uuids;
     std::vector<TxnCost> costs(uuids.size(), TxnCost{0, 1, keys_.claim(uuids.front()).size()});
     size_t first = 0;
     for (const size_t end : split_by_limits(costs).value_or(std::vector<size_t>{})) {
@@ -235,7 +235,7 @@ class Batch {
     for (const auto& entry : entries_) {
       if (entry->handed) continue;
       for (const std::string& uuid : entry->prepared.uuids)
-        if (std::find(held_.begin(), held_.end(), uuid) != held_.end()) erases.push_back(EtcdOp::erase(keys_.claim(uuid)));
+        if (std::find(held_uuids_.begin(), held_uuids_.end(), uuid) != held_uuids_.end()) erases.push_back(EtcdOp::erase(keys_.claim(uuid)));
     }
     if (erases.empty()) co_return;
     std::vector<EtcdCompare> always;
@@ -269,7 +269,7 @@ class Batch {
   Placer placer_;
   int64_t hold_lease_;
   std::vector<std::unique_ptr<Entry>> entries_;
-  std::vector<std::string> held_;
+  std::vector<std::string> held_uuids_;  // the instances it holds under the lease
 };
 
 }  // namespace

@@ -6,8 +6,9 @@
 // `replies/<project>/<id>`.
 //
 // Several may run; one leads (an etcd election: `scheduler/leader`, created under its lease)
-// and takes the requests one at a time, so a project's quota is checked with nothing of that
-// project between its check and its claim. A request's instances have the same uuids at
+// and takes what waits in passes: the schedules that can go together as one batch
+// (services/scheduler_batch.hpp), the rest one at a time, so a project's quota is checked with
+// nothing of that project between its check and its claim. A request's instances have the same uuids at
 // every try (model/uuid.hpp), its reply is written in the very transaction that hands them
 // over, and that transaction requires the leader's key as this leader made it: a leader that
 // lost its lease hands nothing over, and one that takes over a request finds what another left
