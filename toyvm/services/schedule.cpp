@@ -239,37 +239,32 @@ awaitable<void> Scheduler::keep_holding() {
 }
 
 awaitable<void> Scheduler::renew_hold() {
-  const std::string until = encode_hold(unix_millis() + claim_hold_ttl_s * 1000);
-  size_t first = 0;
-  for (size_t group = 0; group < hold_ends_.size(); ++group) {
-    if (hold_revisions_[group] != 0) {
-      std::vector<EtcdCompare> as_written;
-      std::vector<EtcdOp> puts;
-      for (size_t i = first; i < hold_ends_[group]; ++i) {
-        as_written.push_back(EtcdCompare::mod_revision_is(keys_.claim(uuids_[i]), hold_revisions_[group]));
-        puts.push_back(EtcdOp::put(keys_.claim(uuids_[i]), until));
-      }
-      auto renewed = co_await etcd_->txn(std::move(as_written), std::move(puts));
-      // Not answered: tried again next time, while the deadline lasts.
-      if (renewed) hold_revisions_[group] = renewed->succeeded ? renewed->revision : 0;
-    }
-    first = hold_ends_[group];
-  }
+  const std::optional<std::string> until = encode_hold(unix_millis() + claim_hold_ttl_s * 1000);
+  co_await rewrite_hold(until);
 }
 
 awaitable<void> Scheduler::let_go() {
   if (!std::exchange(held_, false)) co_return;
+  const std::optional<std::string> erased;
+  co_await rewrite_hold(erased);
+}
+
+awaitable<void> Scheduler::rewrite_hold(std::optional<std::string> until) {
   size_t first = 0;
   for (size_t group = 0; group < hold_ends_.size(); ++group) {
     if (hold_revisions_[group] != 0) {
       std::vector<EtcdCompare> as_written;
-      std::vector<EtcdOp> erases;
+      std::vector<EtcdOp> writes;
       for (size_t i = first; i < hold_ends_[group]; ++i) {
         as_written.push_back(EtcdCompare::mod_revision_is(keys_.claim(uuids_[i]), hold_revisions_[group]));
-        erases.push_back(EtcdOp::erase(keys_.claim(uuids_[i])));
+        writes.push_back(until ? EtcdOp::put(keys_.claim(uuids_[i]), *until) : EtcdOp::erase(keys_.claim(uuids_[i])));
       }
-      // Not erased: it lapses at its deadline, and `audit --fix` takes it away.
-      co_await etcd_->txn(std::move(as_written), std::move(erases));
+      auto written = co_await etcd_->txn(std::move(as_written), std::move(writes));
+      if (!until) {
+        hold_revisions_[group] = 0;  // let go; one not erased lapses at its deadline, and `audit --fix` takes it away
+      } else if (written) {          // a renewal not answered is tried again next time, while the deadline lasts
+        hold_revisions_[group] = written->succeeded ? written->revision : 0;
+      }
     }
     first = hold_ends_[group];
   }

@@ -102,6 +102,8 @@ class Scheduler {
   awaitable<void> renew_hold();
   // The hold erased where it is still as written: the schedule gives up.
   awaitable<void> let_go();
+  // Each group of the hold's keys put with `until` (nothing: erased), where still as last written.
+  awaitable<void> rewrite_hold(std::optional<std::string> until);
 
   // The first look and the hold go out together: neither waits for the other.
   awaitable<result<PlacementView>> first_look(PlacementQuery query, int limit);
