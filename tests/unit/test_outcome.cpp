@@ -34,9 +34,11 @@ TEST_CASE("a command refuses a bad uuid before it asks any server, saying nothin
   Recorded say;
   Config config;
   config.etcd.endpoints = {"http://127.0.0.1:1"};  // never reached
+  MigrateOptions migrate;
+  migrate.uuid = "x";
   for (auto outcome : {run_destroy(config, DestroyOptions{"not-a-uuid"}, say),
                        run_power(config, PowerOptions{"7387cdc8-291c-4b02-87ce"}, say),
-                       run_migrate(config, MigrateOptions{"x"}, say)}) {
+                       run_migrate(config, migrate, say)}) {
     REQUIRE_FALSE(outcome);
     CHECK(outcome.error() == errc::invalid_argument);
     CHECK_THAT(outcome.error().message(), Catch::Contains("is not an instance uuid"));

@@ -2,7 +2,6 @@
 
 #include "core/address.hpp"
 
-#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
@@ -19,7 +18,6 @@ namespace toyvm {
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
-constexpr auto no_throw = asio::as_tuple(use_awaitable);
 
 struct HttpClient::Impl {
   asio::any_io_executor executor;

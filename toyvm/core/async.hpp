@@ -3,6 +3,7 @@
 // two bridges for work that completes on other threads (gRPC callbacks, blocking libvirt).
 
 #include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
@@ -29,6 +30,8 @@ namespace asio = boost::asio;
 template <class T>
 using awaitable = asio::awaitable<T>;
 using asio::use_awaitable;
+// Errors as values: `auto [ec, ...] = co_await op(..., no_throw)` returns what failed, never throws it.
+inline constexpr auto no_throw = asio::as_tuple(use_awaitable);
 
 // A queue that any thread may push to and one coroutine pops from. It is how completions
 // from gRPC's threads enter the Asio loop without a thread per stream.

@@ -3,7 +3,6 @@
 #include "core/address.hpp"
 #include "core/metrics.hpp"
 
-#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -21,7 +20,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using namespace std::chrono_literals;
-constexpr auto no_throw = asio::as_tuple(use_awaitable);
 
 std::string client_address(const tcp::socket& socket) {
   error_code ec;

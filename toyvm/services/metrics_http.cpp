@@ -3,7 +3,6 @@
 #include "core/metrics.hpp"
 #include "services/metadata_http.hpp"
 
-#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -18,7 +17,6 @@ namespace {
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
-constexpr auto no_throw = asio::as_tuple(use_awaitable);
 
 // One request a connection: a scraper asks every so often, and nothing else talks to this.
 awaitable<void> answer(tcp::socket socket) {

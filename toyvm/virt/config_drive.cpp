@@ -79,9 +79,9 @@ result<void> load_libisofs() {
   return {};
 }
 
-struct ImageRef {
+struct IsoImageRef {
   IsoImage* image = nullptr;
-  ~ImageRef() {
+  ~IsoImageRef() {
     if (image) isofs->iso_image_unref(image);
   }
 };
@@ -130,7 +130,7 @@ IsoDir* directory(IsoImage* image, std::map<std::string, IsoDir*>& made, const s
 result<void> write_config_drive(const std::string& path, const std::vector<DriveFile>& files) {
   if (auto loaded = load_libisofs(); !loaded) return loaded;
   auto failed = [](std::string message) { return Error(errc::launch_failure, std::move(message)); };
-  ImageRef image;
+  IsoImageRef image;
   if (int code = isofs->iso_image_new(volume_label, &image.image); code < 0) return failed(iso_failure("new image", code));
   std::map<std::string, IsoDir*> dirs;
   for (const DriveFile& file : files) {
