@@ -71,7 +71,7 @@ metadata() {
   printf 'GET %s HTTP/1.0\r\nHost: 169.254.169.254\r\n\r\n' "$1" | nc -w 5 169.254.169.254 80 > /run/response 2>/dev/null
   head -1 /run/response | grep -q ' 200 ' && sed '1,/^\r*$/d' /run/response
 }
-for attempt in $(seq 1 60); do
+for attempt in $(seq 1 30); do
   id=$(metadata /latest/meta-data/instance-id) && break
   sleep 1
 done

@@ -142,6 +142,18 @@ TEST_CASE("stopped work stops the guest and records STOPPED; running work starts
   CHECK(agent.hypervisor().creates() == 1);
 }
 
+TEST_CASE("a guest that misses the first power button press is asked again, and powers itself off") {
+  Agent agent;
+  agent.config.compute.stop_timeout = std::chrono::seconds(30);
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  agent.hypervisor().power_off_at_press(2);
+  agent.put_work(PowerState::stopped);
+  // Well before stop_timeout would have it forced off.
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::stopped) && agent.settled(); }, 20s));
+  CHECK(agent.hypervisor().presses() == 2);
+}
+
 TEST_CASE("a guest that powered itself off is STOPPED, and its work says so") {
   Agent agent;
   agent.put_work(PowerState::running);

@@ -23,6 +23,32 @@ class FakeVirt : public MemoryVirt {
     return MemoryVirt::creates() + refused_;
   }
 
+  // The guest hears ACPI's power button from its `press`th press on, and powers itself off
+  // (a guest still booting misses it). 0: no ACPI, as the in-memory hypervisor has.
+  void power_off_at_press(int press) {
+    std::lock_guard lock(mutex_);
+    heard_at_ = press;
+  }
+
+  int presses() const {
+    std::lock_guard lock(mutex_);
+    return presses_;
+  }
+
+  result<void> shutdown(const std::string& uuid) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (heard_at_ == 0) return MemoryVirt::shutdown(uuid);
+      if (++presses_ < heard_at_) return {};
+    }
+    auto domain = MemoryVirt::domain(uuid);
+    if (!domain) return Error(errc::not_found, "no such domain");
+    domain->state = DomainState::stopped;
+    domain->cause = StopCause::shutdown;
+    MemoryVirt::set(uuid, *domain);
+    return {};
+  }
+
   result<void> create(const DomainSpec& spec) override {
     {
       std::lock_guard lock(mutex_);
@@ -38,6 +64,8 @@ class FakeVirt : public MemoryVirt {
   mutable std::mutex mutex_;
   std::optional<errc> create_failure_;
   int refused_ = 0;
+  int heard_at_ = 0;
+  int presses_ = 0;
 };
 
 }  // namespace toyvm::fakes

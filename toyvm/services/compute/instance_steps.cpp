@@ -195,13 +195,22 @@ Step Instance::power_on_off(WorkSpec spec, bool on) {
 }
 
 // Asks the guest to power off and waits up to stop_timeout for it; stop() then pulls the plug.
+// The request is an ACPI button press, lost on a guest still booting (nothing listens for it
+// yet), so it is pressed again every few seconds, as Nova does.
 awaitable<void> Instance::shut_down_gracefully() {
+  constexpr Duration ask_again = std::chrono::seconds(4);
   const Duration timeout = ctx_.config.compute.stop_timeout;
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + timeout;
   if (timeout <= Duration::zero() || !co_await ctx_.virt(&VirtBackend::shutdown, uuid_)) co_return;
+  auto asked = started;
   while (std::chrono::steady_clock::now() < deadline && co_await ctx_.stop.sleep(250ms)) {
     auto state = co_await ctx_.virt(&VirtBackend::state, uuid_);
     if (!state || *state != DomainState::running) co_return;
+    if (std::chrono::steady_clock::now() - asked >= ask_again) {
+      asked = std::chrono::steady_clock::now();
+      co_await ctx_.virt(&VirtBackend::shutdown, uuid_);
+    }
   }
   spdlog::info("instance {}: did not power off within {} s; forcing it off", uuid_, in_seconds(timeout));
 }
