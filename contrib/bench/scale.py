@@ -9,8 +9,8 @@ destroys everything. Prints a table and writes JSON.
 
 With --simulated the agents are simulated hosts of one process (`toyvm compute --simulate`,
 in-memory hypervisors, toyvm's own agent code), and one schedule's wall time is sampled first
-at 10 such hosts, then at --agents, in the same run. (--evacuate N: one more host with N
-instances dies and is evacuated among them; it does not finish yet.)
+at 10 such hosts, then at --agents, in the same run. --evacuate N: one more host with N
+instances (at most 16) dies among them and is evacuated.
 """
 
 import argparse
@@ -94,36 +94,45 @@ def start_simulated(cloud, workdir, name, count, config, extra=()):
     return {name: proc}
 
 
-def evacuate_one(cloud, workdir, count):
-    """One more simulated host, `count` instances packed on it, its process killed -9, then
-    `toyvm evacuate` timed; the instances must be ACTIVE elsewhere, and audit clean once it is
-    back."""
+def victim_with_instances(cloud, workdir, count):
+    """One more simulated host, alone alive, and `count` instances placed on it: nothing in
+    their queries ties them to it, so its evacuation may take them anywhere. It lives on
+    while the many start, with a short lease: its death is known in seconds."""
     config = workdir / "victim.toml"
-    # A short lease: its death is known in seconds.
     config.write_text(re.sub(r"lease_ttl = \d+", "lease_ttl = 3", pathlib.Path(cloud.env["TOYVM_CONFIG"]).read_text()))
-    start_simulated(cloud, workdir, "victim", 1, config, ["--trait", "CUSTOM_VICTIM"])
+    start_simulated(cloud, workdir, "victim", 1, config)
     victim = "victim-00001"
-    wait_until("the victim alive", lambda: any(h["name"] == victim and h["alive"] for h in cloud.hosts()), 120, 2)
-    placed = cloud.run("schedule", QUERY + "&required=CUSTOM_VICTIM", "--count", str(count), "--wait")
+    wait_until("the victim alone alive", lambda: [h["name"] for h in cloud.hosts() if h["alive"]] == [victim], 120, 2)
+    placed = cloud.run("schedule", QUERY, "--count", str(count), "--wait", timeout=600)
     uuids = [line.split()[-1] for line in placed.stdout.splitlines() if line.startswith("NOTIFIED")]
+    if placed.returncode != 0 or len(uuids) != count:
+        raise RuntimeError(f"the victim's {count} instances: exit {placed.returncode}: {placed.stderr.strip()}")
+    return {"name": victim, "config": config, "uuids": uuids, "rp": placed_on(placed)}
+
+
+def evacuate(cloud, workdir, victim):
+    """The victim's process killed -9, then `toyvm evacuate` timed; its instances must be
+    ACTIVE elsewhere, and audit clean once it is back."""
     cloud.stop("victim", signal.SIGKILL)
-    wait_until("the victim's lease to end", lambda: not any(h["name"] == victim and h["alive"] for h in cloud.hosts()),
-               60, 2)
+    wait_until("the victim's lease to end",
+               lambda: not any(h["name"] == victim["name"] and h["alive"] for h in cloud.hosts()), 60, 2)
     started = time.monotonic()
-    evacuated = cloud.run("evacuate", victim, timeout=1200)
+    evacuated = cloud.run("evacuate", victim["name"], timeout=1200)
     took = time.monotonic() - started
     moved = evacuated.stdout.count("EVACUATED")
+    if evacuated.returncode != 0:
+        raise RuntimeError(f"toyvm evacuate: exit {evacuated.returncode}: {evacuated.stdout[-500:]} {evacuated.stderr[-500:]}")
 
     def active_elsewhere():
         records = {i["uuid"]: i for i in cloud.instances()}
-        return all(u in records and records[u]["state"] == "ACTIVE" and records[u]["host"] != placed_on(placed)
-                   for u in uuids)
+        return all(u in records and records[u]["state"] == "ACTIVE" and records[u]["host"] != victim["rp"]
+                   for u in victim["uuids"])
     wait_until("the evacuated instances ACTIVE elsewhere", active_elsewhere, 300, 2)
     active_s = time.monotonic() - started
-    start_simulated(cloud, workdir, "victim", 1, config, ["--trait", "CUSTOM_VICTIM"])
-    wait_until("the victim back", lambda: any(h["name"] == victim and h["alive"] for h in cloud.hosts()), 120, 2)
+    start_simulated(cloud, workdir, "victim", 1, victim["config"])
+    wait_until("the victim back", lambda: any(h["name"] == victim["name"] and h["alive"] for h in cloud.hosts()), 120, 2)
     audit = cloud.run("audit")
-    return {"instances": len(uuids), "moved": moved, "exit": evacuated.returncode, "seconds": took,
+    return {"instances": len(victim["uuids"]), "moved": moved, "seconds": took,
             "ms_per_instance": took / max(moved, 1) * 1000, "all_active_s": active_s, "audit_exit": audit.returncode,
             "audit": audit.stdout.strip()[-300:]}
 
@@ -167,7 +176,7 @@ def main():
                         help="[placement] shards for agents and schedules (default: one per 100 hosts from 1,000)")
     parser.add_argument("--lease-ttl", type=int, default=10, help="[compute] lease_ttl, seconds")
     parser.add_argument("--evacuate", type=int, default=0,
-                        help="instances on one more host that dies and is evacuated (--simulated; unfinished)")
+                        help="instances on one more host that dies among the others and is evacuated (--simulated)")
     args = parser.parse_args()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-scale-"))
     figures = {"agents": args.agents, "instances": args.instances, "batches": args.batches}
@@ -191,6 +200,10 @@ def main():
             cloud.stop("small", signal.SIGTERM)
             wait_until("10 simulated hosts gone", lambda: not any(h["alive"] for h in cloud.hosts()), 120)
         cloud.env["TOYVM_CONFIG"] = str(config)  # the schedules' as the agents'
+        victim = None
+        if args.simulated and args.evacuate > 0:
+            victim = victim_with_instances(cloud, workdir, args.evacuate)
+        on_victim = len(victim["uuids"]) if victim else 0
 
         started = time.monotonic()
         if args.simulated:
@@ -198,7 +211,8 @@ def main():
         else:
             agents = {f"h{i:04d}": cloud.start_agent(f"h{i:04d}", INVENTORY, config) for i in range(args.agents)}
         # Polled every 5 s: each look reads every host record, itself a load at 10,000.
-        wait_until("every agent alive", lambda: sum(h["alive"] for h in cloud.hosts()) == args.agents, 1800, 5)
+        wait_until("every agent alive", lambda: sum(h["alive"] for h in cloud.hosts()) == args.agents + bool(victim),
+                   1800, 5)
         figures["agents_alive_s"] = time.monotonic() - started
         print(f"scale: {args.agents} agents registered and alive in {figures['agents_alive_s']:.1f} s", flush=True)
         figures["etcd_idle_hosts"] = etcd_rate(cloud, AT_REST_S)
@@ -222,7 +236,7 @@ def main():
         for err in failed:
             print(f"scale: a batch failed: {err}", flush=True)
         wait_until("every instance ACTIVE",
-                   lambda: sum(i["state"] == "ACTIVE" for i in cloud.instances()) == placed, 600)
+                   lambda: sum(i["state"] == "ACTIVE" for i in cloud.instances()) == placed + on_victim, 600)
         figures["all_active_s"] = time.monotonic() - started
         figures["overbooked"] = len(cloud.overbooked())
 
@@ -259,8 +273,8 @@ def main():
             talking.set()
             talker.join()
 
-        if args.simulated and args.evacuate > 0:
-            figures["evacuation"] = evacuate_one(cloud, workdir, args.evacuate)
+        if victim:
+            figures["evacuation"] = evacuate(cloud, workdir, victim)
             print(f"scale: evacuation of a dead host: {figures['evacuation']}", flush=True)
 
         uuids = [i["uuid"] for i in cloud.instances()]

@@ -214,8 +214,10 @@ TEST_CASE("a live move whose destination's libvirtd is killed while the guest is
 TEST_CASE("a live move whose source's libvirtd is killed while the guest is sent ends with one running copy, the "
           "books where it runs", "[guests]") {
   // A libvirtd killed while it sends a guest may refuse to send it again until the guest
-  // restarts ("could not get preferred machine"): the move is undone after 20 s, not 120.
-  TwoHosts hosts("move_prepare_timeout = 20\n");
+  // restarts ("could not get preferred machine"): the move is undone after 20 s, not 120
+  // (the source decides, c2 here).
+  const std::string undo_sooner = "move_prepare_timeout = 20\n";
+  TwoHosts hosts(undo_sooner, undo_sooner);
   Servers& servers = hosts.host.servers;
   const std::string uuid = hosts.guest_on_first();
   auto there = servers.toyvm({"migrate", uuid, "--host", "c2"}, 300);
