@@ -308,6 +308,11 @@ def main():
         ("etcd, consoles talking, unread",
          f"{figures.get('etcd_talking_consoles', {}).get('writes_per_s', float('nan')):.2f} writes/s, "
          f"{figures.get('etcd_talking_consoles', {}).get('client_bytes_per_s', float('nan')) / 1024:.1f} KiB/s in"),
+        *([("a dead host evacuated", f"{figures['evacuation']['moved']} of {figures['evacuation']['instances']} in "
+                                     f"{figures['evacuation']['seconds']:.1f} s "
+                                     f"({figures['evacuation']['ms_per_instance']:.0f} ms each), "
+                                     f"audit exit {figures['evacuation']['audit_exit']}")]
+          if "evacuation" in figures else []),
         ("destroy all", f"{figures.get('destroy_all_s', float('nan')):.1f} s"),
     ]
     for name, value in rows:
