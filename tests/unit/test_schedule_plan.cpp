@@ -94,3 +94,15 @@ TEST_CASE("handing an instance over costs five compares and four writes, one mor
   CHECK(grouped.ops == 5);
   CHECK(grouped.bytes > alone.bytes);
 }
+
+TEST_CASE("requests that waited together are shared among batches by project, each project whole in one") {
+  using Batches = std::vector<std::vector<size_t>>;
+  CHECK(split_by_project({}, 2).empty());
+  CHECK(split_by_project({"a", "a", "a"}, 2) == Batches{{0, 1, 2}});  // one project: one batch
+  CHECK(split_by_project({"a", "b", "a", "b"}, 1) == Batches{{0, 1, 2, 3}});
+  CHECK(split_by_project({"a", "b", "a", "b"}, 2) == Batches{{0, 2}, {1, 3}});
+  // The biggest project first; the others fill the smaller batch, each in its requests' order.
+  CHECK(split_by_project({"c", "a", "a", "b", "a", "a"}, 2) == Batches{{1, 2, 4, 5}, {0, 3}});
+  // Never more batches than projects, none empty.
+  CHECK(split_by_project({"a", "b"}, 4) == Batches{{0}, {1}});
+}

@@ -9,6 +9,7 @@
 #include "model/projects.hpp"
 #include "model/query.hpp"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -124,6 +125,10 @@ class PlacementClient final : public Placement {
                                          std::optional<int64_t> generation, ConsumerOwner owner);
   awaitable<result<HttpResponse>> call(std::string method, std::string target, std::string microversion,
                                        std::string body = {}, std::chrono::milliseconds timeout = {});
+  // Placement takes its time over many consumers in one POST: 50 ms each, at least the usual.
+  Duration batch_timeout(size_t consumers) const {
+    return std::max(config_.timeout, std::chrono::milliseconds(50 * int64_t(consumers)));
+  }
   // After a consumer's generation conflict on new consumers: whether the first holds allocations already, which
   // (their uuids being fresh) means that an earlier try of this very request was made.
   awaitable<bool> claimed_before(const std::string& consumer);

@@ -77,9 +77,7 @@ awaitable<result<void>> PlacementClient::claim_all(std::vector<std::pair<std::st
   json::object body;
   for (auto& [consumer, allocations] : consumers)
     body[consumer] = allocations_json(allocations, std::nullopt, ConsumerType::instance, owner);
-  // Placement takes its time over a large batch: give it 50 ms per instance.
-  const auto timeout = std::max(config_.timeout,
-                                std::chrono::milliseconds(50 * int64_t(consumers.size())));
+  const auto timeout = batch_timeout(consumers.size());
   auto response = co_await call("POST", "/allocations", mv_allocations, json::serialize(body), timeout);
   if (!response) co_return response.error();
   if (response->status == 204) co_return result<void>{};
@@ -133,7 +131,8 @@ awaitable<result<void>> PlacementClient::write_together(std::vector<ConsumerWrit
   json::object body;
   for (const ConsumerWrite& write : writes)
     body[write.consumer] = allocations_json(write.allocations, write.generation, write.type, write.owner);
-  auto response = co_await call("POST", "/allocations", mv_allocations, json::serialize(body));
+  const auto timeout = batch_timeout(writes.size());
+  auto response = co_await call("POST", "/allocations", mv_allocations, json::serialize(body), timeout);
   if (!response) co_return response.error();
   if (response->status == 204) co_return result<void>{};
   co_return refused(*response);

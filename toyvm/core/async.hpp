@@ -104,15 +104,18 @@ auto run_blocking(asio::thread_pool& pool, Fn fn) -> awaitable<decltype(fn())> {
   co_return std::move(*value);
 }
 
-// Runs the tasks side by side on the caller's executor and returns when all have ended.
+// Runs the tasks side by side on the caller's executor and returns when all have ended; then
+// what the first that threw threw is thrown on.
 inline awaitable<void> run_together(std::vector<awaitable<void>> tasks) {
   if (tasks.empty()) co_return;
   auto executor = co_await asio::this_coro::executor;
   using Spawned = decltype(asio::co_spawn(executor, std::declval<awaitable<void>>(), asio::deferred));
   std::vector<Spawned> spawned;
   for (awaitable<void>& task : tasks) spawned.push_back(asio::co_spawn(executor, std::move(task), asio::deferred));
-  co_await asio::experimental::make_parallel_group(std::move(spawned))
-      .async_wait(asio::experimental::wait_for_all(), use_awaitable);
+  auto [order, thrown] = co_await asio::experimental::make_parallel_group(std::move(spawned))
+                             .async_wait(asio::experimental::wait_for_all(), use_awaitable);
+  for (size_t index : order)
+    if (thrown[index]) std::rethrow_exception(thrown[index]);
 }
 
 }  // namespace toyvm

@@ -4,6 +4,7 @@
 #include "services/schedule_plan.hpp"
 
 #include <algorithm>
+#include <map>
 
 namespace toyvm {
 
@@ -73,6 +74,22 @@ TxnCost hand_over_cost(const KeyLayout& keys, const WorkSpec& spec, const Instan
     cost.bytes += 2 * keys.group_member(spec.group, spec.uuid).size() + member_value;
   }
   return cost;
+}
+
+std::vector<std::vector<size_t>> split_by_project(const std::vector<std::string>& projects, size_t parts) {
+  std::map<std::string, std::vector<size_t>> by_project;
+  for (size_t i = 0; i < projects.size(); ++i) by_project[projects[i]].push_back(i);
+  std::vector<std::vector<size_t>> groups;
+  for (auto& [project, indexes] : by_project) groups.push_back(std::move(indexes));
+  std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  std::vector<std::vector<size_t>> batches(std::min(std::max<size_t>(parts, 1), groups.size()));
+  for (std::vector<size_t>& group : groups) {
+    auto smallest = std::min_element(batches.begin(), batches.end(),
+                                     [](const auto& a, const auto& b) { return a.size() < b.size(); });
+    smallest->insert(smallest->end(), group.begin(), group.end());
+  }
+  for (std::vector<size_t>& batch : batches) std::sort(batch.begin(), batch.end());
+  return batches;
 }
 
 }  // namespace toyvm

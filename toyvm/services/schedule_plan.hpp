@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace toyvm {
@@ -25,6 +26,12 @@ std::optional<std::vector<Claim>> plan_batch(PlacementView view, size_t count, c
 // Nothing for a request that fits nowhere in what is left.
 std::vector<std::optional<std::vector<Claim>>> plan_requests(PlacementView view, const std::vector<size_t>& counts,
                                                              const WeighPolicy& policy, std::mt19937_64& rng);
+
+// Requests that waited together (`projects[i]` is request i's project) shared among at most
+// `parts` batches to run at once, each project's whole in one (its quota is checked over its
+// requests together), the biggest projects first into the smallest batch. Each batch lists
+// its requests' indexes in their order; none is empty.
+std::vector<std::vector<size_t>> split_by_project(const std::vector<std::string>& projects, size_t parts);
 
 // What handing one instance over adds to a transaction: its work, record and group
 // membership, each compared absent and written; its hold, compared present and erased.

@@ -201,12 +201,15 @@ class Batch {
                                        ConsumerType::instance, entry->prepared.owner});
     auto claimed = co_await placement_.write_together(std::move(writes));
     if (claimed) co_return;
-    const bool refused = claimed.error() == errc::placement_capacity ||
-                         claimed.error() == errc::placement_concurrent_update ||
-                         claimed.error() == errc::placement_consumer_changed;
+    // A refusal for want of room wrote nothing. Any other failure may have written it all:
+    // an answer lost on the way, or a consumer that exists already, which only this claim,
+    // sent again after a timeout, can have made (its instances are this leader's). Given back
+    // before they are taken alone, which plans anew.
+    const bool nothing_written = claimed.error() == errc::placement_capacity ||
+                                 claimed.error() == errc::placement_concurrent_update;
     spdlog::debug("scheduler: a batch's claim: {}; taking its requests alone", claimed.error().message());
     for (Entry* entry : open()) {
-      if (!refused) co_await release(*entry);
+      if (!nothing_written) co_await release(*entry);
       entry->fate = Entry::Fate::alone;
     }
   }

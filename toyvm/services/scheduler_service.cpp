@@ -6,9 +6,9 @@
 // `replies/<project>/<id>`.
 //
 // Several may run; one leads (an etcd election: `scheduler/leader`, created under its lease)
-// and takes what waits in passes: the schedules that can go together as one batch
-// (services/scheduler_batch.hpp), the rest one at a time, so a project's quota is checked with
-// nothing of that project between its check and its claim. A request's instances have the same uuids at
+// and takes what waits in passes: the schedules that can go together in batches, two at once
+// with each project's in one (services/scheduler_batch.hpp), the rest one at a time, so a
+// project's quota is checked with nothing of that project between its check and its claim. A request's instances have the same uuids at
 // every try (model/uuid.hpp), its reply is written in the very transaction that hands them
 // over, and that transaction requires the leader's key as this leader made it: a leader that
 // lost its lease hands nothing over, and one that takes over a request finds what another left
@@ -24,6 +24,7 @@
 #include "services/common.hpp"
 #include "services/instance_lookup.hpp"
 #include "services/scheduler.hpp"
+#include "services/schedule_plan.hpp"
 #include "services/scheduler_batch.hpp"
 #include "services/services.hpp"
 
@@ -48,6 +49,7 @@ constexpr int64_t leader_ttl_s = 10;
 
 // At most this many requests are taken in one pass (a batch): the rest wait for the next.
 constexpr size_t max_batch = 128;
+constexpr size_t batches_in_flight = 2;
 
 class SchedulerService {
  public:
@@ -261,10 +263,28 @@ class SchedulerService {
       }
     }
     if (batch.size() < 2) co_return pending;
-    auto left = co_await schedule_together(io_, config_, etcd_, placement_, lease_, std::move(batch));
-    for (WaitingRequest& waiting : left) alone.push_back(std::move(waiting.kv));
+    // Two batches at once, of different projects, whose steps (looks, holds, claims,
+    // hand-overs) Placement's and etcd's workers take side by side. Two that claim the same
+    // room meet in Placement, which overbooks nothing: the one refused is taken alone.
+    std::vector<std::string> projects;
+    for (const WaitingRequest& waiting : batch) projects.push_back(waiting.project);
+    const std::vector<std::vector<size_t>> shares = split_by_project(projects, batches_in_flight);
+    std::vector<std::vector<WaitingRequest>> lefts(shares.size());
+    std::vector<awaitable<void>> batches;
+    for (size_t i = 0; i < shares.size(); ++i) {
+      std::vector<WaitingRequest> share;
+      for (size_t index : shares[i]) share.push_back(std::move(batch[index]));
+      batches.push_back(take_batch(std::move(share), lefts[i]));
+    }
+    co_await run_together(std::move(batches));
+    for (std::vector<WaitingRequest>& left : lefts)
+      for (WaitingRequest& waiting : left) alone.push_back(std::move(waiting.kv));
     std::sort(alone.begin(), alone.end(), by_age);
     co_return alone;
+  }
+
+  awaitable<void> take_batch(std::vector<WaitingRequest> share, std::vector<WaitingRequest>& left) {
+    left = co_await schedule_together(io_, config_, etcd_, placement_, lease_, std::move(share));
   }
 
   awaitable<std::optional<WaitingRequest>> batchable(const KeyValue& kv) {

@@ -200,10 +200,9 @@ Step Instance::power_on_off(WorkSpec spec, bool on) {
 awaitable<void> Instance::shut_down_gracefully() {
   constexpr Duration ask_again = std::chrono::seconds(4);
   const Duration timeout = ctx_.config.compute.stop_timeout;
-  const auto started = std::chrono::steady_clock::now();
-  const auto deadline = started + timeout;
+  auto asked = std::chrono::steady_clock::now();
+  const auto deadline = asked + timeout;
   if (timeout <= Duration::zero() || !co_await ctx_.virt(&VirtBackend::shutdown, uuid_)) co_return;
-  auto asked = started;
   while (std::chrono::steady_clock::now() < deadline && co_await ctx_.stop.sleep(250ms)) {
     auto state = co_await ctx_.virt(&VirtBackend::state, uuid_);
     if (!state || *state != DomainState::running) co_return;
