@@ -4,6 +4,7 @@ PostgreSQL), started by the tests' own testbed (toyvm-testbed, tests/integration
 and toyvm compute agents (on libvirt's test driver unless told otherwise), each a process of
 its own in one directory."""
 
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -187,15 +188,15 @@ class Cloud:
     def overbooked_usages(self):
         """(provider, resource class, usage) wherever usage exceeds (total - reserved) x
         allocation_ratio."""
-        bad = []
-        for rp in self.placement_get("/resource_providers")["resource_providers"]:
+        def over(rp):
             inventories = self.placement_get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"]
             usages = self.placement_get(f"/resource_providers/{rp['uuid']}/usages")["usages"]
-            for rc, used in usages.items():
-                inv = inventories.get(rc)
-                if inv and used > (inv["total"] - inv["reserved"]) * inv["allocation_ratio"]:
-                    bad.append((rp["uuid"], rc, used))
-        return bad
+            return [(rp["uuid"], rc, used) for rc, used in usages.items()
+                    if (inv := inventories.get(rc)) and used > (inv["total"] - inv["reserved"]) * inv["allocation_ratio"]]
+        # Two requests a provider: at 10,000 providers, asked eight at a time.
+        providers = self.placement_get("/resource_providers")["resource_providers"]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            return [bad for found in pool.map(over, providers) for bad in found]
 
     def overbooked(self):
         """Each usage over capacity as "provider resource-class usage"."""
