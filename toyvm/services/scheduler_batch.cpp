@@ -49,7 +49,8 @@ struct Entry {
   std::unique_ptr<Scheduler> scheduler;
   Scheduler::Prepared prepared;
   std::vector<Claim> claims;
-  enum class Fate { open, answered, alone } fate = Fate::open;
+  // again: left for the service's next pass, a claim of its in Placement not given back.
+  enum class Fate { open, answered, alone, again } fate = Fate::open;
   bool handed = false;  // its instances are in etcd, and its hold with them
 };
 
@@ -146,8 +147,11 @@ class Batch {
       if (fits) continue;
       spdlog::debug("scheduler: project {}'s requests together: {}; taking them alone", name, fits.error().message());
       for (Entry* entry : members) {
-        if (counted) co_await release(*entry);
-        entry->fate = Entry::Fate::alone;
+        if (counted) {
+          co_await give_back_to_take_alone(*entry);
+        } else {
+          entry->fate = Entry::Fate::alone;
+        }
       }
     }
   }
@@ -209,8 +213,11 @@ class Batch {
                                  claimed.error() == errc::placement_concurrent_update;
     spdlog::debug("scheduler: a batch's claim: {}; taking its requests alone", claimed.error().message());
     for (Entry* entry : open()) {
-      if (!nothing_written) co_await release(*entry);
-      entry->fate = Entry::Fate::alone;
+      if (nothing_written) {
+        entry->fate = Entry::Fate::alone;
+      } else {
+        co_await give_back_to_take_alone(*entry);
+      }
     }
   }
 
@@ -246,10 +253,17 @@ class Batch {
       spdlog::warn("scheduler: a batch's holds: {}", erased.error().message());  // they go with the lease
   }
 
-  awaitable<void> release(Entry& entry) {
-    for (const std::string& uuid : entry.prepared.uuids)
-      if (auto released = co_await placement_.release(uuid); !released)
-        spdlog::error("releasing allocation {}: {}", uuid, released.error().message());
+  // Its claims given back, it is taken alone. A claim of its uuids left in Placement would
+  // be taken by that schedule for its own, wherever it chose: it waits for the next pass.
+  awaitable<void> give_back_to_take_alone(Entry& entry) {
+    bool given_back = true;
+    for (const std::string& uuid : entry.prepared.uuids) {
+      auto released = co_await placement_.release(uuid);
+      if (released) continue;
+      spdlog::error("releasing allocation {}: {}", uuid, released.error().message());
+      given_back = false;
+    }
+    entry.fate = given_back ? Entry::Fate::alone : Entry::Fate::again;
   }
 
   awaitable<void> hand_over(Entry& entry) {
