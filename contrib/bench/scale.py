@@ -131,7 +131,7 @@ def evacuate(cloud, workdir, victim):
     active_s = time.monotonic() - started
     start_simulated(cloud, workdir, "victim", 1, victim["config"])
     wait_until("the victim back", lambda: any(h["name"] == victim["name"] and h["alive"] for h in cloud.hosts()), 120, 2)
-    audit = cloud.run("audit")
+    audit = cloud.run("audit", timeout=1800)  # it reads every provider and instance: minutes at 10,000
     return {"instances": len(victim["uuids"]), "moved": moved, "seconds": took,
             "ms_per_instance": took / max(moved, 1) * 1000, "all_active_s": active_s, "audit_exit": audit.returncode,
             "audit": audit.stdout.strip()[-300:]}
