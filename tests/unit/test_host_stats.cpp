@@ -1,5 +1,6 @@
 #include "model/host_stats.hpp"
 #include "model/usage.hpp"
+#include "virt/memory_backend.hpp"
 
 #include "catch_result.hpp"
 
@@ -135,4 +136,24 @@ TEST_CASE("a host's figures are written again only once they moved enough", "[ho
   HostStats grown = reported;
   grown.disk_total_mb = 200000;
   CHECK(worth_reporting(reported, grown));
+}
+
+TEST_CASE("a simulated host reports its own machine less what its running guests take", "[host_stats]") {
+  MemoryVirt machine;
+  machine.set_machine(4096, 40, 4);
+  auto idle = machine.host_stats();
+  REQUIRE(idle);
+  CHECK(idle->mem_total_mb == 4096);
+  CHECK(idle->mem_available_mb == 4096);
+  CHECK(idle->disk_available_mb == 40 * 1024);
+  CHECK(idle->cpus_online == 4);
+  CHECK(idle->load == 0);
+  REQUIRE(machine.create(DomainSpec{.uuid = "a", .name = "a", .memory_mb = 1024, .disk_gb = 10}));
+  REQUIRE(machine.create(DomainSpec{.uuid = "b", .name = "b", .memory_mb = 512, .disk_gb = 5, .start = false}));
+  auto busy = machine.host_stats();
+  REQUIRE(busy);
+  CHECK(busy->mem_available_mb == 4096 - 1024);  // a guest that is off holds no memory
+  CHECK(busy->disk_available_mb == (40 - 15) * 1024);
+  CHECK(worth_reporting(*idle, *busy));
+  CHECK_FALSE(worth_reporting(*busy, *machine.host_stats()));  // nothing moved: nothing written
 }

@@ -6,6 +6,7 @@
 #include "model/domain.hpp"
 #include "model/image.hpp"
 #include "model/metadata.hpp"
+#include "model/records.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -127,6 +128,8 @@ class VirtBackend {
   // The uuids of the domains this agent manages: named toyvm-<uuid> and, with an owner set,
   // made by that owner (several agents may share one libvirt).
   virtual result<std::vector<std::string>> list() = 0;
+  // The machine's memory, disk, load and CPUs, as the agent reports them (`stats/` in etcd).
+  virtual result<HostStats> host_stats() = 0;
 };
 
 struct LibvirtOptions {

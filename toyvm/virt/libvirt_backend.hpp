@@ -61,6 +61,7 @@ class LibvirtBackend final : public VirtBackend {
   result<void> destroy(const std::string& uuid) override;
   result<DomainState> state(const std::string& uuid) override;
   result<DomainUsage> usage(const std::string& uuid) override;
+  result<HostStats> host_stats() override;
   result<StopCause> stop_cause(const std::string& uuid) override;
   void on_lifecycle(std::function<void(const std::string& uuid, bool started)> changed) override;
   result<std::vector<GuestAddress>> addresses(const std::string& uuid) override;

@@ -1,6 +1,7 @@
 // What the libvirt backend reads of domains: their state, why they stopped, what they use,
 // their guests' addresses, which of them this agent owns, and libvirt's lifecycle events.
 
+#include "model/host_stats.hpp"
 #include "virt/host_network.hpp"
 #include "virt/libvirt_backend.hpp"
 #include "virt/libvirt_xml.hpp"
@@ -49,6 +50,9 @@ DomainState domain_state(int state, int reason) {
     default: return DomainState::running;
   }
 }
+
+// The agent runs on the host its libvirt drives: the kernel's figures are the host's.
+result<HostStats> LibvirtBackend::host_stats() { return measure_host_stats(options_.instance_dir); }
 
 result<DomainUsage> LibvirtBackend::usage(const std::string& uuid) {
   if (!revive()) return unavailable();

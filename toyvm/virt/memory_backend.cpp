@@ -154,6 +154,27 @@ result<DomainUsage> MemoryVirt::usage(const std::string& uuid) {
   return usage;
 }
 
+void MemoryVirt::set_machine(int64_t memory_mb, int64_t disk_gb, int64_t cpus) {
+  std::lock_guard lock(mutex_);
+  memory_mb_ = memory_mb;
+  disk_gb_ = disk_gb;
+  cpus_ = cpus;
+}
+
+result<HostStats> MemoryVirt::host_stats() {
+  std::lock_guard lock(mutex_);
+  HostStats stats;
+  stats.mem_total_mb = stats.mem_available_mb = memory_mb_;
+  stats.disk_total_mb = stats.disk_available_mb = disk_gb_ * 1024;
+  stats.cpus_online = cpus_;
+  for (const auto& [uuid, domain] : domains_) {
+    stats.disk_available_mb -= domain.spec.disk_gb * 1024;
+    if (domain.state == DomainState::running) stats.mem_available_mb -= domain.spec.memory_mb;
+  }
+  stats.at = unix_seconds();
+  return stats;
+}
+
 result<StopCause> MemoryVirt::stop_cause(const std::string& uuid) {
   std::lock_guard lock(mutex_);
   auto found = domains_.find(uuid);

@@ -47,6 +47,8 @@ class MemoryVirt : public VirtBackend {
   ~MemoryVirt() override;
 
   // --- what a test or the simulation arranges and reads ---
+  // The machine's size, which host_stats reports less what its running domains take.
+  void set_machine(int64_t memory_mb, int64_t disk_gb, int64_t cpus);
   void set(const std::string& uuid, Domain domain);
   std::optional<Domain> domain(const std::string& uuid) const;
   int creates() const;
@@ -73,6 +75,9 @@ class MemoryVirt : public VirtBackend {
   result<StopCause> stop_cause(const std::string& uuid) override;
   void on_lifecycle(std::function<void(const std::string&, bool)>) override {}
   result<std::vector<std::string>> list() override;
+  // Its own figures, not the real machine's: a thousand simulated hosts of one process are a
+  // thousand machines at rest, not one under load.
+  result<HostStats> host_stats() override;
 
  private:
   result<void> power(const std::string& uuid, DomainState state);
@@ -86,6 +91,7 @@ class MemoryVirt : public VirtBackend {
   std::map<std::string, Domain> domains_;
   std::set<std::string> received_disks_;  // a cold move's disks, here before their domains
   int creates_ = 0;
+  int64_t memory_mb_ = 8192, disk_gb_ = 100, cpus_ = 4;
 };
 
 }  // namespace toyvm

@@ -99,7 +99,13 @@ result<HostSetup> set_up_simulated_host(const ComputeConfig& c, std::shared_ptr<
   if (c.inventory.empty()) return Error(errc::invalid_argument, "a simulated host needs --inventory");
   auto setup = set_up_common(c);
   if (!setup) return setup.error();
-  setup->backend = std::make_unique<MemoryVirt>(std::move(hosts), c.move_libvirt_uri);
+  auto backend = std::make_unique<MemoryVirt>(std::move(hosts), c.move_libvirt_uri);
+  auto total = [&](const char* resource_class) {
+    auto item = setup->inventory.find(resource_class);
+    return item == setup->inventory.end() ? int64_t(0) : item->second.total;
+  };
+  backend->set_machine(total("MEMORY_MB"), total("DISK_GB"), total("VCPU"));
+  setup->backend = std::move(backend);
   return setup;
 }
 

@@ -1,12 +1,14 @@
 #include "services/compute/presence.hpp"
 
 #include "model/host_stats.hpp"
+#include "model/uuid.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <iterator>
+#include <random>
 #include <utility>
 
 namespace toyvm::compute {
@@ -60,6 +62,7 @@ awaitable<void> HostPresence::announce() {
 awaitable<void> HostPresence::keep_alive() {
   auto interval = std::chrono::duration_cast<Duration>(ctx_.config.compute.lease_ttl) / 3;
   Backoff backoff;
+  std::mt19937_64 rng{random_seed()};
   while (!ctx_.stop.requested()) {
     auto keeper = ctx_.etcd->keep_alive(lease_);
     while (!ctx_.stop.requested()) {
@@ -76,7 +79,12 @@ awaitable<void> HostPresence::keep_alive() {
       if (!co_await ctx_.stop.sleep(interval)) break;
     }
     if (ctx_.stop.requested()) break;
-    spdlog::warn("lost the etcd lease; announcing the host again");
+    // Hosts whose leases lapsed together (etcd fell behind applying) announce themselves again
+    // spread over an interval, not all at once on an etcd that is behind.
+    std::uniform_int_distribution<int64_t> spread(0, std::chrono::duration_cast<std::chrono::milliseconds>(interval).count());
+    const std::chrono::milliseconds pause(spread(rng));
+    spdlog::warn("lost the etcd lease; announcing the host again in {} ms", pause.count());
+    if (!co_await ctx_.stop.sleep(pause)) break;
     co_await announce();
   }
 }
@@ -190,9 +198,9 @@ awaitable<void> HostPresence::put_changes(std::vector<std::pair<std::string, boo
 awaitable<void> HostPresence::report_stats() {
   const auto interval = ctx_.config.compute.stats_interval;
   do {
-    auto stats = measure_host_stats(ctx_.host.instance_dir);
+    auto stats = co_await ctx_.virt(&VirtBackend::host_stats);
     if (!stats) {
-      spdlog::warn("cannot measure this host's memory, disk and load");
+      spdlog::warn("cannot measure this host's memory, disk and load: {}", stats.error().message());
     } else if (!stats_ || worth_reporting(*stats_, *stats)) {
       // Put with the host record at every announce; again only once they moved enough.
       stats_ = *stats;
