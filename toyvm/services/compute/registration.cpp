@@ -117,6 +117,8 @@ awaitable<result<void>> ProviderRegistration::register_once() {
     aggregates.push_back(availability_zone_aggregate(ctx_.config.compute.availability_zone));
   if (const int shards = ctx_.config.placement.shards; shards > 1)
     aggregates.push_back(shard_aggregate(shard_of(provider, shards)));
+  // A provider made just now is in no aggregate: one request fewer for each of a cloud's hosts.
+  if (aggregates.empty() && ctx_.host.new_provider) co_return result<void>{};
   co_return co_await placement.set_aggregates(provider, std::move(aggregates));
 }
 
