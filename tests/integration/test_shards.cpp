@@ -1,5 +1,6 @@
 // A sharded cloud ([placement] shards): each schedule asks Placement about one shard first and
-// the whole cloud when that shard has no room. On simulated hosts (`toyvm compute --simulate`,
+// the whole cloud when that shard has no room; with [placement] sample_hosts, a schedule of one
+// instance asks about a few hosts at random before either. On simulated hosts (`toyvm compute --simulate`,
 // the agent's own code on in-memory hypervisors), real Placement and etcd.
 
 #include "harness.hpp"
@@ -74,9 +75,10 @@ std::multiset<std::string> targets(const std::string& out) {
 
 TEST_CASE("a sharded cloud finds room wherever it is, never overbooks, and says no room only when there is none",
           "[shards]") {
+  const bool sampled = GENERATE(false, true);
   Servers servers;
   std::string config = servers.dir() + "/shards.toml";
-  std::ofstream(config) << "[placement]\nshards = 4\n";
+  std::ofstream(config) << "[placement]\nshards = 4\n" << (sampled ? "sample_hosts = 2\n" : "");
   ScopedEnv shards("TOYVM_CONFIG", config);
   std::vector<std::unique_ptr<Process>> agents;
   // Eight hosts with room for one instance each, in four shards of about two.
@@ -93,9 +95,11 @@ TEST_CASE("a sharded cloud finds room wherever it is, never overbooks, and says 
   std::multiset<std::string> placed;
   std::vector<std::string> uuids;
   for (int i = 0; i < 8; ++i) {
-    auto r = servers.toyvm({"schedule", small, "--wait"});
+    auto r = servers.toyvm({"-v", "schedule", small, "--wait"});
     INFO(r.out << r.err);
     REQUIRE(r.exit_code == 0);
+    // The first asks about two hosts at random; the last finds room only by asking the cloud.
+    CHECK((r.err.find("about 2 hosts at random") != std::string::npos) == sampled);
     auto [rp, uuid] = parse_notified(r.out);
     placed.insert(rp);
     uuids.push_back(uuid);
@@ -119,7 +123,8 @@ TEST_CASE("a sharded cloud finds room wherever it is, never overbooks, and says 
 TEST_CASE("a sharded cloud keeps hard group policies and zones exact", "[shards]") {
   Servers servers;
   std::string config = servers.dir() + "/shards.toml";
-  std::ofstream(config) << "[placement]\nshards = 4\n";
+  // Groups and zones are never sampled: a sample seldom holds a zone's hosts or a group's.
+  std::ofstream(config) << "[placement]\nshards = 4\nsample_hosts = 2\n";
   ScopedEnv shards("TOYVM_CONFIG", config);
   std::vector<std::unique_ptr<Process>> agents;
   auto zone_a = start_simulated(servers, agents, "a", 6, "VCPU:4,DISK_GB:40,MEMORY_MB:4096", {"--az", "zone-a"});

@@ -164,6 +164,50 @@ TEST_CASE("a first-fit claim with no host that fits says no allocations left") {
   CHECK(claimed.error() == errc::no_allocations_left);
 }
 
+TEST_CASE("a sample reads host records from a random point on, and asks Placement about each alone") {
+  Bench bench;
+  const std::string host_c = "cccccccc-0000-4000-8000-000000000003";
+  bench.placement.add_provider(host_c, "cccccccc", {{"VCPU", 2}});  // no provider trait: not asked for
+  bench.live({host_a, host_b, host_c});
+  PlacementQuery query = *parse_placement_query("resources=VCPU:2");
+
+  // From between A and B on: B, then C. B has room, C too; A (holding one) is not asked about.
+  auto view = bench.run(bench.placer.sample(query, 2, "b0000000-0000-4000-8000-000000000000"));
+  REQUIRE(view);
+  CHECK(view->live == std::set<std::string>{host_b, host_c});
+  CHECK(view->candidates.provider_summaries.size() == 2);
+  REQUIRE(bench.placement.queries.size() == 2);
+  for (const std::string& asked : bench.placement.queries) {
+    CHECK(asked.find("in_tree=") != std::string::npos);
+    CHECK(asked.find(bench.config.placement.provider_trait) == std::string::npos);
+    CHECK(asked.find("required=!COMPUTE_STATUS_DISABLED") != std::string::npos);
+  }
+
+  // From past C, round to the start: A, whose room (one VCPU) is too little: no candidates.
+  bench.placement.queries.clear();
+  auto wrapped = bench.run(bench.placer.sample(query, 1, "d0000000-0000-4000-8000-000000000000"));
+  REQUIRE(wrapped);
+  CHECK(wrapped->live == std::set<std::string>{host_a});
+  CHECK(wrapped->candidates.allocation_requests.empty());
+  REQUIRE(bench.placement.queries.size() == 1);
+  CHECK(bench.placement.queries[0].find("in_tree=" + host_a) != std::string::npos);
+
+  // Placement not answering is not "no room".
+  bench.placement.down = true;
+  auto unanswered = bench.run(bench.placer.sample(query, 2, "b0000000-0000-4000-8000-000000000000"));
+  REQUIRE_FALSE(unanswered);
+  CHECK(unanswered.error() == errc::placement_unavailable);
+}
+
+TEST_CASE("only a query of one request group that names no place is sampled") {
+  auto samplable = [](const char* text) { return Placer::samplable(*parse_placement_query(text)); };
+  CHECK(samplable("resources=VCPU:1,MEMORY_MB:256"));
+  CHECK(samplable("resources=VCPU:1&required=HW_CPU_X86_AVX2,!CUSTOM_SLOW&limit=5"));
+  CHECK_FALSE(samplable("resources=VCPU:1&member_of=in:11111111-2222-4333-8444-555555555555"));
+  CHECK_FALSE(samplable("resources=VCPU:1&in_tree=11111111-2222-4333-8444-555555555555"));
+  CHECK_FALSE(samplable("resources1=VCPU:1&resources2=MEMORY_MB:256&group_policy=isolate"));
+}
+
 TEST_CASE("relocate moves the allocation and the work to another live host") {
   Bench bench;
   bench.live({host_a, host_b});

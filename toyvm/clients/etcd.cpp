@@ -55,6 +55,7 @@ void to_pb(const EtcdOp& op, pb::RequestOp& out) {
       auto* range = out.mutable_request_range();
       range->set_key(op.key);
       range->set_range_end(op.range_end);
+      range->set_limit(op.limit);
       break;
     }
   }

@@ -58,6 +58,7 @@ struct EtcdOp {
   std::string value;      // put
   std::string range_end;  // erase, range
   int64_t lease = 0;      // put
+  int64_t limit = 0;      // range: at most this many keys, the first in key order; 0: all
 
   static EtcdOp put(std::string key, std::string value, int64_t lease = 0) {
     return {Kind::put, std::move(key), std::move(value), {}, lease};
@@ -65,8 +66,8 @@ struct EtcdOp {
   static EtcdOp erase(std::string key, std::string range_end = {}) {
     return {Kind::erase, std::move(key), {}, std::move(range_end), 0};
   }
-  static EtcdOp get(std::string key, std::string range_end = {}) {
-    return {Kind::range, std::move(key), {}, std::move(range_end), 0};
+  static EtcdOp get(std::string key, std::string range_end = {}, int64_t limit = 0) {
+    return {Kind::range, std::move(key), {}, std::move(range_end), 0, limit};
   }
 };
 

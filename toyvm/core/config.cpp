@@ -152,6 +152,7 @@ result<Config> parse_config(std::string_view text) {
   placement.get("timeout", config.placement.timeout);
   placement.get("candidate_limit", config.placement.candidate_limit);
   placement.get("shards", config.placement.shards);
+  placement.get("sample_hosts", config.placement.sample_hosts);
   placement.get("ca_file", config.placement.ca_file);
   placement.get("auth_url", config.placement.auth_url);
   placement.get("user", config.placement.user);

@@ -47,6 +47,11 @@ struct PlacementConfig {
   // A large cloud's hosts in this many shards (Placement aggregates); a schedule asks about one
   // at random first, the whole cloud only when it has no room. 0: none. One per 100 hosts or so.
   int shards = 0;
+  // A schedule of one instance (spread, no group, no place named in its query) asks about this
+  // many hosts picked at random first, each alone, the shard and the cloud only when none has
+  // room: Placement's search costs as much as the cloud is big, its search of one host does
+  // not. 0: never.
+  int sample_hosts = 0;
   std::string ca_file;       // https endpoint: the CA to trust; empty: the system's
   // Keystone v3 password authentication instead of the static token: a project-scoped token
   // is fetched from auth_url and fetched again when it expires or Placement answers 401.

@@ -7,6 +7,8 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <algorithm>
+
 namespace toyvm {
 
 using namespace asio::experimental::awaitable_operators;
@@ -49,6 +51,56 @@ awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string 
     }
   }
   co_return view;
+}
+
+bool Placer::samplable(const PlacementQuery& query) {
+  return std::all_of(query.params.begin(), query.params.end(), [](const auto& param) {
+    return param.first == "resources" || param.first == "required" || param.first == "limit";
+  });
+}
+
+awaitable<result<PlacementView>> Placer::sample(PlacementQuery query, int hosts, std::string from) {
+  // From the point to the end of the host keys, then from their start: `hosts` in all.
+  const std::string prefix = keys_.hosts_prefix(), start = keys_.host(from);
+  std::vector<EtcdOp> reads{EtcdOp::get(start, prefix_range_end(prefix), hosts), EtcdOp::get(prefix, start, hosts)};
+  std::vector<EtcdCompare> always;
+  auto read = co_await etcd_.txn(std::move(always), std::move(reads));
+  if (!read) co_return read.error();
+  std::vector<std::string> providers;
+  for (const RangeResult& range : read->ranges)
+    for (const KeyValue& kv : range.kvs) {
+      auto host = decode_host(kv.value);
+      if (host && host->status == "READY" && providers.size() < size_t(hosts)) providers.push_back(host->provider);
+    }
+  query.params.emplace_back("required", "!" + std::string(disabled_trait));
+  std::vector<result<Candidates>> answers(providers.size(), Error(errc::placement_unavailable));
+  std::vector<awaitable<void>> asks;
+  co_await placement_.preconnect();
+  for (size_t i = 0; i < providers.size(); ++i) {
+    PlacementQuery one = query;
+    one.params.emplace_back("in_tree", providers[i]);
+    asks.push_back(ask_candidates(one.to_query_string(config_.placement.candidate_limit), answers[i]));
+  }
+  co_await run_together(std::move(asks));
+  PlacementView view;
+  std::optional<Error> unanswered;
+  for (size_t i = 0; i < providers.size(); ++i) {
+    if (!answers[i]) {
+      unanswered = answers[i].error();
+      continue;
+    }
+    view.live.insert(providers[i]);
+    for (Allocations& request : answers[i]->allocation_requests)
+      view.candidates.allocation_requests.push_back(std::move(request));
+    view.candidates.provider_summaries.merge(answers[i]->provider_summaries);
+  }
+  // Unknown is not "no room": with nothing found, a host Placement did not answer about is an error.
+  if (unanswered && view.candidates.allocation_requests.empty()) co_return *unanswered;
+  co_return view;
+}
+
+awaitable<void> Placer::ask_candidates(std::string query, result<Candidates>& answer) {
+  answer = co_await placement_.allocation_candidates(std::move(query));
 }
 
 std::vector<Choice> Placer::rank(const PlacementView& view, const WeighPolicy& policy, double random,

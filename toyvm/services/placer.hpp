@@ -95,6 +95,19 @@ class Placer {
   awaitable<result<PlacementView>> look(PlacementQuery query, std::string group, std::string moving = {},
                                         int limit = 0);
 
+  // A look at a few live hosts instead of the cloud: up to `hosts` READY host records read from
+  // etcd from the point `from` (a random uuid) on among the host keys, which are the providers'
+  // random uuids, so a random sample; and Placement asked about each of them alone (in_tree),
+  // side by side. For a large cloud: Placement's search reads every provider's usage of each
+  // resource class asked for, whatever member_of narrows it to afterwards, while in_tree
+  // narrows the search itself. The sample's providers are toyvm's (their agents put those
+  // records), so the provider trait is not asked for. No candidates: no room among them, not
+  // in the cloud. Only for a query samplable() accepts, and no group.
+  awaitable<result<PlacementView>> sample(PlacementQuery query, int hosts, std::string from);
+  // One request group that names no place: every group would need its own in_tree, and a
+  // sample would seldom hold a zone's or an aggregate's hosts.
+  static bool samplable(const PlacementQuery& query);
+
   // The ways to place one instance, best first, within the group's policy. Pure: it needs
   // no Placer, so a batch can be planned without one.
   static std::vector<Choice> rank(const PlacementView& view, const WeighPolicy& policy, double random,
@@ -181,6 +194,7 @@ class Placer {
     std::vector<Choice> choices(const Relocation& move, const WeighPolicy& policy) const;
   };
   awaitable<result<Homes>> homes(const Relocation& move);
+  awaitable<void> ask_candidates(std::string query, result<Candidates>& answer);
   std::vector<EtcdCompare> relocation_guard(const Relocation& move, const std::string& host) const;
 
   // What hand_over says of `writes` under `guard`, the transaction's outcome told by reading

@@ -100,6 +100,11 @@ awaitable<Outcome> Scheduler::run() {
     std::mt19937_64 rng{random_seed()};
     shard_ = shard_aggregate(std::uniform_int_distribution<int>(0, shards - 1)(rng));
   }
+  // Spread over a few hosts at random is the best of a few random choices, which balances a
+  // cloud nearly as well as the best of all; packing wants the fullest host of all, so it asks all.
+  if (ready->uuids.size() == 1 && options_.group.empty() && Placer::samplable(ready->query) &&
+      placer_.weigh_policy(options_.policy).kind == WeighPolicy::Kind::spread)
+    sample_ = config_.placement.sample_hosts;
   auto placed = co_await (place(std::move(ready->query), std::move(ready->spec), std::move(ready->uuids)) ||
                           keep_holding());
   co_return std::get<0>(placed);
@@ -278,6 +283,10 @@ awaitable<result<PlacementView>> Scheduler::first_look(PlacementQuery query, int
 }
 
 awaitable<result<PlacementView>> Scheduler::look(PlacementQuery query, int limit) {
+  if (sample_ > 0) {
+    spdlog::debug("schedule: asking etcd and Placement about {} hosts at random", sample_);
+    co_return co_await placer_.sample(std::move(query), sample_, new_uuid());
+  }
   spdlog::debug("schedule: asking Placement and etcd{}", shard_.empty() ? "" : " about shard " + shard_);
   if (!shard_.empty()) query.params.emplace_back("member_of", shard_);
   auto view = co_await placer_.look(std::move(query), options_.group, {}, limit);
@@ -303,9 +312,15 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_one(PlacementQuery query,
     claiming_ = true;
     auto claim = co_await placer_.claim_first_fit(uuid, std::move(ranked), owner_);
     if (claim) co_return std::vector<Claim>{std::move(*claim)};
-    if (claim.error() != errc::no_allocations_left || shard_.empty()) co_return claim.error();
-    spdlog::debug("schedule: no room in shard {}; asking about the whole cloud", shard_);
-    shard_.clear();
+    if (claim.error() != errc::no_allocations_left || (sample_ == 0 && shard_.empty())) co_return claim.error();
+    if (sample_ > 0) {
+      spdlog::debug("schedule: no room among {} hosts at random; asking about {}", sample_,
+                    shard_.empty() ? "the whole cloud" : "shard " + shard_);
+      sample_ = 0;
+    } else {
+      spdlog::debug("schedule: no room in shard {}; asking about the whole cloud", shard_);
+      shard_.clear();
+    }
     view = co_await look(query, 0);
   }
 }

@@ -108,11 +108,11 @@ class Scheduler {
   // The first look and the hold go out together: neither waits for the other.
   awaitable<result<PlacementView>> first_look(PlacementQuery query, int limit);
   // Candidates, live hosts and the group's members, with the group's policy checked; of the
-  // shard while there is one.
+  // sample, else the shard, while there is one.
   awaitable<result<PlacementView>> look(PlacementQuery query, int limit);
   std::optional<GroupPolicy> group_policy() const { return group_policy_; }
 
-  // One instance: the weighed candidates tried in turn (the shard's, then the cloud's).
+  // One instance: the weighed candidates tried in turn (the sample's, the shard's, then the cloud's).
   awaitable<result<std::vector<Claim>>> claim_one(PlacementQuery query, std::string uuid);
   // A batch: planned against the free capacity Placement shows, then claimed in one request
   // (all or nothing). When the plan does not fit in the candidates shown, more are asked
@@ -156,8 +156,10 @@ class Scheduler {
   ProjectStanding project_;  // the instances' project, as read before claiming
   ConsumerOwner owner_;      // their consumers' in Placement
   ProjectUsage asked_;       // what they count against its quota
-  // The shard asked about first ([placement] shards), cleared once it had no room: then the
-  // whole cloud is asked, so "no room" still means no room anywhere.
+  // What is asked about, narrowest first, each widened once it had no room: a sample of this
+  // many hosts ([placement] sample_hosts; 0: none), then the shard ([placement] shards), then
+  // the whole cloud, so "no room" still means no room anywhere.
+  int sample_ = 0;
   std::string shard_;
 };
 

@@ -64,7 +64,7 @@ class FakeEtcd : public EtcdClient {
     done.succeeded = std::all_of(compare.begin(), compare.end(), [this](const EtcdCompare& c) { return holds(c); });
     for (const EtcdOp& op : done.succeeded ? success : failure) {
       if (op.kind == EtcdOp::Kind::range)
-        done.ranges.push_back(read(op.key, op.range_end));
+        done.ranges.push_back(read(op.key, op.range_end, op.limit));
       else
         apply(op);
     }
@@ -117,12 +117,15 @@ class FakeEtcd : public EtcdClient {
     return key >= from && (end == std::string(1, '\0') || key < end);
   }
 
-  RangeResult read(const std::string& key, const std::string& range_end) const {
+  RangeResult read(const std::string& key, const std::string& range_end, int64_t limit = 0) const {
     RangeResult listed;
     listed.revision = revision_;
-    for (const auto& [k, kv] : store_)
-      if (in_range(k, key, range_end)) listed.kvs.push_back(kv);
-    listed.count = int64_t(listed.kvs.size());
+    for (const auto& [k, kv] : store_) {
+      if (!in_range(k, key, range_end)) continue;
+      ++listed.count;
+      if (limit > 0 && int64_t(listed.kvs.size()) == limit) listed.more = true;
+      else listed.kvs.push_back(kv);
+    }
     return listed;
   }
 
