@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """toyvm at scale: many agents on libvirt's test driver against Placement on PostgreSQL and a
-3-member etcd. Starts every agent at once, places instances with several concurrent
-`schedule --count`, waits until all are ACTIVE, measures what the cloud costs at rest, then
+3-member etcd. Starts every agent at once, places instances with several concurrent users,
+each running `schedule --count BATCH_SIZE` after another, waits until all are ACTIVE, measures what the cloud costs at rest, then
 destroys everything. Prints a table and writes JSON.
 
-    contrib/bench/scale.py [--agents 200] [--instances 2000] [--batches 8] [--out DIR] [--keep]
+    contrib/bench/scale.py [--agents 200] [--instances 2000] [--batches 8] [--batch-size 250] [--out DIR] [--keep]
     contrib/bench/scale.py --simulated --agents 10000 --instances 20000
 
 With --simulated the agents are simulated hosts of one process (`toyvm compute --simulate`,
@@ -166,7 +166,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, default=200)
     parser.add_argument("--instances", type=int, default=2000)
-    parser.add_argument("--batches", type=int, default=8, help="concurrent `schedule --count` processes")
+    parser.add_argument("--batches", type=int, default=8, help="concurrent users, each running `schedule --count` after another")
+    parser.add_argument("--batch-size", type=int, default=250, help="instances in each `schedule --count`")
     parser.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "bench")
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
@@ -174,19 +175,25 @@ def main():
     parser.add_argument("--samples", type=int, default=40, help="single schedules timed at each size (--simulated)")
     parser.add_argument("--shards", type=int, default=None,
                         help="[placement] shards for agents and schedules (default: one per 100 hosts from 1,000)")
+    parser.add_argument("--sample-hosts", type=int, default=None,
+                        help="[placement] sample_hosts for schedules (default: 2 from 1,000 hosts)")
     parser.add_argument("--lease-ttl", type=int, default=10, help="[compute] lease_ttl, seconds")
     parser.add_argument("--evacuate", type=int, default=0,
                         help="instances on one more host that dies among the others and is evacuated (--simulated)")
     args = parser.parse_args()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-scale-"))
-    figures = {"agents": args.agents, "instances": args.instances, "batches": args.batches}
+    figures = {"agents": args.agents, "instances": args.instances, "batches": args.batches,
+               "batch_size": args.batch_size}
     cloud = None
     try:
         cloud = Cloud(args.build, workdir, etcd_members=3, postgresql=True, placement_workers=4)
         config = workdir / "agent.toml"
         shards = args.shards if args.shards is not None else (args.agents // 100 if args.agents >= 1000 else 0)
         figures["shards"] = shards
-        config.write_text(f"[compute]\nstop_timeout = 0\nlease_ttl = {args.lease_ttl}\n[placement]\nshards = {shards}\n")
+        sample = args.sample_hosts if args.sample_hosts is not None else (2 if args.agents >= 1000 else 0)
+        figures["sample_hosts"] = sample
+        config.write_text(f"[compute]\nstop_timeout = 0\nlease_ttl = {args.lease_ttl}\n"
+                          f"[placement]\nshards = {shards}\nsample_hosts = {sample}\n")
         figures["etcd_empty"] = etcd_db_size(cloud)
         if args.simulated:
             # Ten hosts as a cloud of ten would run: no shards.
@@ -221,18 +228,23 @@ def main():
             figures["schedule_at_agents"] = schedule_latencies(cloud, args.samples)
             print(f"scale: one schedule at {args.agents} hosts: {figures['schedule_at_agents']}", flush=True)
 
-        per_batch = [args.instances // args.batches + (i < args.instances % args.batches) for i in range(args.batches)]
+        # --batches users at once, each placing --batch-size instances after another until all are.
+        sizes = [min(args.batch_size, args.instances - first) for first in range(0, args.instances, args.batch_size)]
+
+        def place(size):
+            done = subprocess.run([cloud.toyvm, "schedule", QUERY, "--count", str(size)], env=cloud.env,
+                                  capture_output=True, text=True)
+            return done.stdout.count("NOTIFIED TARGET"), (done.stderr.strip() if done.returncode != 0 else None)
         started = time.monotonic()
-        batches = [subprocess.Popen([cloud.toyvm, "schedule", QUERY, "--count", str(n)], env=cloud.env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in per_batch]
-        outputs = [b.communicate() for b in batches]
+        outcomes = parallel(sizes, place, args.batches)
         figures["place_s"] = time.monotonic() - started
-        placed = sum(out.count("NOTIFIED TARGET") for out, _ in outputs)
-        failed = [err.strip() for (out, err), b in zip(outputs, batches) if b.returncode != 0]
+        placed = sum(n for n, _ in outcomes)
+        failed = [err for _, err in outcomes if err is not None]
         figures["placed"] = placed
         figures["batch_failures"] = failed
         figures["placement_rate_per_s"] = placed / figures["place_s"]
-        print(f"scale: {placed} placed by {args.batches} batches in {figures['place_s']:.1f} s", flush=True)
+        print(f"scale: {placed} placed by {args.batches} users in batches of {args.batch_size} in "
+              f"{figures['place_s']:.1f} s", flush=True)
         for err in failed:
             print(f"scale: a batch failed: {err}", flush=True)
         wait_until("every instance ACTIVE",
