@@ -292,8 +292,14 @@ def main():
         uuids = [i["uuid"] for i in cloud.instances()]
         started = time.monotonic()
         parallel(uuids, lambda uuid: cloud.run("destroy", uuid, "--no-wait").returncode, 16)
-        wait_until("every instance gone", lambda: not cloud.instances(), 600)
+        wait_until("every instance gone", lambda: not cloud.instances(), 3600, 5)
         figures["destroy_all_s"] = time.monotonic() - started
+        # Nothing left: no instance, nothing held in Placement by toyvm's consumers, audit clean.
+        left = cloud.placement_get("/usages?project_id=toyvm")["usages"]
+        audit = cloud.run("audit", timeout=1800)
+        figures["left_after_destroy"] = {"usages": left, "audit_exit": audit.returncode,
+                                         "audit": audit.stdout.strip()[-300:]}
+        print(f"scale: after destroying all: {figures['left_after_destroy']}", flush=True)
     finally:
         if cloud:
             cloud.shutdown()
@@ -326,6 +332,9 @@ def main():
                                      f"audit exit {figures['evacuation']['audit_exit']}")]
           if "evacuation" in figures else []),
         ("destroy all", f"{figures.get('destroy_all_s', float('nan')):.1f} s"),
+        *([("left after, Placement / audit",
+            f"{sum(figures['left_after_destroy']['usages'].values())} units held, "
+            f"audit exit {figures['left_after_destroy']['audit_exit']}")] if "left_after_destroy" in figures else []),
     ]
     for name, value in rows:
         print(f"  {name:32} {value}")
