@@ -206,4 +206,6 @@ awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
   co_return response;
 }
 
+bool timed_out(const Error& error) { return error == beast::error::timeout; }
+
 }  // namespace toyvm

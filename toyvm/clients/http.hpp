@@ -34,6 +34,10 @@ struct HttpClientOptions {
   std::string ca_file{};  // https: the CA that signed the server's certificate; empty: the system's
 };
 
+// A request's error says the server took too long to answer: it may still carry the request
+// out, so a request that changes something is not sent again.
+bool timed_out(const Error& error);
+
 class HttpClient {
  public:
   HttpClient(asio::any_io_executor executor, HttpClientOptions options);

@@ -101,12 +101,14 @@ awaitable<result<HttpResponse>> PlacementClient::call(std::string method, std::s
 
 awaitable<result<HttpResponse>> PlacementClient::send(const HttpRequest& request) {
   // sqlite-backed Placement answers 500 "database is locked" under concurrent writers, and a
-  // restarting Placement refuses connections: a few quick retries ride over both.
+  // restarting Placement refuses connections: a few quick retries ride over both, which carried
+  // nothing out.
   Backoff backoff(std::chrono::milliseconds(50), std::chrono::milliseconds(400));
   const auto started = std::chrono::steady_clock::now();
   for (int attempt = 1;; ++attempt) {
     auto response = co_await http_.request(request);
-    bool retry = attempt < 4 && (!response || response->status >= 500);
+    // Not one that timed out: Placement may carry it out yet (a claim), and its caller decides.
+    bool retry = attempt < 4 && (response ? response->status >= 500 : !timed_out(response.error()));
     if (!retry) {
       metrics::observe("toyvm_placement_request_seconds",
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());

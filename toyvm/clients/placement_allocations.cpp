@@ -82,14 +82,18 @@ awaitable<result<void>> PlacementClient::claim_all(std::vector<std::pair<std::st
   if (!response) co_return response.error();
   if (response->status == 204) co_return result<void>{};
   Error refusal = refused(*response);
-  if (refusal == errc::placement_consumer_changed && co_await claimed_before(consumers.front().first))
-    co_return result<void>{};
-  co_return refusal;
+  if (refusal != errc::placement_consumer_changed) co_return refusal;
+  // Every consumer, not the first: each must hold what this request asks for it.
+  for (const auto& [consumer, allocations] : consumers) {
+    const bool same = co_await claimed_before(consumer, allocations);
+    if (!same) co_return refusal;
+  }
+  co_return result<void>{};
 }
 
-awaitable<bool> PlacementClient::claimed_before(const std::string& consumer) {
+awaitable<bool> PlacementClient::claimed_before(const std::string& consumer, const Allocations& asked) {
   auto held = co_await consumer_allocations(consumer);
-  co_return held && !held->allocations.empty();
+  co_return held && held->allocations == asked;
 }
 
 awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, Allocations allocations,
@@ -100,8 +104,9 @@ awaitable<result<void>> PlacementClient::put_allocations(std::string consumer, A
   if (!response) co_return response.error();
   if (response->status == 204) co_return result<void>{};
   Error refusal = refused(*response);
-  if (refusal == errc::placement_consumer_changed && !generation && co_await claimed_before(consumer))
-    co_return result<void>{};
+  if (refusal != errc::placement_consumer_changed || generation) co_return refusal;
+  const bool same = co_await claimed_before(consumer, allocations);
+  if (same) co_return result<void>{};
   co_return refusal;
 }
 

@@ -356,9 +356,11 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_batch(PlacementQuery quer
     claiming_ = true;
     auto claimed = co_await placement_.claim_all(std::move(consumers), owner_);
     if (claimed) co_return std::move(*plan);
+    // Not a consumer that changed: this schedule's fresh uuids then hold what an earlier try of
+    // its own left (a POST sent again after its answer was lost, made with another plan), which
+    // no plan can race; the claims are given back.
     const bool raced = claimed.error() == errc::placement_capacity ||
-                       claimed.error() == errc::placement_concurrent_update ||
-                       claimed.error() == errc::placement_consumer_changed;
+                       claimed.error() == errc::placement_concurrent_update;
     if (!raced || round >= config_.schedule.max_claim_attempts * 4) co_return claimed.error();
     spdlog::debug("schedule: another claim came first ({}); planning again", claimed.error().message());
     // Apart, so that batches racing for the same room do not meet again at once.
