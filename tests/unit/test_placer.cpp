@@ -11,6 +11,8 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 
+#include <map>
+
 using namespace toyvm;
 using namespace std::chrono_literals;
 using fakes::FakeEtcd;
@@ -155,13 +157,14 @@ TEST_CASE("a first-fit claim retries a host whose generation moved and passes on
 TEST_CASE("a claim sent again after its answer was lost is this claim only if its consumers hold what it asks") {
   HttpBench bench;
   const std::string other = "22222222-3333-4444-8555-666666666666";
-  // The claim is refused: its consumers exist (an earlier try landed). Each holds VCPU:1 on
-  // `held_on`, as GET /allocations/{consumer} says.
-  std::string held_on;
+  // The claim is refused: its consumers exist (an earlier try landed). Each holds VCPU:1 on the
+  // host `held_on` names for it, as GET /allocations/{consumer} says.
+  std::map<std::string, std::string> held_on;
   bench.placement_server.answer = [&](const PlacementRequest& request) {
     if (request.method != "GET")
       return conflict("placement.concurrent_update", "consumer generation conflict - expected null but got 1");
-    return PlacementAnswer{200, R"({"allocations": {")" + held_on + R"(": {"resources": {"VCPU": 1}}},
+    const std::string consumer = request.target.substr(request.target.rfind('/') + 1);
+    return PlacementAnswer{200, R"({"allocations": {")" + held_on[consumer] + R"(": {"resources": {"VCPU": 1}}},
                                     "consumer_generation": 1, "project_id": "toyvm", "user_id": "toyvm"})"};
   };
   Allocations on_a{{host_a, {{"VCPU", 1}}}}, on_b{{host_b, {{"VCPU", 1}}}};
@@ -169,29 +172,21 @@ TEST_CASE("a claim sent again after its answer was lost is this claim only if it
   const ConsumerOwner owner{"toyvm", "toyvm"};
 
   SECTION("each holds what this request asks: it was this request") {
-    // A placement answer per consumer: the first on A, the second on B.
-    int gets = 0;
-    bench.placement_server.answer = [&](const PlacementRequest& request) {
-      if (request.method == "POST")
-        return conflict("placement.concurrent_update", "consumer generation conflict - expected null but got 1");
-      const std::string& host = gets++ == 0 ? host_a : host_b;
-      return PlacementAnswer{200, R"({"allocations": {")" + host + R"(": {"resources": {"VCPU": 1}}},
-                                      "consumer_generation": 1, "project_id": "toyvm", "user_id": "toyvm"})"};
-    };
+    held_on = {{uuid, host_a}, {other, host_b}};
     CHECK(bench.run(bench.placement.claim_all(asked, owner)));
   }
   SECTION("one holds another plan's: not this request, and said so") {
-    held_on = host_a;  // the second consumer too: an earlier try planned it there
+    held_on = {{uuid, host_a}, {other, host_a}};  // an earlier try planned the second there too
     auto claimed = bench.run(bench.placement.claim_all(asked, owner));
     REQUIRE_FALSE(claimed);
     CHECK(claimed.error() == errc::placement_consumer_changed);
   }
   SECTION("one consumer's claim, the same") {
-    held_on = host_b;
+    held_on[uuid] = host_b;
     auto claimed = bench.run(bench.placement.claim(uuid, on_a, owner));
     REQUIRE_FALSE(claimed);
     CHECK(claimed.error() == errc::placement_consumer_changed);
-    held_on = host_a;
+    held_on[uuid] = host_a;
     CHECK(bench.run(bench.placement.claim(uuid, on_a, owner)));
   }
 }
