@@ -335,9 +335,11 @@ TEST_CASE("claim_move claims the best other host: the migration consumer keeps t
   CHECK(moved->host == host_b);
   CHECK(bench.placement.held_on(uuid) == host_b);
   CHECK(bench.placement.held_on(migration) == host_a);
-  // Both consumers stay the instance's owner's, and its project counts the instance once.
+  // Both consumers stay the instance's owner's, the migration's in the project's moving id, and
+  // its project counts the instance once.
   CHECK(bench.placement.consumers[uuid].owner == bench.team_a);
-  CHECK(bench.placement.consumers[migration].owner == bench.team_a);
+  CHECK(bench.placement.consumers[migration].owner ==
+        ConsumerOwner{moving_project_id(bench.team_a.project), bench.team_a.user});
   CHECK(bench.placement.consumers[migration].type == ConsumerType::migration);
   auto used = bench.run(bench.placement.project_usage("toyvm:team-a"));
   REQUIRE(used);
@@ -366,6 +368,7 @@ TEST_CASE("claim_move whose record its source undid meanwhile swaps the books ba
   CHECK(moved->outcome == Relocated::Outcome::put_back);
   CHECK(bench.placement.held_on(uuid) == host_a);
   CHECK(bench.placement.held_on(migration).empty());
+  CHECK(bench.placement.consumers[uuid].owner == bench.team_a);  // not the migration's moving id
   CHECK(decode_move(bench.etcd->find(bench.keys.move(uuid))->value)->state == MoveState::reverting);
 }
 

@@ -68,14 +68,22 @@ TEST_CASE("a request over quota is told in numbers, one line per limit passed") 
   CHECK(over_quota(limits, without(after, asked), asked) == std::vector<std::string>{"VCPU: 18 used + 4 asked > 20"});
 }
 
-TEST_CASE("Placement's usages count the project's instances, never its migrations") {
-  auto used = parse_project_usage(
-      R"({"usages": {"INSTANCE": {"consumer_count": 3, "VCPU": 6, "MEMORY_MB": 768}, "MIGRATION": {"consumer_count": 1, "VCPU": 2}}})");
+TEST_CASE("Placement's usages of all a project's consumers are its use; its moves are in a project apart") {
+  auto used = parse_project_usage(R"({"usages": {"all": {"consumer_count": 3, "VCPU": 6, "MEMORY_MB": 768}}})");
   REQUIRE(used);
   CHECK(*used == ProjectUsage{3, {{"VCPU", 6}, {"MEMORY_MB", 768}}});
   CHECK(*parse_project_usage(R"({"usages": {}})") == ProjectUsage{});
   CHECK_FALSE(parse_project_usage("{}"));
-  CHECK_FALSE(parse_project_usage(R"({"usages": {"INSTANCE": {"VCPU": "six"}}})"));
+  CHECK_FALSE(parse_project_usage(R"({"usages": {"all": {"VCPU": "six"}}})"));
+
+  const std::string team = placement_project_id("toyvm", "team-a");
+  CHECK(moving_project_id(team) == "toyvm:team-a/moving");
+  CHECK(instance_project_id(moving_project_id(team)) == team);
+  CHECK(instance_project_id(team) == team);  // a migration consumer made before the mark
+  CHECK(is_own_placement_project("toyvm", moving_project_id(team)));
+  CHECK(is_own_placement_project("toyvm", moving_project_id("toyvm")));
+  CHECK_FALSE(is_own_placement_project("toyvm", moving_project_id("nova")));
+  CHECK_FALSE(is_own_placement_project("toyvm", "toyvm:team-a/moving/moving"));
 }
 
 TEST_CASE("project records and limits survive a round trip; values a reader cannot judge are refused") {

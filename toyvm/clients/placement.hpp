@@ -57,8 +57,8 @@ class Placement {
   virtual awaitable<result<void>> release(std::string consumer) = 0;
   virtual awaitable<result<Allocations>> allocations_of(std::string consumer) = 0;
   virtual awaitable<result<ResourceAmounts>> usages(std::string provider) = 0;
-  // GET /usages?project_id=&consumer_type=INSTANCE: what a project's instances hold (its
-  // migrations' consumers not counted), and how many hold anything.
+  // GET /usages?project_id=&consumer_type=all: what a project's consumers hold (its moves'
+  // migration consumers are in a project of their own), and how many hold anything.
   virtual awaitable<result<ProjectUsage>> project_usage(std::string project_id) = 0;
   // The uuid of the provider named `name`, if there is one.
   virtual awaitable<result<std::optional<std::string>>> provider_named(std::string name) = 0;

@@ -118,7 +118,7 @@ awaitable<result<void>> PlacementClient::release(std::string consumer) {
 }
 
 awaitable<result<ProjectUsage>> PlacementClient::project_usage(std::string project_id) {
-  auto response = co_await call("GET", "/usages?project_id=" + query_value(project_id) + "&consumer_type=INSTANCE",
+  auto response = co_await call("GET", "/usages?project_id=" + query_value(project_id) + "&consumer_type=all",
                                 mv_allocations);
   if (!response) co_return response.error();
   if (response->status != 200) co_return refused(*response);

@@ -11,6 +11,9 @@ namespace {
 
 bool lower_alnum(char c) noexcept { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
 
+// Outside a project name's characters, so no project's id is another's move.
+constexpr std::string_view moving_mark = "/moving";
+
 }  // namespace
 
 bool is_project_name(std::string_view name) noexcept {
@@ -23,7 +26,15 @@ std::string placement_project_id(std::string_view consumer_project, std::string_
   return fmt::format("{}:{}", consumer_project, project);
 }
 
+std::string moving_project_id(std::string_view project_id) { return fmt::format("{}{}", project_id, moving_mark); }
+
+std::string instance_project_id(std::string_view project_id) {
+  if (project_id.ends_with(moving_mark)) project_id.remove_suffix(moving_mark.size());
+  return std::string(project_id);
+}
+
 bool is_own_placement_project(std::string_view consumer_project, std::string_view project_id) noexcept {
+  if (project_id.ends_with(moving_mark)) project_id.remove_suffix(moving_mark.size());
   if (project_id == consumer_project) return true;
   return project_id.size() > consumer_project.size() + 1 && project_id.starts_with(consumer_project) &&
          project_id[consumer_project.size()] == ':' &&
@@ -65,10 +76,10 @@ result<ProjectUsage> parse_project_usage(const std::string& body) {
   simdjson::dom::object usages;
   if (parser.parse(body)["usages"].get_object().get(usages)) return Error(errc::placement_error, "bad /usages body");
   ProjectUsage out;
-  simdjson::dom::object instances;
-  // No INSTANCE entry: the project holds nothing.
-  if (usages["INSTANCE"].get_object().get(instances)) return out;
-  for (auto [name, value] : instances) {
+  simdjson::dom::object all;
+  // No entry: the project holds nothing.
+  if (usages["all"].get_object().get(all)) return out;
+  for (auto [name, value] : all) {
     int64_t amount = 0;
     if (value.get_int64().get(amount)) return Error(errc::placement_error, "bad /usages body");
     if (name == "consumer_count") {

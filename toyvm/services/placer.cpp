@@ -333,10 +333,12 @@ awaitable<Relocated::Outcome> Placer::put_back(std::string uuid, std::string fro
 awaitable<result<Placer::Move>> Placer::begin_move(std::string uuid, std::string migration, ConsumerAllocations held,
                                                    Allocations to) {
   if (!held.generation || held.allocations.empty()) co_return Move::changed;
-  // The migration consumer is the instance's owner's too: Placement counts it apart by its type.
+  // The migration consumer is the instance's owner's, in the project's moving id: what counts
+  // against the project's quota is its instances (model/projects.hpp).
+  const ConsumerOwner moving{moving_project_id(held.owner.project), held.owner.user};
   std::vector<ConsumerWrite> writes{
       {uuid, std::move(to), held.generation, ConsumerType::instance, held.owner},
-      {migration, std::move(held.allocations), std::nullopt, ConsumerType::migration, held.owner}};
+      {migration, std::move(held.allocations), std::nullopt, ConsumerType::migration, moving}};
   auto written = co_await placement_.write_together(std::move(writes));
   if (written) co_return Move::moved;
   if (written.error() == errc::placement_capacity) co_return Move::no_room;
@@ -362,8 +364,9 @@ awaitable<result<Placer::Move>> Placer::revert_move(std::string uuid, std::strin
   if (!instance) co_return instance.error();
   if (!kept) co_return kept.error();
   if (!kept->generation || kept->allocations.empty()) co_return Move::changed;
+  const ConsumerOwner owner{instance_project_id(kept->owner.project), kept->owner.user};
   std::vector<ConsumerWrite> writes{
-      {uuid, std::move(kept->allocations), instance->generation, ConsumerType::instance, kept->owner},
+      {uuid, std::move(kept->allocations), instance->generation, ConsumerType::instance, owner},
       {migration, {}, kept->generation, ConsumerType::migration, kept->owner}};
   auto written = co_await placement_.write_together(std::move(writes));
   if (written) co_return Move::moved;

@@ -171,7 +171,7 @@ class MemoryPlacement final : public Placement {
     if (auto e = unreachable()) co_return *e;
     ProjectUsage out;
     for (const auto& [uuid, c] : consumers) {
-      if (c.owner.project != project_id || c.type != ConsumerType::instance || c.allocations.empty()) continue;
+      if (c.owner.project != project_id || c.allocations.empty()) continue;
       ++out.instances;
       for (const auto& [provider, amounts] : c.allocations)
         for (const auto& [rc, amount] : amounts) out.amounts[rc] += amount;
