@@ -41,7 +41,7 @@ struct Agent {
   VirtCalls virt{pool, std::unique_ptr<VirtBackend>(virt_backend)};
   StopSignal stop;
   AgentContext ctx{io, config, KeyLayout(config.etcd.prefix), etcd, placement, pool, virt,
-                   HostIdentity{host, "test", "/nonexistent"}, stop, {}};
+                   HostIdentity{host, "test", "/nonexistent"}, stop, {}, {}};
   AgentParts parts{ctx, {}, {}, ImageStoreOptions{}};
   Instances& instances = parts.instances;
   int64_t delivered = 0;  // the revision up to which etcd's changes reached the instances

@@ -23,8 +23,13 @@ class StopSignal {
 
   // Waits `delay`; false when the stop came first (or had come).
   awaitable<bool> sleep(std::chrono::steady_clock::duration delay) {
-    if (requested_) co_return false;
     asio::steady_timer timer(co_await asio::this_coro::executor, delay);
+    co_return co_await wait(timer);
+  }
+
+  // Waits for `timer` as it is set, or its cancel by its owner; false when the stop came first.
+  awaitable<bool> wait(asio::steady_timer& timer) {
+    if (requested_) co_return false;
     sleepers_.insert(&timer);
     co_await timer.async_wait(asio::as_tuple(use_awaitable));
     sleepers_.erase(&timer);

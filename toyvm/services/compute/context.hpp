@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,7 @@ struct AgentContext {
   HostIdentity host;
   StopSignal& stop;  // SIGTERM: loops end, waits end, nothing new starts
   std::vector<std::string> guest_dns;  // what the guests' network offers, read as the host was set up
+  std::function<void()> address_wanted;  // an instance at rest looks for its guest's address
 
   bool has_nic() const { return !config.compute.network.empty() || !config.compute.bridge.empty(); }
 

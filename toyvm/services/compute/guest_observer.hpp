@@ -31,6 +31,8 @@ class GuestObserver {
   // Follows the usage requests for this host's instances, until the agent stops: each is
   // answered once, with two samples a second apart (the CPU's share needs two).
   awaitable<void> follow_usage_requests();
+  // run() looks now: an instance came to rest looking for an address, or the leases changed.
+  void wake();
 
  private:
   awaitable<void> find_address(std::string uuid);
@@ -39,7 +41,6 @@ class GuestObserver {
   void take_usage_request(const KeyValue& kv);
 
   void apply_request(const KeyValue& kv, bool erased);
-  void wake();
 
   AgentContext& ctx_;
   const Instances& instances_;

@@ -95,6 +95,8 @@ awaitable<void> Instance::run([[maybe_unused]] std::shared_ptr<Instance> self) {
   }
   running_ = false;
   inbox_.clear();  // only when stopping: news left for an agent that is going away
+  if (ctx_.address_wanted && address_search(std::chrono::steady_clock::now()) != AddressSearch::none)
+    ctx_.address_wanted();
   if (known_.forgettable()) steps_.forget(uuid_);
 }
 
