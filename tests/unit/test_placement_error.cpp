@@ -83,6 +83,19 @@ std::vector<std::string> hosts_of(const std::vector<Choice>& choices) {
 }
 }  // namespace
 
+TEST_CASE("one provider's room from its capacity and usage is what Placement's search would say of it alone") {
+  const ResourceAmounts capacity{{"VCPU", 4}, {"MEMORY_MB", 1024}};
+  const ResourceAmounts asked{{"VCPU", 2}, {"MEMORY_MB", 512}};
+  auto fits = one_provider_candidates("h1", capacity, {{"VCPU", 2}, {"MEMORY_MB", 512}}, asked);
+  CHECK(fits.allocation_requests == std::vector<Allocations>{{{"h1", asked}}});
+  CHECK(fits.provider_summaries.at("h1").capacity == capacity);
+  CHECK(fits.provider_summaries.at("h1").used == ResourceAmounts{{"VCPU", 2}, {"MEMORY_MB", 512}});
+  CHECK(one_provider_candidates("h1", capacity, {}, asked).allocation_requests.size() == 1);  // no usage yet
+  CHECK(one_provider_candidates("h1", capacity, {{"VCPU", 3}}, asked).allocation_requests.empty());
+  // A class it has no capacity of does not fit.
+  CHECK(one_provider_candidates("h1", capacity, {}, {{"DISK_GB", 1}}).allocation_requests.empty());
+}
+
 TEST_CASE("spread prefers the emptiest host, pack the fullest") {
   Candidates c = three_hosts();
   std::set<std::string> live{"h1", "h2", "h3"};

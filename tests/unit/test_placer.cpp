@@ -77,6 +77,8 @@ struct Bench : Loop {
       record.provider = host;
       record.name = host.substr(0, 8);
       record.status = "READY";
+      if (auto known = placement.providers_by_uuid.find(host); known != placement.providers_by_uuid.end())
+        record.capacity = capacity_of(known->second.inventory);
       etcd->put_now(keys.host(host), encode(record));
     }
   }
@@ -208,34 +210,72 @@ TEST_CASE("a sample reads host records from a random point on, and asks Placemen
   const std::string host_c = "cccccccc-0000-4000-8000-000000000003";
   bench.placement.add_provider(host_c, "cccccccc", {{"VCPU", 2}});  // no provider trait: not asked for
   bench.live({host_a, host_b, host_c});
-  PlacementQuery query = *parse_placement_query("resources=VCPU:2");
+  const std::string past_c = "d0000000-0000-4000-8000-000000000000";
 
-  // From between A and B on: B, then C. B has room, C too; A (holding one) is not asked about.
-  auto view = bench.run(bench.placer.sample(query, 2, "b0000000-0000-4000-8000-000000000000"));
-  REQUIRE(view);
-  CHECK(view->live == std::set<std::string>{host_b, host_c});
-  CHECK(view->candidates.provider_summaries.size() == 2);
-  REQUIRE(bench.placement.queries.size() == 2);
-  for (const std::string& asked : bench.placement.queries) {
-    CHECK(asked.find("in_tree=") != std::string::npos);
-    CHECK(asked.find(bench.config.placement.provider_trait) == std::string::npos);
-    CHECK(asked.find("required=!COMPUTE_STATUS_DISABLED") != std::string::npos);
+  SECTION("resources alone: each host's usage, beside the capacity its record names") {
+    PlacementQuery query = *parse_placement_query("resources=VCPU:2");
+    // From between A and B on: B, then C. B has room, C too; A (holding one) is not asked about.
+    auto view = bench.run(bench.placer.sample(query, 2, "b0000000-0000-4000-8000-000000000000"));
+    REQUIRE(view);
+    CHECK(view->live == std::set<std::string>{host_b, host_c});
+    CHECK(view->candidates.allocation_requests ==
+          std::vector<Allocations>{{{host_b, {{"VCPU", 2}}}}, {{host_c, {{"VCPU", 2}}}}});
+    CHECK(bench.placement.usages_asked == std::vector<std::string>{host_b, host_c});
+    CHECK(bench.placement.queries.empty());
+
+    // From past C, round to the start: A, whose room (one VCPU) is too little: no candidates.
+    auto wrapped = bench.run(bench.placer.sample(query, 1, past_c));
+    REQUIRE(wrapped);
+    CHECK(wrapped->live == std::set<std::string>{host_a});
+    CHECK(wrapped->candidates.allocation_requests.empty());
+    CHECK(bench.placement.usages_asked.back() == host_a);
   }
 
-  // From past C, round to the start: A, whose room (one VCPU) is too little: no candidates.
-  bench.placement.queries.clear();
-  auto wrapped = bench.run(bench.placer.sample(query, 1, "d0000000-0000-4000-8000-000000000000"));
-  REQUIRE(wrapped);
-  CHECK(wrapped->live == std::set<std::string>{host_a});
-  CHECK(wrapped->candidates.allocation_requests.empty());
-  REQUIRE(bench.placement.queries.size() == 1);
-  CHECK(bench.placement.queries[0].find("in_tree=" + host_a) != std::string::npos);
+  SECTION("with traits: Placement's search about each host alone") {
+    PlacementQuery query = *parse_placement_query("resources=VCPU:2&required=!CUSTOM_SLOW");
+    auto view = bench.run(bench.placer.sample(query, 2, "b0000000-0000-4000-8000-000000000000"));
+    REQUIRE(view);
+    CHECK(view->live == std::set<std::string>{host_b, host_c});
+    CHECK(view->candidates.provider_summaries.size() == 2);
+    REQUIRE(bench.placement.queries.size() == 2);
+    for (const std::string& asked : bench.placement.queries) {
+      CHECK(asked.find("in_tree=") != std::string::npos);
+      CHECK(asked.find(bench.config.placement.provider_trait) == std::string::npos);
+      CHECK(asked.find("required=!COMPUTE_STATUS_DISABLED") != std::string::npos);
+    }
+    CHECK(bench.placement.usages_asked.empty());
+    bench.placement.queries.clear();
+    auto wrapped = bench.run(bench.placer.sample(query, 1, past_c));
+    REQUIRE(wrapped);
+    CHECK(wrapped->candidates.allocation_requests.empty());
+    REQUIRE(bench.placement.queries.size() == 1);
+    CHECK(bench.placement.queries[0].find("in_tree=" + host_a) != std::string::npos);
+  }
 
-  // Placement not answering is not "no room".
-  bench.placement.down = true;
-  auto unanswered = bench.run(bench.placer.sample(query, 2, "b0000000-0000-4000-8000-000000000000"));
-  REQUIRE_FALSE(unanswered);
-  CHECK(unanswered.error() == errc::placement_unavailable);
+  SECTION("a host whose record says more room than Placement has costs its claim a try, never an overbooking") {
+    HostRecord roomy = *decode_host(bench.etcd->find(bench.keys.host(host_a))->value);
+    roomy.capacity["VCPU"] = 8;
+    bench.etcd->put_now(bench.keys.host(host_a), encode(roomy));
+    PlacementQuery query = *parse_placement_query("resources=VCPU:2");
+    auto view = bench.run(bench.placer.sample(query, 1, past_c));
+    REQUIRE(view);
+    REQUIRE(view->candidates.allocation_requests.size() == 1);
+    auto ranked = Placer::rank(*view, WeighPolicy{}, 0.0, std::nullopt);
+    auto claimed = bench.run(bench.placer.claim_first_fit("99999999-0000-4000-8000-000000000009", ranked,
+                                                          bench.team_a));
+    REQUIRE_FALSE(claimed);
+    CHECK(claimed.error() == errc::no_allocations_left);
+    CHECK(bench.placement.used_on(host_a) == ResourceAmounts{{"VCPU", 1}});
+  }
+
+  SECTION("Placement not answering is not \"no room\"") {
+    bench.placement.down = true;
+    for (const char* text : {"resources=VCPU:2", "resources=VCPU:2&required=!CUSTOM_SLOW"}) {
+      auto unanswered = bench.run(bench.placer.sample(*parse_placement_query(text), 2, past_c));
+      REQUIRE_FALSE(unanswered);
+      CHECK(unanswered.error() == errc::placement_unavailable);
+    }
+  }
 }
 
 TEST_CASE("only a query of one request group that names no place is sampled") {

@@ -66,6 +66,19 @@ result<std::vector<std::string>> parse_provider_uuids(const std::string& body) {
   return uuids;
 }
 
+Candidates one_provider_candidates(const std::string& provider, const ResourceAmounts& capacity,
+                                   const ResourceAmounts& used, const ResourceAmounts& asked) {
+  Candidates out;
+  out.provider_summaries[provider] = ProviderSummary{capacity, used};
+  const bool fits = std::all_of(asked.begin(), asked.end(), [&](const auto& rc_amount) {
+    auto total = capacity.find(rc_amount.first);
+    auto taken = used.find(rc_amount.first);
+    return total != capacity.end() && (taken == used.end() ? 0 : taken->second) + rc_amount.second <= total->second;
+  });
+  if (fits) out.allocation_requests.push_back({{provider, asked}});
+  return out;
+}
+
 result<ResourceAmounts> parse_usages(const std::string& body) {
   simdjson::dom::parser parser;
   simdjson::dom::object usages;

@@ -54,6 +54,12 @@ result<std::vector<std::string>> parse_provider_uuids(const std::string& body);
 // The body of GET /resource_providers/{uuid}/usages.
 result<ResourceAmounts> parse_usages(const std::string& body);
 
+// What Placement's search would answer about one provider alone, for `asked` and no traits,
+// from its capacity and its usage: its summary, and the allocation request of `asked` on it
+// when every class fits (one it has no capacity of does not).
+Candidates one_provider_candidates(const std::string& provider, const ResourceAmounts& capacity,
+                                   const ResourceAmounts& used, const ResourceAmounts& asked);
+
 struct Choice {
   std::string host;                 // the live toyvm host the instance goes to
   const Allocations* allocations;   // points into the Candidates it was chosen from

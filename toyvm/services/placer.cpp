@@ -66,30 +66,39 @@ awaitable<result<PlacementView>> Placer::sample(PlacementQuery query, int hosts,
   std::vector<EtcdCompare> always;
   auto read = co_await etcd_.txn(std::move(always), std::move(reads));
   if (!read) co_return read.error();
-  std::vector<std::string> providers;
+  std::vector<HostRecord> picked;
   for (const RangeResult& range : read->ranges)
     for (const KeyValue& kv : range.kvs) {
       auto host = decode_host(kv.value);
-      if (host && host->status == "READY" && providers.size() < size_t(hosts)) providers.push_back(host->provider);
+      if (host && host->status == "READY" && picked.size() < size_t(hosts)) picked.push_back(std::move(*host));
     }
-  query.params.emplace_back("required", "!" + std::string(disabled_trait));
-  std::vector<result<Candidates>> answers(providers.size(), Error(errc::placement_unavailable));
+  // Traits need Placement's search; resources alone need only each host's usage beside the
+  // capacity its record names (at 10,000 providers 8 ms a host, the search 21). A READY
+  // record is no disabled host's.
+  const bool traits = std::any_of(query.params.begin(), query.params.end(),
+                                  [](const auto& param) { return param.first == "required"; });
+  if (traits) query.params.emplace_back("required", "!" + std::string(disabled_trait));
+  std::vector<result<Candidates>> answers(picked.size(), Error(errc::placement_unavailable));
   std::vector<awaitable<void>> asks;
   co_await placement_.preconnect();
-  for (size_t i = 0; i < providers.size(); ++i) {
+  for (size_t i = 0; i < picked.size(); ++i) {
+    if (!traits) {
+      asks.push_back(ask_room(picked[i], query.resources, answers[i]));
+      continue;
+    }
     PlacementQuery one = query;
-    one.params.emplace_back("in_tree", providers[i]);
+    one.params.emplace_back("in_tree", picked[i].provider);
     asks.push_back(ask_candidates(one.to_query_string(config_.placement.candidate_limit), answers[i]));
   }
   co_await run_together(std::move(asks));
   PlacementView view;
   std::optional<Error> unanswered;
-  for (size_t i = 0; i < providers.size(); ++i) {
+  for (size_t i = 0; i < picked.size(); ++i) {
     if (!answers[i]) {
       unanswered = answers[i].error();
       continue;
     }
-    view.live.insert(providers[i]);
+    view.live.insert(picked[i].provider);
     for (Allocations& request : answers[i]->allocation_requests)
       view.candidates.allocation_requests.push_back(std::move(request));
     view.candidates.provider_summaries.merge(answers[i]->provider_summaries);
@@ -101,6 +110,15 @@ awaitable<result<PlacementView>> Placer::sample(PlacementQuery query, int hosts,
 
 awaitable<void> Placer::ask_candidates(std::string query, result<Candidates>& answer) {
   answer = co_await placement_.allocation_candidates(std::move(query));
+}
+
+awaitable<void> Placer::ask_room(const HostRecord& host, const ResourceAmounts& asked, result<Candidates>& answer) {
+  auto used = co_await placement_.usages(host.provider);
+  if (!used) {
+    answer = used.error();
+    co_return;
+  }
+  answer = one_provider_candidates(host.provider, host.capacity, *used, asked);
 }
 
 std::vector<Choice> Placer::rank(const PlacementView& view, const WeighPolicy& policy, double random,

@@ -97,12 +97,14 @@ class Placer {
 
   // A look at a few live hosts instead of the cloud: up to `hosts` READY host records read from
   // etcd from the point `from` (a random uuid) on among the host keys, which are the providers'
-  // random uuids, so a random sample; and Placement asked about each of them alone (in_tree),
-  // side by side. For a large cloud: Placement's search reads every provider's usage of each
-  // resource class asked for, whatever member_of narrows it to afterwards, while in_tree
+  // random uuids, so a random sample; and Placement asked about each of them alone, side by
+  // side: its usage, beside the capacity its record names, or for a query with traits its
+  // search (in_tree). For a large cloud: Placement's search reads every provider's usage of
+  // each resource class asked for, whatever member_of narrows it to afterwards, while in_tree
   // narrows the search itself. The sample's providers are toyvm's (their agents put those
-  // records), so the provider trait is not asked for. No candidates: no room among them, not
-  // in the cloud. Only for a query samplable() accepts, and no group.
+  // records), so the provider trait is not asked for. The claim is Placement's own check of
+  // room, so a capacity the record has wrong costs a try, never an overbooking. No candidates:
+  // no room among them, not in the cloud. Only for a query samplable() accepts, and no group.
   awaitable<result<PlacementView>> sample(PlacementQuery query, int hosts, std::string from);
   // One request group that names no place: every group would need its own in_tree, and a
   // sample would seldom hold a zone's or an aggregate's hosts.
@@ -195,6 +197,8 @@ class Placer {
   };
   awaitable<result<Homes>> homes(const Relocation& move);
   awaitable<void> ask_candidates(std::string query, result<Candidates>& answer);
+  // The host's room for `asked`, as its usage and its record's capacity tell it.
+  awaitable<void> ask_room(const HostRecord& host, const ResourceAmounts& asked, result<Candidates>& answer);
   std::vector<EtcdCompare> relocation_guard(const Relocation& move, const std::string& host) const;
 
   // What hand_over says of `writes` under `guard`, the transaction's outcome told by reading

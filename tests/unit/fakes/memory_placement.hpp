@@ -38,6 +38,7 @@ class MemoryPlacement final : public Placement {
   bool down = false;
   int calls = 0;
   std::vector<std::string> queries;        // of allocation_candidates, as asked
+  std::vector<std::string> usages_asked;   // providers whose usages were asked for
   std::map<std::string, int> releases;     // consumer -> times released
 
   // A provider with room for `amounts` (totals, nothing reserved).
@@ -164,6 +165,7 @@ class MemoryPlacement final : public Placement {
 
   awaitable<result<ResourceAmounts>> usages(std::string provider) override {
     if (auto e = unreachable()) co_return *e;
+    usages_asked.push_back(provider);
     co_return used_on(provider);
   }
 
