@@ -106,6 +106,8 @@ result<HostSetup> set_up_simulated_host(const ComputeConfig& c, std::shared_ptr<
   };
   backend->set_machine(total("MEMORY_MB"), total("DISK_GB"), total("VCPU"));
   setup->backend = std::move(backend);
+  // Not this machine's: and 10,000 watches would take every inotify instance its user may have.
+  setup->dhcp_leases = false;
   return setup;
 }
 
@@ -170,7 +172,8 @@ class ComputeAgent {
         moves_(ctx_, ctx_.keys.moves_prefix(),
                KeyFeed::Handlers{
                    [this](RangeResult listed) { return parts_.instances.apply_move_listing(std::move(listed)); },
-                   [this](const WatchEvent& event) { parts_.instances.apply_move(event); }}) {
+                   [this](const WatchEvent& event) { parts_.instances.apply_move(event); }}),
+        dhcp_leases_(setup.dhcp_leases) {
     spdlog::info("provider {} ({}), libvirt {}", ctx_.host.provider, ctx_.host.name, config_.compute.libvirt_uri);
   }
 
@@ -190,7 +193,8 @@ class ComputeAgent {
     if (!ctx_.stop.requested()) spawn_detached(ctx_.io, moves_.resync_periodically(), "resyncing moves");
     if (!ctx_.stop.requested()) spawn_detached(ctx_.io, work_.resync_periodically(), "resyncing");
     if (!ctx_.stop.requested()) spawn_detached(ctx_.io, parts_.observer.run(), "observing guests");
-    if (!ctx_.stop.requested()) spawn_detached(ctx_.io, parts_.observer.watch_leases(), "watching leases");
+    if (!ctx_.stop.requested() && dhcp_leases_)
+      spawn_detached(ctx_.io, parts_.observer.watch_leases(), "watching leases");
     if (!ctx_.stop.requested())
       spawn_detached(ctx_.io, parts_.observer.follow_console_requests(), "following console requests");
     if (!ctx_.stop.requested())
@@ -248,6 +252,7 @@ class ComputeAgent {
   AgentParts parts_;
   KeyFeed work_;   // this host's work
   KeyFeed moves_;  // guests moving, here or away
+  bool dhcp_leases_;
 };
 
 // Start-up, each burst of work (builds, deletions) and the periodic jobs (a resync a minute,

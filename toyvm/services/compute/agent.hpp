@@ -33,6 +33,7 @@ struct HostSetup {
   ImageStoreOptions images;
   std::unique_ptr<VirtBackend> backend;
   std::vector<std::string> guest_dns;
+  bool dhcp_leases = true;  // its guests' DHCP leases are this machine's libvirt's, worth watching
 };
 
 // This host's name, as the system has it.
