@@ -7,8 +7,10 @@
 #include <boost/asio/as_tuple.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 namespace toyvm::compute {
 
@@ -161,10 +163,18 @@ awaitable<void> GuestObserver::publish_consoles(std::vector<std::string> uuids) 
     auto asked = console_requests_.find(tail.uuid);
     if (asked == console_requests_.end()) continue;  // no longer asked for
     std::vector<EtcdOp> ops;
-    for (const auto& [asker, who] : asked->second)
+    std::set<std::string> askers;
+    for (const auto& [asker, who] : asked->second) {
       ops.push_back(EtcdOp::put(ctx_.keys.console(who.project, tail.uuid, asker), tail.text, who.lease));
+      askers.insert(asker);
+    }
     auto put = co_await ctx_.etcd->txn(std::move(compare), std::move(ops));
-    if (put && put->succeeded && console_requests_.count(tail.uuid)) console_published_[tail.uuid] = tail.size;
+    // An asker that came while it was put has no copy yet: left unmarked, the next tick puts it.
+    auto now_asked = console_requests_.find(tail.uuid);
+    if (!put || !put->succeeded || now_asked == console_requests_.end()) continue;
+    const bool all_have_it = std::all_of(now_asked->second.begin(), now_asked->second.end(),
+                                         [&](const auto& asker) { return askers.count(asker.first) > 0; });
+    if (all_have_it) console_published_[tail.uuid] = tail.size;
   }
 }
 
