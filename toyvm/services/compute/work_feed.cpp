@@ -11,6 +11,7 @@ awaitable<result<void>> KeyFeed::list() {
   auto listed = co_await ctx_.etcd->range_prefix(prefix_);
   if (!listed) co_return listed.error();
   listed_ = listed->revision;
+  known_.take(*listed);
   co_await handlers_.listed(std::move(*listed));
   co_return result<void>{};
 }
@@ -49,7 +50,10 @@ awaitable<void> KeyFeed::follow() {
       }
       backoff.reset();
       co_await failpoint::pass("feed.batch");
-      for (WatchEvent& event : batch.events) handlers_.changed(event);
+      for (WatchEvent& event : batch.events) {
+        known_.take(event);
+        handlers_.changed(event);
+      }
     }
     watch_.reset();
     if (!ctx_.stop.requested()) co_await backoff.wait();
@@ -58,9 +62,17 @@ awaitable<void> KeyFeed::follow() {
 
 awaitable<void> KeyFeed::resync_periodically() {
   const auto interval = ctx_.config.compute.resync_interval;
-  while (co_await ctx_.stop.sleep(interval)) {
+  for (int round = 1;; ++round) {
+    const bool slept = co_await ctx_.stop.sleep(interval);
+    if (!slept) co_return;
+    if (round % 10 != 0 && known_.revision() > 0) {
+      co_await handlers_.listed(known_.listing());
+      continue;
+    }
     auto listed = co_await ctx_.etcd->range_prefix(prefix_);
-    if (listed) co_await handlers_.listed(std::move(*listed));
+    if (!listed) continue;
+    known_.take(*listed);
+    co_await handlers_.listed(std::move(*listed));
   }
 }
 
