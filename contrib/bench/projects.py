@@ -13,7 +13,11 @@ connections, no process per schedule), against the same number of loops each cla
 instance at a time straight from Placement (`toyvm-bench floor`: GET candidates, PUT the
 claim, one etcd write: Placement's one-claim-at-a-time ceiling).
 
+With --postgresql, Placement runs on PostgreSQL with WORKERS workers (as `bench.sh --scale`
+runs it) instead of sqlite with 2.
+
   usage: projects.py --build DIR [--agents 4] [--sequential 40] [--rounds 6] [--users 16] [--claims 480]
+                     [--postgresql] [--placement-workers 4]
 """
 
 import argparse
@@ -46,9 +50,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--claims", type=int, default=480, help="instances in each rate measure against the ceiling")
+    parser.add_argument("--postgresql", action="store_true", help="Placement on PostgreSQL, not sqlite")
+    parser.add_argument("--placement-workers", type=int, default=None, help="Placement's workers (2; 4 on PostgreSQL)")
     args = parser.parse_args()
+    workers = args.placement_workers or (4 if args.postgresql else 2)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-projects-"))
-    cloud = Cloud(pathlib.Path(args.build), workdir, etcd_secure=True)
+    cloud = Cloud(pathlib.Path(args.build), workdir, etcd_secure=True, postgresql=args.postgresql,
+                  placement_workers=workers)
     ok = False
     try:
         for i in range(args.agents):

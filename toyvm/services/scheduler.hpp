@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,10 @@ class Scheduler {
   awaitable<result<PlacementView>> look(PlacementQuery query, int limit);
   std::optional<GroupPolicy> group_policy() const { return group_policy_; }
 
+  // A shard at random that was not asked about yet (while there are any).
+  std::string another_shard();
+  // To the next wider place to ask about after no room; false: it was the whole cloud.
+  bool widen();
   // One instance: the weighed candidates tried in turn (the sample's, the shard's, then the cloud's).
   awaitable<result<std::vector<Claim>>> claim_one(PlacementQuery query, std::string uuid);
   // A batch: planned against the free capacity Placement shows, then claimed in one request
@@ -157,10 +162,14 @@ class Scheduler {
   ConsumerOwner owner_;      // their consumers' in Placement
   ProjectUsage asked_;       // what they count against its quota
   // What is asked about, narrowest first, each widened once it had no room: a sample of this
-  // many hosts ([placement] sample_hosts; 0: none), then the shard ([placement] shards), then
-  // the whole cloud, so "no room" still means no room anywhere.
+  // many hosts ([placement] sample_hosts; 0: none), then a shard ([placement] shards) and up
+  // to shard_tries - 1 others, all at random, then the whole cloud, so "no room" still means
+  // no room anywhere. (A batch fills a shard by a large share: the whole cloud's look costs
+  // what every shard's does, and two batches there meet on their hosts in Placement.)
+  static constexpr int shard_tries = 3;
   int sample_ = 0;
   std::string shard_;
+  std::set<std::string> shards_asked_;
 };
 
 }  // namespace toyvm
