@@ -164,8 +164,9 @@ class Scheduler {
   // What is asked about, narrowest first, each widened once it had no room: a sample of this
   // many hosts ([placement] sample_hosts; 0: none), then a shard ([placement] shards) and up
   // to shard_tries - 1 others, all at random, then the whole cloud, so "no room" still means
-  // no room anywhere. (A batch fills a shard by a large share: the whole cloud's look costs
-  // what every shard's does, and two batches there meet on their hosts in Placement.)
+  // no room anywhere. (A batch fills its shard by a large share, so shards fill unevenly; at
+  // 100,000 instances the whole cloud's look cost four shards', and batches there all meet
+  // on their hosts in Placement.)
   static constexpr int shard_tries = 3;
   int sample_ = 0;
   std::string shard_;
