@@ -14,6 +14,7 @@ depends on timing); it is printed first, and `--seed` replays it.
 """
 
 import argparse
+import json
 import os
 import pathlib
 import random
@@ -67,8 +68,12 @@ class Campaign:
         return result.returncode == 0
 
     def moving(self):
-        out = self.cloud.etcdctl("get", "--prefix", "--keys-only", "/toyvm/v1/moves/").stdout.split()
-        return {key.rsplit("/", 1)[-1] for key in out}
+        """The instances with a move record, or None when etcd did not answer (restarted by the
+        campaign, say): an empty answer then is not 'no move'."""
+        done = self.cloud.etcdctl("get", "--prefix", "--keys-only", "/toyvm/v1/moves/")
+        if done.returncode != 0:
+            return None
+        return {key.rsplit("/", 1)[-1] for key in done.stdout.split()}
 
     def follow_moves(self):
         """Moves asked earlier whose record has gone: completed or undone, and a live one that
@@ -76,7 +81,10 @@ class Campaign:
         if not self.pending:
             return
         in_flight = self.moving()
-        records = {i["uuid"]: i for i in self.instances()}
+        shown = self.cloud.run("show", "--json")
+        if in_flight is None or shown.returncode != 0:
+            return  # judged at a later round, once etcd answers
+        records = {i["uuid"]: i for i in json.loads(shown.stdout or "[]")}
         for uuid in [u for u in self.pending if u not in in_flight]:
             kind, source, destination, ticks, query, mark = self.pending.pop(uuid)
             record = records.get(uuid)
@@ -314,7 +322,7 @@ class Campaign:
             instances = self.instances()
             not_final = [i for i in instances if i["state"] not in FINAL]
             audit = cloud.run("audit")
-            if (not not_final and not self.moving() and audit.returncode == 0) or time.monotonic() > deadline:
+            if (not not_final and self.moving() == set() and audit.returncode == 0) or time.monotonic() > deadline:
                 break
             time.sleep(1)  # the polling interval
         problems = self.problems
@@ -322,8 +330,11 @@ class Campaign:
             problems.append(f"toyvm audit exit {audit.returncode}: {audit.stdout.strip()} {audit.stderr.strip()}")
         if not_final:
             problems.append("not settled: " + ", ".join(f"{i['uuid']} {i['state']}" for i in not_final))
-        if self.moving():
-            problems.append(f"moves still in flight: {' '.join(sorted(self.moving()))}")
+        moving = self.moving()
+        if moving is None:
+            problems.append("etcd did not answer for the moves in flight")
+        elif moving:
+            problems.append(f"moves still in flight: {' '.join(sorted(moving))}")
         # Exactly one domain per instance, where its record says, in the state it says.
         domains = {name: cloud.domains(name) for name in cloud.agents}
         by_uuid = {i["uuid"]: i for i in instances}
