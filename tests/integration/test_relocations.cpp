@@ -211,6 +211,44 @@ TEST_CASE("migrate --abort undoes a move before its guest leaves: it stays, the 
   CHECK(wait_for([&] { return servers.toyvm({"audit"}).exit_code == 0; }, 20));
 }
 
+TEST_CASE("a destroy asked while its instance is evacuated to another host follows it there: nothing is left",
+          "[operations]") {
+  Servers servers;
+  std::string rp, b;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto placed = servers.toyvm({"schedule", small, "--wait"}, 60);
+  REQUIRE(placed.exit_code == 0);
+  const std::string uuid = parse_notified(placed.out).second;
+  auto compute_b = servers.start_compute("b", roomy, &b);
+
+  // The destroy reads the record (on c1) and waits; meanwhile c1 dies and the instance is
+  // rebuilt on b.
+  const std::string paused = servers.dir() + "/destroy-paused";
+  std::ofstream(paused) << "";
+  std::unique_ptr<Process> destroying;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "destroy.asking=pause(" + paused + ")");
+    destroying = servers.spawn_toyvm({"destroy", uuid}, "destroy.log");
+  }
+  REQUIRE(wait_for([&] { return destroying->output().find("failpoint destroy.asking: paused") != std::string::npos; },
+                   20));
+  compute->signal(SIGKILL);
+  compute->wait(20);
+  REQUIRE(wait_for([&] { return !host_record(servers, rp).has_value(); }, 30));
+  auto evacuated = servers.toyvm({"evacuate", "c1"}, 60);
+  INFO(evacuated.out << evacuated.err);
+  REQUIRE(evacuated.exit_code == 0);
+  REQUIRE(wait_for_record(servers, uuid, [&](const InstanceRecord& r) { return r.host == b; }));
+  fs::remove(paused);
+  INFO(destroying->output());
+  CHECK(destroying->wait(60) == 0);
+  CHECK_THAT(destroying->output(), Catch::Contains("DESTROYED INSTANCE " + uuid));
+  CHECK(servers.etcd_prefix(KeyLayout().instance(uuid)).empty());
+  CHECK(servers.etcd_prefix(KeyLayout().work(b, uuid)).empty());
+  CHECK(servers.allocations(uuid).empty());
+  CHECK(wait_for([&] { return servers.toyvm({"audit"}).exit_code == 0; }, 20));
+}
+
 TEST_CASE("a destination gone for good after its guest left the source: the source hands it over, and evacuating "
           "the dead host rebuilds it", "[operations]") {
   Servers servers;

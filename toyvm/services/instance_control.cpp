@@ -181,6 +181,7 @@ Outcome run_destroy(const Config& config, const DestroyOptions& options, Say& sa
     if (!target) co_return target.error();
     if (options.force)
       co_return co_await force_destroy(io, *etcd, keys, config, target->record, target->mod_revision, say);
+    co_await failpoint::pass("destroy.asking");  // the record read, the request not yet written
     if (auto asked = co_await request_power(*etcd, keys, target->record, PowerState::deleted); !asked)
       co_return asked.error();
     if (!options.wait) {

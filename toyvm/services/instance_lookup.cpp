@@ -1,9 +1,12 @@
 #include "services/instance_lookup.hpp"
 
 #include "model/uuid.hpp"
+#include "core/backoff.hpp"
 #include "services/common.hpp"
 
 #include <fmt/format.h>
+
+#include <chrono>
 
 namespace toyvm {
 
@@ -18,18 +21,20 @@ awaitable<result<FoundInstance>> find_instance(EtcdClient& etcd, const KeyLayout
   co_return FoundInstance{std::move(*record), found->revision, found->kvs.front().mod_revision};
 }
 
-// Desired power on the work key, written only over the version read.
-awaitable<result<void>> request_power(EtcdClient& etcd, const KeyLayout& keys, const InstanceRecord& record,
-                                      PowerState power) {
+namespace {
+
+// One try at the desired power on the work key, written only over the version read. false: the
+// work is not where the record says, or changed between the read and the write.
+awaitable<result<bool>> try_request_power(EtcdClient& etcd, const KeyLayout& keys, const InstanceRecord& record,
+                                          PowerState power) {
   const std::string work_key = keys.work(record.host, record.uuid);
   auto work = co_await etcd.range(work_key);
   if (!work) co_return etcd_error(etcd, work.error());
-  if (work->kvs.empty())
-    co_return Error(errc::not_found, fmt::format("instance {} has no work on host {}", record.uuid, record.host));
+  if (work->kvs.empty()) co_return false;
   auto spec = decode_work(work->kvs.front().value);
   if (!spec)
     co_return Error(errc::corrupt_record, fmt::format("instance {} has a corrupt work record in etcd", record.uuid));
-  if (spec->power == power) co_return result<void>{};
+  if (spec->power == power) co_return true;
   if (spec->power == PowerState::deleted)
     co_return Error(errc::changed, fmt::format("instance {} is being destroyed", record.uuid));
   spec->power = power;
@@ -37,8 +42,30 @@ awaitable<result<void>> request_power(EtcdClient& etcd, const KeyLayout& keys, c
   std::vector<EtcdOp> mark{EtcdOp::put(work_key, encode(*spec))};
   auto txn = co_await etcd.txn(std::move(unchanged), std::move(mark));
   if (!txn) co_return etcd_error(etcd, txn.error());
-  if (!txn->succeeded) co_return Error(errc::changed, fmt::format("instance {} changed meanwhile; try again", record.uuid));
-  co_return result<void>{};
+  co_return txn->succeeded;
+}
+
+}  // namespace
+
+// An instance between hosts (a move, a build tried again elsewhere) has its work where its
+// record does not say for a moment: the record is read again and the request follows it.
+awaitable<result<void>> request_power(EtcdClient& etcd, const KeyLayout& keys, InstanceRecord record,
+                                      PowerState power) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  Backoff backoff(std::chrono::milliseconds(50), std::chrono::seconds(1));
+  for (;;) {
+    auto asked = co_await try_request_power(etcd, keys, record, power);
+    if (!asked) co_return asked.error();
+    if (*asked) co_return result<void>{};
+    if (std::chrono::steady_clock::now() >= deadline)
+      co_return Error(errc::changed, fmt::format("instance {} kept changing (its work is not on host {}); try again",
+                                                 record.uuid, record.host));
+    co_await backoff.wait(deadline);
+    auto found = co_await find_instance(etcd, keys, record.uuid);
+    if (!found && found.error() == errc::not_found && power == PowerState::deleted) co_return result<void>{};
+    if (!found) co_return found.error();
+    record = std::move(found->record);
+  }
 }
 
 }  // namespace toyvm
