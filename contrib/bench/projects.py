@@ -63,7 +63,7 @@ def main():
         for i in range(args.agents):
             cloud.start_agent(f"h{i}", INVENTORY)
         wait_until("every agent", lambda: sum(h["alive"] for h in cloud.hosts()) == args.agents, 120)
-        cloud.spawn("scheduler", [cloud.toyvm, "scheduler"], cloud.env)
+        cloud.spawn("scheduler", [cloud.toyvm, "-v", "scheduler"], cloud.env)
         for command in (["project", "create", "bench"], ["project", "add-member", "bench", "alice"]):
             done = cloud.run(*command)
             if done.returncode != 0:

@@ -84,10 +84,8 @@ awaitable<result<ProjectReply>> ask_service(EtcdClient& etcd, const KeyLayout& k
   std::function<bool(const WatchEvent&)> seen_reply = seen;  // made outside co_await (GCC 12)
   auto waited = co_await (follow_key(etcd, reply_key, asked->revision + 1, wait_ms, std::move(seen_reply)) ||
                           keep_asking(etcd, *lease));
-  // The request and its reply go with the lease; erased at once all the same.
-  std::vector<EtcdOp> erase{EtcdOp::erase(request_key), EtcdOp::erase(reply_key)};
-  std::vector<EtcdCompare> always;
-  co_await etcd.txn(std::move(always), std::move(erase));
+  // The request and its reply go with the lease, revoked at once (or, if etcd does not answer
+  // now, when it expires).
   co_await etcd.lease_revoke(*lease);
   auto followed = std::get<0>(std::move(waited));
   if (!followed) co_return followed.error();
