@@ -3,7 +3,7 @@
 schedule, in one run on one cloud: etcd with TLS, client certificates and its auth on (the
 admin is root, the member a user of its own with the project's role; both sign in by
 certificate), Placement on sqlite, AGENTS agents on libvirt's test driver, one `toyvm
-scheduler`. Each schedule is a `toyvm schedule` process, as a user runs it: SEQUENTIAL one after another for each path (p50,
+scheduler` (its debug log, each batch's steps timed, kept in a failed run's directory). Each schedule is a `toyvm schedule` process, as a user runs it: SEQUENTIAL one after another for each path (p50,
 p99), then 16 users at once making ROUNDS each (instances a second), every instance destroyed
 between the paths; then `toyvm audit` clean and the project's use exact.
 
