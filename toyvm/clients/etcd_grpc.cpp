@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -35,7 +36,9 @@ HostPort split_endpoint(const std::string& endpoint) { return split_host_port(en
 
 // gRPC's dns:/// target takes one name, its ipv4: and ipv6: targets a list of addresses: the
 // members' names are resolved here, once, so that pick_first fails over between all of them
-// (IPv4 addresses when there are any, as one target takes one family).
+// (IPv4 addresses when there are any, as one target takes one family). Each process starts at a
+// member of its own, at random: were every agent of a cloud to reach the first member first,
+// that member would carry all their watches and lease keep-alives, the others nothing.
 std::string grpc_target(const std::vector<std::string>& endpoints) {
   std::vector<std::string> v4, v6;
   for (const std::string& endpoint : endpoints) {
@@ -57,14 +60,16 @@ std::string grpc_target(const std::vector<std::string>& endpoints) {
     }
     freeaddrinfo(found);
   }
+  static const size_t first_member = std::random_device{}();
   for (auto* list : {&v4, &v6}) {
     std::sort(list->begin(), list->end());
     list->erase(std::unique(list->begin(), list->end()), list->end());
+    if (!list->empty()) std::rotate(list->begin(), list->begin() + long(first_member % list->size()), list->end());
   }
   if (!v4.empty()) return "ipv4:" + fmt::format("{}", fmt::join(v4, ","));
   if (!v6.empty()) return "ipv6:" + fmt::format("{}", fmt::join(v6, ","));
-  // Nothing resolves now: gRPC resolves the first member itself, and again as it reconnects.
-  HostPort first = split_endpoint(endpoints.front());
+  // Nothing resolves now: gRPC resolves the member itself, and again as it reconnects.
+  HostPort first = split_endpoint(endpoints[first_member % endpoints.size()]);
   return fmt::format("dns:///{}:{}", first.host, first.port);
 }
 
