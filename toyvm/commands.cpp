@@ -111,11 +111,12 @@ void add_no_wait(CLI::App& command, bool& wait, const char* help) {
 
 CommandEntry destroy(CLI::App& command) {
   auto o = std::make_shared<DestroyOptions>();
-  command.add_option("uuid", o->uuid, "instance uuid")->required();
-  add_no_wait(command, o->wait, "return once the request is recorded");
+  command.add_option("uuids", o->uuids, "instance uuids, destroyed side by side")->required();
+  add_no_wait(command, o->wait, "return once the requests are recorded");
   command.add_flag("--force", o->force, "the host is gone for good: release the allocation and remove the keys here");
   add_seconds(command, "--timeout", o->wait_timeout, "seconds to wait for the host");
-  command.footer("Example: toyvm destroy d578fb7c-7787-4e73-b69a-a7b3ef9bf73a");
+  command.footer("Each instance's failure is told; the exit code is the first's, in the order given.\n"
+                 "Example: toyvm destroy d578fb7c-7787-4e73-b69a-a7b3ef9bf73a");
   return [o](const Config& c, Say& say) { return run_destroy(c, *o, say); };
 }
 
@@ -272,7 +273,7 @@ constexpr Command table[] = {
     {"compute", "run the host agent", compute},
     {"schedule", "claim resources and start an instance on a host", schedule},
     {"show", "show an instance, every instance, or the hosts", show},
-    {"destroy", "destroy an instance and release its resources", destroy},
+    {"destroy", "destroy instances and release their resources", destroy},
     {"stop", "power an instance off (it keeps its disk)", stop},
     {"start", "power a stopped instance on", start},
     {"audit", "check that Placement, etcd and the hosts' domains agree", audit},

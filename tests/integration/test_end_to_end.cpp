@@ -67,6 +67,44 @@ TEST_CASE("schedule, show and destroy an instance end to end", "[e2e]") {
   CHECK(servers.toyvm({"show", uuid}).exit_code == 3);
 }
 
+TEST_CASE("one destroy of several instances destroys each it can, tells each failure, and exits with the first's",
+          "[e2e]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", "VCPU:8,DISK_GB:10,MEMORY_MB:4096", &rp);
+  std::vector<std::string> uuids;
+  for (int i = 0; i < 3; ++i) {
+    auto scheduled = servers.toyvm({"schedule", small, "--wait"});
+    REQUIRE(scheduled.exit_code == 0);
+    uuids.push_back(parse_notified(scheduled.out).second);
+  }
+  const std::string unknown = "00000000-0000-4000-8000-000000000000";
+  const std::string corrupt = "11111111-1111-4111-8111-111111111111";
+  servers.etcd_put(KeyLayout().instance(corrupt), "{not json");
+
+  // One bad uuid among them: nothing is asked of anyone.
+  auto invalid = servers.toyvm({"destroy", uuids[0], "../etc/passwd"});
+  CHECK(invalid.exit_code == 2);
+  CHECK(count_lines(invalid.err) == 1);
+  CHECK_FALSE(servers.etcd_prefix(KeyLayout().instance(uuids[0])).empty());
+
+  auto destroyed = servers.toyvm({"destroy", uuids[0], unknown, uuids[1], corrupt});
+  INFO(destroyed.out << destroyed.err);
+  CHECK(destroyed.exit_code == 3);  // the unknown one's, the first to fail
+  CHECK_THAT(destroyed.out, Catch::Contains("DESTROYED INSTANCE " + uuids[0]) &&
+                                Catch::Contains("DESTROYED INSTANCE " + uuids[1]));
+  CHECK(count_lines(destroyed.err) == 2);
+  CHECK_THAT(destroyed.err, Catch::Contains(unknown) && Catch::Contains(corrupt + ": ") && Catch::Contains("corrupt"));
+  for (int i : {0, 1}) {
+    CHECK(servers.etcd_prefix(KeyLayout().instance(uuids[i])).empty());
+    CHECK(servers.allocations(uuids[i]).empty());
+  }
+  auto left = servers.etcd_prefix(KeyLayout().instance(uuids[2]));  // not asked, left alone
+  REQUIRE(left.size() == 1);
+  CHECK(decode_instance(left.front().value)->state == InstanceState::active);
+  CHECK(servers.etcd_prefix(KeyLayout().instance(corrupt)).size() == 1);  // unknown is not absent
+}
+
 TEST_CASE("exhausted capacity says NO ALLOCATIONS LEFT and writes nothing", "[e2e]") {
   Servers servers;
   std::string rp;

@@ -36,7 +36,7 @@ TEST_CASE("a command refuses a bad uuid before it asks any server, saying nothin
   config.etcd.endpoints = {"http://127.0.0.1:1"};  // never reached
   MigrateOptions migrate;
   migrate.uuid = "x";
-  for (auto outcome : {run_destroy(config, DestroyOptions{"not-a-uuid"}, say),
+  for (auto outcome : {run_destroy(config, DestroyOptions{{"not-a-uuid"}}, say),
                        run_power(config, PowerOptions{"7387cdc8-291c-4b02-87ce"}, say),
                        run_migrate(config, migrate, say)}) {
     REQUIRE_FALSE(outcome);

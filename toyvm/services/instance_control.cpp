@@ -164,36 +164,80 @@ awaitable<Outcome> member_power(EtcdClient& etcd, const KeyLayout& keys, const P
 
 }  // namespace
 
+namespace {
+
+using Membership = std::optional<ProjectMembership>;
+
+awaitable<Outcome> destroy_one(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const Config& config,
+                               const Membership& membership, const DestroyOptions& options, std::string uuid,
+                               Say& say) {
+  if (membership)
+    co_return co_await member_power(etcd, keys, *membership, uuid, PowerState::deleted, options.wait,
+                                    options.wait_timeout, say);
+  auto target = co_await find_instance(etcd, keys, uuid);
+  if (!target) co_return target.error();
+  if (options.force)
+    co_return co_await force_destroy(io, etcd, keys, config, target->record, target->mod_revision, say);
+  co_await failpoint::pass("destroy.asking");  // the record read, the request not yet written
+  if (auto asked = co_await request_power(etcd, keys, target->record, PowerState::deleted); !asked)
+    co_return asked.error();
+  if (!options.wait) {
+    say.line(fmt::format("DESTROYING INSTANCE {}", uuid));
+    co_return ExitCode::ok;
+  }
+  // Done when the agent has deleted the instance key.
+  auto gone = [](const std::optional<InstanceRecord>& record) { return record ? Reached() : Reached(result<void>{}); };
+  auto waited = co_await wait_for_record(etcd, keys, uuid, target->revision, options.wait_timeout, "gone", gone);
+  if (!waited) co_return waited.error();
+  say.line(fmt::format("DESTROYED INSTANCE {}", uuid));
+  co_return ExitCode::ok;
+}
+
+// Destroys options.uuids[next...] one after another, beside the other workers.
+awaitable<void> destroy_worker(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const Config& config,
+                               const Membership& membership, const DestroyOptions& options, size_t& next,
+                               std::vector<Outcome>& outcomes, Say& say) {
+  while (next < options.uuids.size()) {
+    const size_t i = next++;
+    outcomes[i] = co_await destroy_one(io, etcd, keys, config, membership, options, options.uuids[i], say);
+  }
+}
+
+// Instances destroyed at once by one `toyvm destroy`.
+constexpr size_t destroys_at_once = 32;
+
+}  // namespace
+
 Outcome run_destroy(const Config& config, const DestroyOptions& options, Say& say) {
-  if (!is_uuid(options.uuid))
-    return Error(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", options.uuid));
+  if (options.uuids.empty()) return Error(errc::invalid_argument, "no instance uuid given");
+  for (const std::string& uuid : options.uuids)
+    if (!is_uuid(uuid)) return Error(errc::invalid_argument, fmt::format("'{}' is not an instance uuid", uuid));
   return run_on_loop([&](asio::io_context& io) -> awaitable<Outcome> {
     auto etcd = EtcdClient::create(config.etcd);
     KeyLayout keys(config.etcd.prefix);
     auto membership = co_await caller_membership(*etcd, keys, config.etcd, "");
     if (!membership) co_return with_endpoints(*etcd, membership.error());
-    if (*membership) {
-      if (options.force) co_return Error(errc::permission_denied, "destroy --force is the cloud admin's");
-      co_return co_await member_power(*etcd, keys, **membership, options.uuid, PowerState::deleted, options.wait,
-                                      options.wait_timeout, say);
+    if (*membership && options.force) co_return Error(errc::permission_denied, "destroy --force is the cloud admin's");
+    std::vector<Outcome> outcomes(options.uuids.size(), ExitCode::ok);
+    size_t next = 0;
+    std::vector<awaitable<void>> workers;
+    for (size_t w = 0; w < std::min(destroys_at_once, options.uuids.size()); ++w)
+      workers.push_back(destroy_worker(io, *etcd, keys, config, *membership, options, next, outcomes, say));
+    co_await run_together(std::move(workers));
+    // Each instance's failure told, named when there are several; the command ends with the
+    // first's, in the order asked.
+    std::optional<Outcome> first;
+    for (size_t i = 0; i < outcomes.size(); ++i) {
+      Outcome outcome = outcomes[i];
+      if (outcome && *outcome == ExitCode::ok) continue;
+      if (!outcome && outcomes.size() > 1) outcome = outcome.error().doing(options.uuids[i]);
+      if (!first) {
+        first = outcome;
+      } else {
+        say.note(outcome ? fmt::format("{}: exit {}", options.uuids[i], int(*outcome)) : outcome.error().message());
+      }
     }
-    auto target = co_await find_instance(*etcd, keys, options.uuid);
-    if (!target) co_return target.error();
-    if (options.force)
-      co_return co_await force_destroy(io, *etcd, keys, config, target->record, target->mod_revision, say);
-    co_await failpoint::pass("destroy.asking");  // the record read, the request not yet written
-    if (auto asked = co_await request_power(*etcd, keys, target->record, PowerState::deleted); !asked)
-      co_return asked.error();
-    if (!options.wait) {
-      say.line(fmt::format("DESTROYING INSTANCE {}", options.uuid));
-      co_return ExitCode::ok;
-    }
-    // Done when the agent has deleted the instance key.
-    auto gone = [](const std::optional<InstanceRecord>& record) { return record ? Reached() : Reached(result<void>{}); };
-    auto waited = co_await wait_for_record(*etcd, keys, options.uuid, target->revision, options.wait_timeout, "gone", gone);
-    if (!waited) co_return waited.error();
-    say.line(fmt::format("DESTROYED INSTANCE {}", options.uuid));
-    co_return ExitCode::ok;
+    co_return first.value_or(ExitCode::ok);
   });
 }
 

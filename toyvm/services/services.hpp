@@ -57,7 +57,7 @@ struct ShowOptions {
 Outcome run_show(const Config& config, const ShowOptions& options, Say& say);
 
 struct DestroyOptions {
-  std::string uuid;
+  std::vector<std::string> uuids;  // destroyed side by side
   bool force = false;  // the host is gone for good: release and remove without it
   bool wait = true;
   Duration wait_timeout = std::chrono::seconds(120);
