@@ -360,3 +360,90 @@ TEST_CASE("metrics refuse every address a guest reaches, however it is written",
   }
   CHECK_THAT(said(serve_metrics(io, "::1:9100", {})), Catch::Contains("expected ADDRESS:PORT"));
 }
+
+namespace {
+
+// Accepts every connection and answers each request on it after `delay`, counting the
+// connections and the requests being answered at once.
+struct SlowServer {
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  std::chrono::milliseconds delay{20};
+  int accepted = 0, answering = 0, most_at_once = 0;
+
+  std::string listen() {
+    tcp::endpoint at(asio::ip::make_address("127.0.0.1"), 0);
+    acceptor.open(at.protocol());
+    acceptor.bind(at);
+    acceptor.listen(64);
+    return "http://127.0.0.1:" + std::to_string(acceptor.local_endpoint().port());
+  }
+
+  awaitable<void> answer(tcp::socket socket) {
+    std::string head;
+    for (;;) {
+      auto [read_ec, n] = co_await asio::async_read_until(socket, asio::dynamic_buffer(head), "\r\n\r\n",
+                                                          asio::as_tuple(use_awaitable));
+      if (read_ec) co_return;
+      head.erase(0, n);
+      most_at_once = std::max(most_at_once, ++answering);
+      asio::steady_timer wait(io, delay);
+      co_await wait.async_wait(asio::as_tuple(use_awaitable));
+      --answering;
+      const std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+      co_await asio::async_write(socket, asio::buffer(answer), asio::as_tuple(use_awaitable));
+    }
+  }
+
+  awaitable<void> serve() {
+    for (;;) {
+      auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(use_awaitable));
+      if (ec) co_return;
+      ++accepted;
+      asio::co_spawn(io, answer(std::move(socket)), asio::detached);
+    }
+  }
+};
+
+awaitable<void> get_into(HttpClient& client, std::chrono::milliseconds timeout, std::vector<result<HttpResponse>>& into) {
+  HttpRequest request;
+  request.target = "/";
+  request.timeout = timeout;
+  into.push_back(co_await client.request(std::move(request)));
+}
+
+}  // namespace
+
+TEST_CASE("the HTTP client sends at most max_in_flight requests at once, on as many connections; the rest wait "
+          "their turn or their timeout", "[http]") {
+  SlowServer server;
+  HttpClientOptions options{server.listen(), std::chrono::milliseconds(5'000), std::chrono::milliseconds(20'000), {}};
+  options.max_in_flight = 2;
+  HttpClient client(server.io.get_executor(), options);
+  std::vector<result<HttpResponse>> answers;
+  SECTION("eight at once: each answered, two at a time on two connections") {
+    std::vector<awaitable<void>> asking;
+    for (int i = 0; i < 8; ++i) asking.push_back(get_into(client, std::chrono::milliseconds(5'000), answers));
+    asio::co_spawn(server.io, server.serve(), asio::detached);
+    asio::co_spawn(server.io, run_together(std::move(asking)), [&](std::exception_ptr) { server.io.stop(); });
+    server.io.run_for(std::chrono::seconds(10));
+    REQUIRE(answers.size() == 8);
+    for (const auto& answer : answers) CHECK((answer && answer->status == 200));
+    CHECK(server.most_at_once == 2);
+    CHECK(server.accepted == 2);
+  }
+  SECTION("a request whose turn does not come within its timeout is refused, never sent") {
+    server.delay = std::chrono::milliseconds(500);
+    std::vector<awaitable<void>> asking;
+    for (int i = 0; i < 2; ++i) asking.push_back(get_into(client, std::chrono::milliseconds(5'000), answers));
+    asking.push_back(get_into(client, std::chrono::milliseconds(50), answers));
+    asio::co_spawn(server.io, server.serve(), asio::detached);
+    asio::co_spawn(server.io, run_together(std::move(asking)), [&](std::exception_ptr) { server.io.stop(); });
+    server.io.run_for(std::chrono::seconds(10));
+    REQUIRE(answers.size() == 3);
+    REQUIRE_FALSE(answers.front());  // the third, refused first
+    CHECK(answers.front().error() == errc::timeout);
+    CHECK((answers[1] && answers[2]));
+    CHECK(server.accepted == 2);
+  }
+}

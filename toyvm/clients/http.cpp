@@ -3,6 +3,7 @@
 #include "core/address.hpp"
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -12,6 +13,8 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+
+#include <deque>
 
 namespace toyvm {
 
@@ -38,8 +41,48 @@ struct HttpClient::Impl {
     std::chrono::steady_clock::time_point last_used;
     beast::tcp_stream& transport() { return secure ? secure->next_layer() : *plain; }
   };
-  std::vector<std::unique_ptr<Connection>> idle;
+  std::vector<std::unique_ptr<Connection>> idle;  // the most recently used last
   Error preconnect_error;        // the next request's answer: the attempt to connect was made
+  size_t in_flight = 0;
+  struct Waiter {
+    asio::steady_timer timer;
+    bool handed = false;  // a request that ended handed its turn over
+  };
+  std::deque<std::shared_ptr<Waiter>> waiting;  // requests waiting their turn, oldest first
+
+  // A turn to send: at once while fewer than max_in_flight are in flight, else when one ends
+  // and hands its turn over; false: none within `timeout` (or the wait was cancelled).
+  awaitable<bool> take_turn(std::chrono::milliseconds timeout) {
+    if (in_flight < std::max<size_t>(options.max_in_flight, 1)) {
+      ++in_flight;
+      co_return true;
+    }
+    auto waiter = std::make_shared<Waiter>(Waiter{asio::steady_timer(executor, timeout)});
+    waiting.push_back(waiter);
+    co_await waiter->timer.async_wait(no_throw);
+    if (waiter->handed) co_return true;
+    std::erase(waiting, waiter);
+    co_return false;
+  }
+
+  void end_turn() {
+    if (waiting.empty()) {
+      --in_flight;
+      return;
+    }
+    std::shared_ptr<Waiter> next = std::move(waiting.front());
+    waiting.pop_front();
+    next->handed = true;
+    next->timer.cancel();
+  }
+
+  // Kept for the next request; idle ones too old to be reused are closed.
+  void keep(std::unique_ptr<Connection> connection) {
+    const auto now = std::chrono::steady_clock::now();
+    connection->last_used = now;
+    std::erase_if(idle, [&](const auto& old) { return now - old->last_used > options.max_idle; });
+    idle.push_back(std::move(connection));
+  }
 
   awaitable<result<std::unique_ptr<Connection>>> connect() {
     if (endpoints.empty()) {
@@ -149,8 +192,7 @@ awaitable<void> HttpClient::preconnect() {
     impl->preconnect_error = connection.error();
     co_return;
   }
-  (*connection)->last_used = std::chrono::steady_clock::now();
-  impl->idle.push_back(std::move(*connection));
+  impl->keep(std::move(*connection));
 }
 
 awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
@@ -173,6 +215,16 @@ awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
   req.keep_alive(true);
   req.prepare_payload();
 
+  const std::chrono::milliseconds timeout = request.timeout.count() > 0 ? request.timeout : impl->options.timeout;
+  const bool my_turn = co_await impl->take_turn(timeout);
+  if (!my_turn)
+    co_return Error(errc::timeout, fmt::format("{}: no turn to send within {} ms ({} requests in flight)",
+                                               impl->options.url, timeout.count(), impl->in_flight));
+  struct Turn {
+    std::shared_ptr<Impl> impl;
+    ~Turn() { impl->end_turn(); }
+  } turn{impl};
+
   // A reused connection may have been closed by the server while idle: if it fails, the
   // request goes once more on a fresh connection.
   auto now = std::chrono::steady_clock::now();
@@ -188,10 +240,7 @@ awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
       if (response.error() == beast::error::timeout) co_return response.error();
       continue;
     }
-    if (keep_alive) {
-      connection->last_used = std::chrono::steady_clock::now();
-      impl->idle.push_back(std::move(connection));
-    }
+    if (keep_alive) impl->keep(std::move(connection));
     co_return response;
   }
 
@@ -199,10 +248,7 @@ awaitable<result<HttpResponse>> HttpClient::request(HttpRequest request) {
   if (!connection) co_return connection.error();
   bool keep_alive = false;
   auto response = co_await impl->exchange(**connection, req, request.timeout, keep_alive);
-  if (response && keep_alive) {
-    (*connection)->last_used = std::chrono::steady_clock::now();
-    impl->idle.push_back(std::move(*connection));
-  }
+  if (response && keep_alive) impl->keep(std::move(*connection));
   co_return response;
 }
 

@@ -32,6 +32,10 @@ struct HttpClientOptions {
   std::chrono::milliseconds timeout{10'000};
   std::chrono::milliseconds max_idle{20'000};  // older idle connections are not reused
   std::string ca_file{};  // https: the CA that signed the server's certificate; empty: the system's
+  // Requests in flight at once, so connections open at once; more wait their turn. Without a
+  // bound, a process of many simulated hosts opened one connection for each host asking at
+  // once (15,000 to Placement), whose ports made every new connection's search for one slow.
+  size_t max_in_flight = 32;
 };
 
 // A request's error says the server took too long to answer: it may still carry the request
