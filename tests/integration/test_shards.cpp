@@ -156,3 +156,36 @@ TEST_CASE("a sharded cloud keeps hard group policies and zones exact", "[shards]
     for (const std::string& provider : in_b) CHECK(servers.usages(provider)["VCPU"] == 2);
   }
 }
+
+TEST_CASE("an evacuation in a sharded cloud finds the one host with room, wherever it is", "[shards]") {
+  Servers servers;
+  std::string config = servers.dir() + "/shards.toml";
+  std::ofstream(config) << "[placement]\nshards = 4\n";
+  ScopedEnv shards("TOYVM_CONFIG", config);
+  std::vector<std::unique_ptr<Process>> agents;
+  auto hosts = start_simulated(servers, agents, "s", 8, "VCPU:1,DISK_GB:10,MEMORY_MB:1024");
+  auto victim = start_simulated(servers, agents, "v", 1, "VCPU:1,DISK_GB:10,MEMORY_MB:1024");
+  const std::string dead = victim.begin()->second;
+  std::map<std::string, std::string> on;  // provider -> its instance
+  for (int i = 0; i < 9; ++i) {
+    auto r = servers.toyvm({"schedule", small, "--wait"});
+    REQUIRE(r.exit_code == 0);
+    auto [rp, uuid] = parse_notified(r.out);
+    on[rp] = uuid;
+  }
+  REQUIRE(on.size() == 9);
+  // Room on one host only, in whichever shard it is.
+  const std::string free_host = hosts.begin()->second;
+  REQUIRE(servers.toyvm({"destroy", on[free_host]}).exit_code == 0);
+  agents.back()->signal(SIGKILL);
+  agents.back()->wait(20);
+  REQUIRE(wait_for([&] { return servers.etcd_prefix(KeyLayout().host(dead)).empty(); }, 60));
+
+  auto evacuated = servers.toyvm({"evacuate", "v-00001"}, 60);
+  INFO(evacuated.out << evacuated.err);
+  CHECK(evacuated.exit_code == 0);
+  CHECK(evacuated.out == fmt::format("EVACUATED INSTANCE {} TO {}\n", on[dead], free_host));
+  CHECK(servers.allocations(on[dead]) == Allocations{{free_host, {{"VCPU", 1}, {"DISK_GB", 1}, {"MEMORY_MB", 256}}}});
+  for (const auto& [name, provider] : hosts) CHECK(servers.usages(provider)["VCPU"] == 1);
+  CHECK(wait_for([&] { return servers.toyvm({"audit"}).exit_code == 0; }, 20));
+}

@@ -12,6 +12,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 
 #include <map>
+#include <set>
 
 using namespace toyvm;
 using namespace std::chrono_literals;
@@ -473,4 +474,39 @@ TEST_CASE("a move powered off is said moved once its guest runs there, not when 
   REQUIRE(*ended);
   CHECK((*ended)->moved);
   CHECK((*ended)->host == host_b);
+}
+
+TEST_CASE("a look's scope widens from a sample to a shard, two others at random, then the whole cloud, once each") {
+  LookScope sampled(2, 4);
+  CHECK(sampled.sample() == 2);
+  const std::string first = sampled.shard();
+  CHECK_FALSE(first.empty());
+  REQUIRE(sampled.widen());
+  CHECK(sampled.sample() == 0);
+  CHECK(sampled.shard() == first);
+  std::set<std::string> shards{first};
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(sampled.widen());
+    CHECK_FALSE(sampled.shard().empty());
+    shards.insert(sampled.shard());
+  }
+  CHECK(shards.size() == 3);  // never one shard twice
+  REQUIRE(sampled.widen());
+  CHECK(sampled.shard().empty());
+  CHECK(sampled.describe() == "the whole cloud");
+  CHECK_FALSE(sampled.widen());
+
+  LookScope two_shards(0, 2);
+  const std::string one = two_shards.shard();
+  REQUIRE(two_shards.widen());
+  CHECK(two_shards.shard() != one);
+  CHECK_FALSE(two_shards.shard().empty());
+  REQUIRE(two_shards.widen());
+  CHECK(two_shards.shard().empty());
+  CHECK_FALSE(two_shards.widen());
+
+  LookScope unsharded(0, 1);
+  CHECK(unsharded.shard().empty());
+  CHECK(unsharded.sample() == 0);
+  CHECK_FALSE(unsharded.widen());
 }

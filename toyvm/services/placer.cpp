@@ -208,7 +208,44 @@ awaitable<HandOverResult> Placer::commit(std::vector<EtcdCompare> guard, std::ve
   }
 }
 
-awaitable<result<Placer::Homes>> Placer::homes(const Relocation& move) {
+LookScope::LookScope(int sample, int shards)
+    : sample_(std::max(sample, 0)), shards_(std::max(shards, 1)), rng_(random_seed()) {
+  if (shards_ > 1) shard_ = another_shard();
+}
+
+std::string LookScope::another_shard() {
+  std::uniform_int_distribution<int> pick(0, shards_ - 1);
+  std::string shard = shard_aggregate(pick(rng_));
+  while (int(asked_.size()) < shards_ && asked_.count(shard)) shard = shard_aggregate(pick(rng_));
+  asked_.insert(shard);
+  return shard;
+}
+
+std::string LookScope::describe() const {
+  if (sample_ > 0) return fmt::format("{} hosts at random", sample_);
+  return shard_.empty() ? std::string("the whole cloud") : "shard " + shard_;
+}
+
+bool LookScope::widen() {
+  const std::string was = describe();
+  if (sample_ > 0) {
+    sample_ = 0;
+  } else if (shard_.empty()) {
+    return false;
+  } else if (int(asked_.size()) < std::min(shard_tries, shards_)) {
+    shard_ = another_shard();
+  } else {
+    shard_.clear();
+  }
+  spdlog::debug("no room among {}; asking about {}", was, describe());
+  return true;
+}
+
+LookScope Placer::relocation_scope(const Relocation& move) const {
+  return LookScope(0, move.to.empty() ? config_.placement.shards : 1);
+}
+
+awaitable<result<Placer::Homes>> Placer::homes(const Relocation& move, const LookScope& scope) {
   Homes out;
   const std::string& uuid = move.work.uuid;
   auto query = parse_placement_query(move.work.query);
@@ -218,6 +255,7 @@ awaitable<result<Placer::Homes>> Placer::homes(const Relocation& move) {
   if (!move.work.availability_zone.empty())
     query->params.emplace_back("member_of", availability_zone_aggregate(move.work.availability_zone));
   if (!move.to.empty()) query->params.emplace_back("in_tree", move.to);
+  if (!scope.shard().empty()) query->params.emplace_back("member_of", scope.shard());
   // What it holds, read once: every write after is guarded by this reading, so of two moves
   // of one instance (two evacuations, an evacuation and a destroy --force) one wins.
   auto held = co_await placement_.consumer_allocations(uuid);
@@ -249,9 +287,18 @@ std::vector<EtcdCompare> Placer::relocation_guard(const Relocation& move, const 
 }
 
 awaitable<result<Relocated>> Placer::relocate(Relocation move, InstanceRecord record) {
+  LookScope scope = relocation_scope(move);
+  for (;;) {
+    auto tried = co_await relocate_within(move, record, scope);
+    if (!tried || tried->outcome != Relocated::Outcome::no_room || !scope.widen()) co_return tried;
+  }
+}
+
+awaitable<result<Relocated>> Placer::relocate_within(const Relocation& move, InstanceRecord record,
+                                                     const LookScope& scope) {
   Relocated out;  // no room, unless it moves
   const std::string uuid = move.work.uuid;
-  auto homes_found = co_await homes(move);
+  auto homes_found = co_await homes(move, scope);
   if (!homes_found) co_return homes_found.error();
   Homes& found = *homes_found;
   if (found.lost_race) out.outcome = Relocated::Outcome::lost_race;
@@ -287,9 +334,18 @@ awaitable<result<Relocated>> Placer::relocate(Relocation move, InstanceRecord re
 }
 
 awaitable<result<Relocated>> Placer::claim_move(Relocation move, MoveRecord record) {
+  LookScope scope = relocation_scope(move);
+  for (;;) {
+    auto tried = co_await claim_move_within(move, record, scope);
+    if (!tried || tried->outcome != Relocated::Outcome::no_room || !scope.widen()) co_return tried;
+  }
+}
+
+awaitable<result<Relocated>> Placer::claim_move_within(const Relocation& move, const MoveRecord& record,
+                                                       const LookScope& scope) {
   Relocated out;  // no room, unless it is claimed
   const std::string uuid = move.work.uuid;
-  auto homes_found = co_await homes(move);
+  auto homes_found = co_await homes(move, scope);
   if (!homes_found) co_return homes_found.error();
   Homes& found = *homes_found;
   if (found.lost_race) out.outcome = Relocated::Outcome::lost_race;

@@ -19,6 +19,7 @@
 
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -81,6 +82,30 @@ struct Relocated {
   std::string host;
   int64_t revision = 0;  // moved: of the hand-over's write
   Error unknown;  // set when etcd did not tell whether it took the hand-over
+};
+
+// Where a look asks, narrowest first, widened each time it found no room: a few hosts at
+// random, then a shard ([placement] shards) and up to two others, all at random, then the
+// whole cloud, so "no room" still means no room anywhere. (A batch fills its shard by a large
+// share, so shards fill unevenly; at 100,000 instances the whole cloud's look cost four
+// shards', and batches there all meet on their hosts in Placement.)
+class LookScope {
+ public:
+  // `sample`: hosts asked about at random first (0: none); `shards`: the cloud's (1: none).
+  LookScope(int sample, int shards);
+  int sample() const { return sample_; }               // > 0: this many hosts at random
+  const std::string& shard() const { return shard_; }  // else this shard; empty: the whole cloud
+  // To the next wider place after no room; false: it was the whole cloud.
+  bool widen();
+  std::string describe() const;
+
+ private:
+  static constexpr int shard_tries = 3;
+  std::string another_shard();  // one not asked about yet, while there are any
+  int sample_ = 0, shards_ = 1;
+  std::string shard_;
+  std::set<std::string> asked_;
+  std::mt19937_64 rng_;
 };
 
 class Placer {
@@ -195,7 +220,13 @@ class Placer {
     // Best first; they point into `view`.
     std::vector<Choice> choices(const Relocation& move, const WeighPolicy& policy) const;
   };
-  awaitable<result<Homes>> homes(const Relocation& move);
+  awaitable<result<Homes>> homes(const Relocation& move, const LookScope& scope);
+  // relocate and claim_move within one scope; no_room: none there.
+  awaitable<result<Relocated>> relocate_within(const Relocation& move, InstanceRecord record, const LookScope& scope);
+  awaitable<result<Relocated>> claim_move_within(const Relocation& move, const MoveRecord& record,
+                                                 const LookScope& scope);
+  // A relocation asks a shard first, as a schedule does; one to a named host asks only it.
+  LookScope relocation_scope(const Relocation& move) const;
   awaitable<void> ask_candidates(std::string query, result<Candidates>& answer);
   // The host's room for `asked`, as its usage and its record's capacity tell it.
   awaitable<void> ask_room(const HostRecord& host, const ResourceAmounts& asked, result<Candidates>& answer);

@@ -96,12 +96,11 @@ awaitable<Outcome> Scheduler::run() {
   }
   auto ready = co_await admit(std::move(*asked));
   if (!ready) co_return ready.error();
-  if (config_.placement.shards > 1) shard_ = another_shard();
   // Spread over a few hosts at random is the best of a few random choices, which balances a
   // cloud nearly as well as the best of all; packing wants the fullest host of all, so it asks all.
-  if (ready->uuids.size() == 1 && options_.group.empty() && Placer::samplable(ready->query) &&
-      placer_.weigh_policy(options_.policy).kind == WeighPolicy::Kind::spread)
-    sample_ = config_.placement.sample_hosts;
+  const bool sampled = ready->uuids.size() == 1 && options_.group.empty() && Placer::samplable(ready->query) &&
+                       placer_.weigh_policy(options_.policy).kind == WeighPolicy::Kind::spread;
+  scope_ = LookScope(sampled ? config_.placement.sample_hosts : 0, config_.placement.shards);
   auto placed = co_await (place(std::move(ready->query), std::move(ready->spec), std::move(ready->uuids)) ||
                           keep_holding());
   co_return std::get<0>(placed);
@@ -280,12 +279,9 @@ awaitable<result<PlacementView>> Scheduler::first_look(PlacementQuery query, int
 }
 
 awaitable<result<PlacementView>> Scheduler::look(PlacementQuery query, int limit) {
-  if (sample_ > 0) {
-    spdlog::debug("schedule: asking etcd and Placement about {} hosts at random", sample_);
-    co_return co_await placer_.sample(std::move(query), sample_, new_uuid());
-  }
-  spdlog::debug("schedule: asking Placement and etcd{}", shard_.empty() ? "" : " about shard " + shard_);
-  if (!shard_.empty()) query.params.emplace_back("member_of", shard_);
+  spdlog::debug("schedule: asking etcd and Placement about {}", scope_.describe());
+  if (scope_.sample() > 0) co_return co_await placer_.sample(std::move(query), scope_.sample(), new_uuid());
+  if (!scope_.shard().empty()) query.params.emplace_back("member_of", scope_.shard());
   auto view = co_await placer_.look(std::move(query), options_.group, {}, limit);
   if (!view) co_return view.error();
   for (GroupPolicy policy : view->group_policies) {
@@ -299,34 +295,6 @@ awaitable<result<PlacementView>> Scheduler::look(PlacementQuery query, int limit
   co_return view;
 }
 
-std::string Scheduler::another_shard() {
-  const int shards = config_.placement.shards;
-  std::mt19937_64 rng{random_seed()};
-  std::uniform_int_distribution<int> pick(0, shards - 1);
-  std::string shard = shard_aggregate(pick(rng));
-  while (int(shards_asked_.size()) < shards && shards_asked_.count(shard)) shard = shard_aggregate(pick(rng));
-  shards_asked_.insert(shard);
-  return shard;
-}
-
-bool Scheduler::widen() {
-  if (sample_ > 0) {
-    spdlog::debug("schedule: no room among {} hosts at random; asking about {}", sample_,
-                  shard_.empty() ? "the whole cloud" : "shard " + shard_);
-    sample_ = 0;
-    return true;
-  }
-  if (shard_.empty()) return false;
-  if (int(shards_asked_.size()) < std::min(shard_tries, config_.placement.shards)) {
-    const std::string full = std::exchange(shard_, another_shard());
-    spdlog::debug("schedule: no room in shard {}; asking about shard {}", full, shard_);
-    return true;
-  }
-  spdlog::debug("schedule: no room in shard {}; asking about the whole cloud", shard_);
-  shard_.clear();
-  return true;
-}
-
 awaitable<result<std::vector<Claim>>> Scheduler::claim_one(PlacementQuery query, std::string uuid) {
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::mt19937_64 rng{random_seed()};
@@ -337,7 +305,7 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_one(PlacementQuery query,
     claiming_ = true;
     auto claim = co_await placer_.claim_first_fit(uuid, std::move(ranked), owner_);
     if (claim) co_return std::vector<Claim>{std::move(*claim)};
-    if (claim.error() != errc::no_allocations_left || !widen()) co_return claim.error();
+    if (claim.error() != errc::no_allocations_left || !scope_.widen()) co_return claim.error();
     view = co_await look(query, 0);
   }
 }
@@ -360,7 +328,7 @@ awaitable<result<std::vector<Claim>>> Scheduler::claim_batch(PlacementQuery quer
     if (!plan) {
       if (truncated) {
         limit *= 4;  // the rest of the cloud may have room
-      } else if (!widen()) {
+      } else if (!scope_.widen()) {
         co_return Error(errc::no_allocations_left);
       }
       continue;

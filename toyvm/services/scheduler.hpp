@@ -108,15 +108,11 @@ class Scheduler {
 
   // The first look and the hold go out together: neither waits for the other.
   awaitable<result<PlacementView>> first_look(PlacementQuery query, int limit);
-  // Candidates, live hosts and the group's members, with the group's policy checked; of the
-  // sample, else the shard, while there is one.
+  // Candidates, live hosts and the group's members, with the group's policy checked, within
+  // the scope.
   awaitable<result<PlacementView>> look(PlacementQuery query, int limit);
   std::optional<GroupPolicy> group_policy() const { return group_policy_; }
 
-  // A shard at random that was not asked about yet (while there are any).
-  std::string another_shard();
-  // To the next wider place to ask about after no room; false: it was the whole cloud.
-  bool widen();
   // One instance: the weighed candidates tried in turn (the sample's, the shard's, then the cloud's).
   awaitable<result<std::vector<Claim>>> claim_one(PlacementQuery query, std::string uuid);
   // A batch: planned against the free capacity Placement shows, then claimed in one request
@@ -161,16 +157,7 @@ class Scheduler {
   ProjectStanding project_;  // the instances' project, as read before claiming
   ConsumerOwner owner_;      // their consumers' in Placement
   ProjectUsage asked_;       // what they count against its quota
-  // What is asked about, narrowest first, each widened once it had no room: a sample of this
-  // many hosts ([placement] sample_hosts; 0: none), then a shard ([placement] shards) and up
-  // to shard_tries - 1 others, all at random, then the whole cloud, so "no room" still means
-  // no room anywhere. (A batch fills its shard by a large share, so shards fill unevenly; at
-  // 100,000 instances the whole cloud's look cost four shards', and batches there all meet
-  // on their hosts in Placement.)
-  static constexpr int shard_tries = 3;
-  int sample_ = 0;
-  std::string shard_;
-  std::set<std::string> shards_asked_;
+  LookScope scope_{0, 1};  // what is asked about, widened each time it had no room
 };
 
 }  // namespace toyvm
