@@ -8,6 +8,26 @@
 using namespace toyvm;
 using namespace toyvm::test;
 
+namespace {
+
+// Host c1 with one instance on it, ACTIVE, and a second host b started after it.
+struct InstanceAndSecondHost {
+  std::string rp, b, uuid;
+  std::unique_ptr<Process> compute, compute_b;
+};
+
+InstanceAndSecondHost instance_and_second_host(Servers& servers) {
+  InstanceAndSecondHost out;
+  out.compute = servers.start_compute("c1", roomy, &out.rp);
+  auto placed = servers.toyvm({"schedule", small, "--wait"}, 60);
+  REQUIRE(placed.exit_code == 0);
+  out.uuid = parse_notified(placed.out).second;
+  out.compute_b = servers.start_compute("b", roomy, &out.b);
+  return out;
+}
+
+}  // namespace
+
 TEST_CASE("two evacuations of one dead host at once move each instance once, books exact", "[operations]") {
   Servers servers;
   std::string rp, b, c;
@@ -182,12 +202,9 @@ TEST_CASE("two members of an anti-affinity group moved to one host at once: its 
 TEST_CASE("migrate --abort undoes a move before its guest leaves: it stays, the books are back; a move that is not "
           "there cannot be aborted", "[operations]") {
   Servers servers;
-  std::string rp, b;
-  auto compute = servers.start_compute("c1", roomy, &rp);
-  auto placed = servers.toyvm({"schedule", small, "--wait"}, 60);
-  REQUIRE(placed.exit_code == 0);
-  const std::string uuid = parse_notified(placed.out).second;
-  auto compute_b = servers.start_compute("b", roomy, &b);
+  InstanceAndSecondHost setup = instance_and_second_host(servers);
+  const std::string &rp = setup.rp, &b = setup.b, &uuid = setup.uuid;
+  auto& compute_b = setup.compute_b;
   REQUIRE(wait_for([&] { return host_record(servers, b) && host_record(servers, b)->status == "READY"; }, 30));
   CHECK(servers.toyvm({"migrate", uuid, "--abort"}).exit_code == 3);  // not moving
 
@@ -214,12 +231,9 @@ TEST_CASE("migrate --abort undoes a move before its guest leaves: it stays, the 
 TEST_CASE("a destroy asked while its instance is evacuated to another host follows it there: nothing is left",
           "[operations]") {
   Servers servers;
-  std::string rp, b;
-  auto compute = servers.start_compute("c1", roomy, &rp);
-  auto placed = servers.toyvm({"schedule", small, "--wait"}, 60);
-  REQUIRE(placed.exit_code == 0);
-  const std::string uuid = parse_notified(placed.out).second;
-  auto compute_b = servers.start_compute("b", roomy, &b);
+  InstanceAndSecondHost setup = instance_and_second_host(servers);
+  const std::string &rp = setup.rp, &b = setup.b, &uuid = setup.uuid;
+  auto& compute = setup.compute;
 
   // The destroy reads the record (on c1) and waits; meanwhile c1 dies and the instance is
   // rebuilt on b.
@@ -252,12 +266,11 @@ TEST_CASE("a destroy asked while its instance is evacuated to another host follo
 TEST_CASE("a destination gone for good after its guest left the source: the source hands it over, and evacuating "
           "the dead host rebuilds it", "[operations]") {
   Servers servers;
-  std::string rp, b;
-  auto compute = servers.start_compute("c1", roomy, &rp);
-  auto placed = servers.toyvm({"schedule", small, "--wait"}, 60);
-  REQUIRE(placed.exit_code == 0);
-  const std::string uuid = parse_notified(placed.out).second;
-  auto compute_b = servers.start_compute("b", roomy, &b);
+  InstanceAndSecondHost setup = instance_and_second_host(servers);
+  std::string &rp = setup.rp, &b = setup.b;
+  const std::string& uuid = setup.uuid;
+  auto& compute = setup.compute;
+  auto& compute_b = setup.compute_b;
   compute_b->signal(SIGKILL);
   compute_b->wait();
   REQUIRE(wait_for([&] { return !host_record(servers, b).has_value(); }, 30));

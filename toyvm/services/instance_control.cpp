@@ -162,10 +162,6 @@ awaitable<Outcome> member_power(EtcdClient& etcd, const KeyLayout& keys, const P
   co_return ExitCode::ok;
 }
 
-}  // namespace
-
-namespace {
-
 using Membership = std::optional<ProjectMembership>;
 
 awaitable<Outcome> destroy_one(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const Config& config,
