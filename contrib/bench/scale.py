@@ -35,6 +35,12 @@ INVENTORY = "VCPU:16,MEMORY_MB:16384,DISK_GB:160"  # room for 16 of QUERY
 # etcd's rates at rest are read over one `stats_interval` (30 s): each agent reports its host's
 # figures once in it, and a shorter window would count a share that depends on when it opens.
 AT_REST_S = 30
+# What a run may try on etcd (--etcd-arg, repeated): its history compacted within the run, and the
+# `map` freelist of its bbolt backend, whose allocations do not grow with the free pages as the
+# default `array`'s do. Measured at 20,000 instances (history.md): neither placing nor
+# destroying clearly faster; so by default etcd runs on its own defaults.
+ETCD_TRIED = ["--auto-compaction-mode=periodic", "--auto-compaction-retention=5m",
+              "--experimental-backend-bbolt-freelist-type=map"]
 
 
 def rss_kib(pid):
@@ -177,6 +183,8 @@ def main():
                         help="[placement] shards for agents and schedules (default: one per 100 hosts from 1,000)")
     parser.add_argument("--sample-hosts", type=int, default=None,
                         help="[placement] sample_hosts for schedules (default: 2 from 1,000 hosts)")
+    parser.add_argument("--etcd-arg", action="append", dest="etcd_args", default=[],
+                        help="a flag for every etcd member (repeat), e.g. " + " ".join(f"--etcd-arg={a}" for a in ETCD_TRIED))
     parser.add_argument("--lease-ttl", type=int, default=10, help="[compute] lease_ttl, seconds")
     parser.add_argument("--evacuate", type=int, default=0,
                         help="instances on one more host that dies among the others and is evacuated (--simulated)")
@@ -186,7 +194,9 @@ def main():
                "batch_size": args.batch_size}
     cloud = None
     try:
-        cloud = Cloud(args.build, workdir, etcd_members=3, postgresql=True, placement_workers=4)
+        figures["etcd_args"] = args.etcd_args
+        cloud = Cloud(args.build, workdir, etcd_members=3, postgresql=True, placement_workers=4,
+                      etcd_args=args.etcd_args)
         config = workdir / "agent.toml"
         shards = args.shards if args.shards is not None else (args.agents // 100 if args.agents >= 1000 else 0)
         figures["shards"] = shards
@@ -290,6 +300,15 @@ def main():
             print(f"scale: evacuation of a dead host: {figures['evacuation']}", flush=True)
 
         uuids = [i["uuid"] for i in cloud.instances()]
+        # The hosts' records counted while the cloud is destroyed: a host whose lease etcd let
+        # lapse is missing until it announces itself again.
+        live_counts, destroyed = [], threading.Event()
+
+        def count_live_hosts():
+            while not destroyed.wait(5.0):
+                live_counts.append(sum(h["alive"] for h in cloud.hosts()))
+        counter = threading.Thread(target=count_live_hosts)
+        counter.start()
         started = time.monotonic()
         # Four `toyvm destroy` at a time, each of 500 instances (32 at once within it).
         chunks = [uuids[i:i + 500] for i in range(0, len(uuids), 500)]
@@ -297,8 +316,17 @@ def main():
                    if code != 0]
         if refused:
             print(f"scale: {len(refused)} destroy command(s) of 500 failed", flush=True)
-        wait_until("every instance gone", lambda: not cloud.instances(), 3600, 5)
+        try:
+            wait_until("every instance gone", lambda: not cloud.instances(), 3600, 5)
+        finally:
+            destroyed.set()
+            counter.join()
         figures["destroy_all_s"] = time.monotonic() - started
+        hosts_total = args.agents + bool(victim)
+        figures["hosts_live_while_destroying"] = {"fewest": min(live_counts, default=None), "of": hosts_total}
+        figures["hosts_live_after_destroy"] = sum(h["alive"] for h in cloud.hosts())
+        print(f"scale: hosts live while destroying, fewest: {figures['hosts_live_while_destroying']['fewest']} "
+              f"of {hosts_total}; after: {figures['hosts_live_after_destroy']}", flush=True)
         # Nothing left: no instance, nothing held in Placement by toyvm's consumers, audit clean.
         # Microversion 1.9: Placement 8.0.0 answers 500 on PostgreSQL for /usages from 1.38 (its
         # grouping by consumer type).
@@ -341,6 +369,8 @@ def main():
                                      f"audit exit {figures['evacuation']['audit_exit']}")]
           if "evacuation" in figures else []),
         ("destroy all", f"{figures.get('destroy_all_s', float('nan')):.1f} s"),
+        ("hosts live while destroying, fewest / after",
+         f"{figures.get('hosts_live_while_destroying', {}).get('fewest')} / {figures.get('hosts_live_after_destroy')}"),
         *([("left after, Placement / audit",
             f"{sum(figures['left_after_destroy']['usages'].values())} units held, "
             f"audit exit {figures['left_after_destroy']['audit_exit']}")] if "left_after_destroy" in figures else []),

@@ -61,12 +61,13 @@ class Cloud:
     """`toyvm`: the binary to run, if not the one in `build`."""
 
     def __init__(self, build, dir, etcd_members=1, postgresql=False, placement_workers=2, toyvm=None,
-                 etcd_secure=False):
+                 etcd_secure=False, etcd_args=()):
         self.toyvm = str(toyvm or build / "toyvm" / "toyvm")
         self.dir = dir
         self.procs = {}
         args = [str(build / "tests" / "integration" / "toyvm-testbed"), "--dir", str(dir), "--etcd-members",
-                str(etcd_members), "--placement-workers", str(placement_workers)]
+                str(etcd_members), "--placement-workers", str(placement_workers),
+                *(f"--etcd-arg={arg}" for arg in etcd_args)]
         log = open(dir / "testbed.log", "a")
         if etcd_secure:  # TLS with client certificates, and etcd's auth: root for toyvm's own processes
             args += ["--etcd-tls", "--etcd-auth"]

@@ -85,6 +85,7 @@ struct ServersOptions {
   int keystone_token_s = 0;      // > 0: Placement checks tokens with a private Keystone
                                  // whose tokens live this many seconds
   std::string dir{};             // where they keep their data and logs; empty: a temporary dir
+  std::vector<std::string> etcd_args{};  // more flags for every etcd member (compaction, backend)
 };
 
 class Servers {

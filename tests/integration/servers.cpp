@@ -216,6 +216,7 @@ void Servers::start_etcd() {
     }
     // Short-lived tokens, so that the tests see toyvm renew them.
     if (options_.etcd_auth) argv.insert(argv.end(), {"--auth-token-ttl", "3"});
+    argv.insert(argv.end(), options_.etcd_args.begin(), options_.etcd_args.end());
     etcd_[i].process = std::make_unique<Process>(std::move(argv), fmt::format("{}/etcd{}.log", dir(), i));
     config.etcd.endpoints.push_back(client_url);
   }

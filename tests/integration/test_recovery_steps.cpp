@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 
 using namespace toyvm;
@@ -323,6 +324,42 @@ TEST_CASE("following a key tells what happened while its watch was lost or its h
   servers.stop_etcd();
   auto away = follow(now + 1, std::chrono::milliseconds(1500));
   CHECK_FALSE(away.has_value());
+}
+
+// etcd renews one stream's leases one after another, each once its leader has applied what it
+// committed: the leases of one process (ten thousand simulated hosts) ride several streams.
+TEST_CASE("a client's many leases are kept alive on several etcd streams", "[recovery]") {
+  Servers servers;
+  auto etcd = EtcdClient::create(servers.config.etcd);
+  constexpr int leases = 64;
+  const int alive = run_sync<int>([&](asio::io_context&) -> awaitable<int> {
+    std::vector<std::unique_ptr<EtcdLeaseKeeper>> keepers;
+    for (int i = 0; i < leases; ++i) {
+      auto lease = co_await etcd->lease_grant(30);
+      if (!lease) co_return -1;
+      keepers.push_back(etcd->keep_alive(*lease));
+    }
+    int renewed = 0;
+    for (auto& keeper : keepers) {
+      auto ttl = co_await keeper->ping();
+      if (ttl && *ttl > 0) ++renewed;
+    }
+    co_return renewed;
+  });
+  CHECK(alive == leases);
+  // etcd's own count of the keep-alive streams it was asked for.
+  const std::string metrics = run_sync<std::string>([&](asio::io_context& io) -> awaitable<std::string> {
+    HttpClient http(io.get_executor(), HttpClientOptions{servers.config.etcd.endpoints.front()});
+    HttpRequest request{"GET", "/metrics", {}, {}};
+    auto r = co_await http.request(std::move(request));
+    co_return r ? r->body : "";
+  });
+  std::smatch started;
+  REQUIRE(std::regex_search(metrics, started,
+                            std::regex(R"(grpc_server_started_total\{grpc_method="LeaseKeepAlive"[^}]*\} (\d+))")));
+  const int streams = std::stoi(started[1]);
+  CHECK(streams > 1);
+  CHECK(streams <= leases);
 }
 
 // Hole 7: a step that throws is a failed step, retried; the instance is not stuck.

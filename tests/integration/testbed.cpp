@@ -10,7 +10,8 @@
 // The end of its input stops them. With --etcd-tls and --etcd-auth, its first line also names
 // the configuration file of etcd's root ("config") and the CA's directory ("pki").
 //   usage: toyvm-testbed --dir DIR [--etcd-members N] [--postgresql] [--placement-workers N]
-//                        [--etcd-tls] [--etcd-auth]
+//                        [--etcd-tls] [--etcd-auth] [--etcd-arg FLAG]...
+// (--etcd-arg: a flag for every etcd member, e.g. --etcd-arg=--auto-compaction-retention=5m)
 
 #include "harness.hpp"
 
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
     else if (arg == "--postgresql") options.postgresql = true;
     else if (arg == "--etcd-tls") options.etcd_tls = true;
     else if (arg == "--etcd-auth") options.etcd_auth = true;
+    else if (arg.starts_with("--etcd-arg=")) options.etcd_args.emplace_back(arg.substr(11));
     else {
       std::fprintf(stderr, "toyvm-testbed: unknown argument %s\n", argv[i]);
       return 2;

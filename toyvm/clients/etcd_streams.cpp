@@ -311,7 +311,7 @@ std::unique_ptr<EtcdWatch> WatchStreams::open(pb::Watch::Stub& stub, const std::
 
 std::unique_ptr<EtcdLeaseKeeper> KeepAliveStreams::open(pb::Lease::Stub& stub, const std::string& token,
                                                        int64_t lease) {
-  return std::make_unique<GrpcLeaseKeeper>(stream_.current(stub, token), lease);
+  return std::make_unique<GrpcLeaseKeeper>(streams_[uint64_t(lease) % streams].current(stub, token), lease);
 }
 
 }  // namespace toyvm::etcd_grpc
