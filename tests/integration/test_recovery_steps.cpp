@@ -281,6 +281,38 @@ TEST_CASE("schedule --wait rides over etcd going away and coming back while it w
   CHECK_THAT(waiting->output(), Catch::Contains("INSTANCE " + uuid + " ACTIVE"));
 }
 
+// etcd far behind under a burst of writes answers late, as one away answers never: a destroy's
+// request is asked again until etcd answers, not given up at the first call's timeout.
+TEST_CASE("a destroy whose request meets etcd away for a moment asks again and is done", "[recovery]") {
+  Servers servers;
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  auto scheduled = servers.toyvm({"schedule", small, "--wait"});
+  REQUIRE(scheduled.exit_code == 0);
+  const std::string uuid = parse_notified(scheduled.out).second;
+  const std::string paused = servers.dir() + "/destroy-paused";
+  std::ofstream(paused) << "";
+  std::unique_ptr<Process> destroying;
+  {
+    ScopedEnv failpoints("TOYVM_FAILPOINTS", "destroy.asking=pause(" + paused + ")");
+    destroying = servers.spawn_toyvm({"destroy", uuid}, "destroy.log");
+  }
+  REQUIRE(wait_for([&] { return destroying->output().find("failpoint destroy.asking: paused") != std::string::npos; },
+                   20));
+  // The record read, etcd goes away; the request is asked while it is away, then again.
+  servers.stop_etcd();
+  fs::remove(paused);
+  REQUIRE(wait_for([&] { return destroying->output().find("asking again") != std::string::npos ||
+                                !destroying->running(); }, 20));
+  servers.start_etcd_again();
+  INFO(destroying->output() << compute->output());
+  CHECK(destroying->wait(60) == 0);
+  CHECK_THAT(destroying->output(), Catch::Contains("asking again"));
+  CHECK_THAT(destroying->output(), Catch::Contains("DESTROYED INSTANCE " + uuid));
+  CHECK(wait_for([&] { return servers.etcd_prefix(KeyLayout().instance(uuid)).empty(); }, 30));
+  CHECK(servers.allocations(uuid).empty());
+}
+
 TEST_CASE("following a key tells what happened while its watch was lost or its history compacted", "[recovery]") {
   Servers servers;
   auto etcd = EtcdClient::create(servers.config.etcd);

@@ -5,6 +5,7 @@
 #include "services/common.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 
@@ -48,23 +49,32 @@ awaitable<result<bool>> try_request_power(EtcdClient& etcd, const KeyLayout& key
 }  // namespace
 
 // An instance between hosts (a move, a build tried again elsewhere) has its work where its
-// record does not say for a moment: the record is read again and the request follows it.
+// record does not say for a moment: the record is read again and the request follows it. An
+// etcd that does not answer in time (away, or far behind under a burst of writes) is asked
+// again: each try writes only over what it read, so a try that landed unseen is read back.
 awaitable<result<void>> request_power(EtcdClient& etcd, const KeyLayout& keys, InstanceRecord record,
                                       PowerState power) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   Backoff backoff(std::chrono::milliseconds(50), std::chrono::seconds(1));
   for (;;) {
     auto asked = co_await try_request_power(etcd, keys, record, power);
-    if (!asked) co_return asked.error();
-    if (*asked) co_return result<void>{};
-    if (std::chrono::steady_clock::now() >= deadline)
+    if (asked && *asked) co_return result<void>{};
+    const bool unanswered = !asked && asked.error() == errc::etcd_unavailable;
+    if (!asked && !unanswered) co_return asked.error();
+    if (unanswered && backoff.fresh())
+      spdlog::warn("instance {}: {}; asking again", record.uuid, asked.error().message());
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (unanswered) co_return asked.error();
       co_return Error(errc::changed, fmt::format("instance {} kept changing (its work is not on host {}); try again",
                                                  record.uuid, record.host));
+    }
     co_await backoff.wait(deadline);
     auto found = co_await find_instance(etcd, keys, record.uuid);
     if (!found && found.error() == errc::not_found && power == PowerState::deleted) co_return result<void>{};
-    if (!found) co_return found.error();
-    record = std::move(found->record);
+    if (found)
+      record = std::move(found->record);
+    else if (found.error() != errc::etcd_unavailable)
+      co_return found.error();
   }
 }
 

@@ -23,7 +23,8 @@ awaitable<result<FoundInstance>> find_instance(EtcdClient& etcd, const KeyLayout
 
 // The instance's desired power on its work key, written only over the version read (stop,
 // start, destroy; the scheduler service for a project's member). An instance moving between
-// hosts is followed for up to 10 s; one destroyed meanwhile is, for a destroy, done.
+// hosts is followed for up to 10 s, and etcd not answering in time is asked again as long;
+// one destroyed meanwhile is, for a destroy, done.
 awaitable<result<void>> request_power(EtcdClient& etcd, const KeyLayout& keys, InstanceRecord record,
                                       PowerState power);
 
