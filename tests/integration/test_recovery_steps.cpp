@@ -283,7 +283,7 @@ TEST_CASE("schedule --wait rides over etcd going away and coming back while it w
 
 // etcd far behind under a burst of writes answers late, as one away answers never: a destroy's
 // request is asked again until etcd answers, not given up at the first call's timeout.
-TEST_CASE("a destroy whose request meets etcd away for a moment asks again and is done", "[recovery]") {
+TEST_CASE("a destroy that meets etcd away for a moment asks again and is done", "[recovery]") {
   Servers servers;
   std::string rp;
   auto compute = servers.start_compute("c1", roomy, &rp);
@@ -311,6 +311,19 @@ TEST_CASE("a destroy whose request meets etcd away for a moment asks again and i
   CHECK_THAT(destroying->output(), Catch::Contains("DESTROYED INSTANCE " + uuid));
   CHECK(wait_for([&] { return servers.etcd_prefix(KeyLayout().instance(uuid)).empty(); }, 30));
   CHECK(servers.allocations(uuid).empty());
+
+  // Away before the destroy reads the record: the read is asked again as well.
+  auto second = servers.toyvm({"schedule", small, "--wait"});
+  REQUIRE(second.exit_code == 0);
+  const std::string other = parse_notified(second.out).second;
+  servers.stop_etcd();
+  auto reading = servers.spawn_toyvm({"destroy", other}, "destroy-other.log");
+  REQUIRE(wait_for([&] { return reading->output().find("asking again") != std::string::npos || !reading->running(); },
+                   20));
+  servers.start_etcd_again();
+  INFO(reading->output());
+  CHECK(reading->wait(60) == 0);
+  CHECK_THAT(reading->output(), Catch::Contains("DESTROYED INSTANCE " + other));
 }
 
 TEST_CASE("following a key tells what happened while its watch was lost or its history compacted", "[recovery]") {

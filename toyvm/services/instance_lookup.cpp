@@ -22,6 +22,18 @@ awaitable<result<FoundInstance>> find_instance(EtcdClient& etcd, const KeyLayout
   co_return FoundInstance{std::move(*record), found->revision, found->kvs.front().mod_revision};
 }
 
+awaitable<result<FoundInstance>> find_instance(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid,
+                                               std::chrono::steady_clock::time_point patience) {
+  Backoff backoff(std::chrono::milliseconds(50), std::chrono::seconds(1));
+  for (;;) {
+    auto found = co_await find_instance(etcd, keys, uuid);
+    if (found || found.error() != errc::etcd_unavailable || std::chrono::steady_clock::now() >= patience)
+      co_return found;
+    if (backoff.fresh()) spdlog::warn("instance {}: {}; asking again", uuid, found.error().message());
+    co_await backoff.wait(patience);
+  }
+}
+
 namespace {
 
 // One try at the desired power on the work key, written only over the version read. false: the

@@ -7,6 +7,7 @@
 #include "model/keys.hpp"
 #include "model/records.hpp"
 
+#include <chrono>
 #include <string>
 
 namespace toyvm {
@@ -20,6 +21,10 @@ struct FoundInstance {
 // The record of `uuid`, or why not: unknown instance, a record that cannot be read (or names
 // no host), etcd out of reach.
 awaitable<result<FoundInstance>> find_instance(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid);
+// The same, asking again until `patience` while etcd does not answer in time (away, or far
+// behind under a burst of writes), as a command that is about to change the instance does.
+awaitable<result<FoundInstance>> find_instance(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid,
+                                               std::chrono::steady_clock::time_point patience);
 
 // The instance's desired power on its work key, written only over the version read (stop,
 // start, destroy; the scheduler service for a project's member). An instance moving between
