@@ -104,6 +104,10 @@ class Servers {
   CommandResult toyvm(std::vector<std::string> args, double timeout_s = 60) const;
   // Runs toyvm in the background; its output goes to a log file in the temp dir.
   std::unique_ptr<Process> spawn_toyvm(std::vector<std::string> args, const std::string& log_name) const;
+  // The same, paused at failpoint `point` while the file `paused` (made here) exists; returns
+  // once it waits there (throws if it does not within 20 s).
+  std::unique_ptr<Process> spawn_toyvm_paused(const std::string& point, const std::string& paused,
+                                              std::vector<std::string> args, const std::string& log_name) const;
 
   // Starts `toyvm compute` on libvirt's test driver and waits until its host record is in
   // etcd; returns its provider uuid through `provider`.

@@ -35,6 +35,17 @@ std::unique_ptr<Process> Servers::spawn_toyvm(std::vector<std::string> args, con
   return std::make_unique<Process>(toyvm_argv(std::move(args)), dir() + "/" + log_name);
 }
 
+std::unique_ptr<Process> Servers::spawn_toyvm_paused(const std::string& point, const std::string& paused,
+                                                     std::vector<std::string> args, const std::string& log_name) const {
+  std::ofstream(paused) << "";
+  ScopedEnv failpoints("TOYVM_FAILPOINTS", point + "=pause(" + paused + ")");
+  auto process = spawn_toyvm(std::move(args), log_name);
+  const std::string waiting = "failpoint " + point + ": paused";
+  if (!wait_for([&] { return process->output().find(waiting) != std::string::npos; }, 20))
+    throw std::runtime_error("toyvm did not pause at " + point + ": " + process->output());
+  return process;
+}
+
 std::unique_ptr<Process> Servers::start_compute(const std::string& name, const std::string& inventory,
                                                 std::string* provider, std::vector<std::string> extra,
                                                 const std::string& compute_toml) {

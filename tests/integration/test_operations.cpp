@@ -90,14 +90,7 @@ TEST_CASE("host drain waits for a schedule claimed on the host, which meets the 
   // c2 holds an instance already: spread picks c1, the emptier, for the next one.
   REQUIRE(servers.toyvm({"schedule", "resources=VCPU:100,MEMORY_MB:10000&required=CUSTOM_C2"}).exit_code == 0);
   const std::string paused = servers.dir() + "/schedule-paused";
-  std::ofstream(paused) << "";
-  std::unique_ptr<Process> schedule;
-  {
-    ScopedEnv failpoints("TOYVM_FAILPOINTS", "schedule.hand_over=pause(" + paused + ")");
-    schedule = servers.spawn_toyvm({"-v", "schedule", small}, "schedule.log");
-  }
-  REQUIRE(wait_for([&] { return schedule->output().find("failpoint schedule.hand_over: paused") != std::string::npos; },
-                   20));
+  auto schedule = servers.spawn_toyvm_paused("schedule.hand_over", paused, {"-v", "schedule", small}, "schedule.log");
   REQUIRE(servers.usages(rp)["VCPU"] == 1);  // claimed on c1, not handed over yet
   auto held = servers.etcd_prefix(KeyLayout().claims_prefix());
   REQUIRE(held.size() == 1);

@@ -165,13 +165,7 @@ TEST_CASE("destroy --force that loses a race with an evacuation leaves the moved
 
   // destroy --force reads the instance on c1, and waits there while an evacuation moves it.
   const std::string paused = servers.dir() + "/force-paused";
-  std::ofstream(paused) << "";
-  std::unique_ptr<Process> forced;
-  {
-    ScopedEnv failpoints("TOYVM_FAILPOINTS", "destroy.force=pause(" + paused + ")");
-    forced = servers.spawn_toyvm({"-v", "destroy", uuid, "--force"}, "forced.log");
-  }
-  REQUIRE(wait_for([&] { return forced->output().find("failpoint destroy.force: paused") != std::string::npos; }, 20));
+  auto forced = servers.spawn_toyvm_paused("destroy.force", paused, {"-v", "destroy", uuid, "--force"}, "forced.log");
   auto evacuated = servers.toyvm({"evacuate", "c1"});
   INFO(evacuated.out << evacuated.err);
   REQUIRE(evacuated.exit_code == 0);

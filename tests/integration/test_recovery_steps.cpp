@@ -291,14 +291,7 @@ TEST_CASE("a destroy that meets etcd away for a moment asks again and is done", 
   REQUIRE(scheduled.exit_code == 0);
   const std::string uuid = parse_notified(scheduled.out).second;
   const std::string paused = servers.dir() + "/destroy-paused";
-  std::ofstream(paused) << "";
-  std::unique_ptr<Process> destroying;
-  {
-    ScopedEnv failpoints("TOYVM_FAILPOINTS", "destroy.asking=pause(" + paused + ")");
-    destroying = servers.spawn_toyvm({"destroy", uuid}, "destroy.log");
-  }
-  REQUIRE(wait_for([&] { return destroying->output().find("failpoint destroy.asking: paused") != std::string::npos; },
-                   20));
+  auto destroying = servers.spawn_toyvm_paused("destroy.asking", paused, {"destroy", uuid}, "destroy.log");
   // The record read, etcd goes away; the request is asked while it is away, then again.
   servers.stop_etcd();
   fs::remove(paused);

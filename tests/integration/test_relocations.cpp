@@ -238,14 +238,7 @@ TEST_CASE("a destroy asked while its instance is evacuated to another host follo
   // The destroy reads the record (on c1) and waits; meanwhile c1 dies and the instance is
   // rebuilt on b.
   const std::string paused = servers.dir() + "/destroy-paused";
-  std::ofstream(paused) << "";
-  std::unique_ptr<Process> destroying;
-  {
-    ScopedEnv failpoints("TOYVM_FAILPOINTS", "destroy.asking=pause(" + paused + ")");
-    destroying = servers.spawn_toyvm({"destroy", uuid}, "destroy.log");
-  }
-  REQUIRE(wait_for([&] { return destroying->output().find("failpoint destroy.asking: paused") != std::string::npos; },
-                   20));
+  auto destroying = servers.spawn_toyvm_paused("destroy.asking", paused, {"destroy", uuid}, "destroy.log");
   compute->signal(SIGKILL);
   compute->wait(20);
   REQUIRE(wait_for([&] { return !host_record(servers, rp).has_value(); }, 30));

@@ -80,6 +80,12 @@ Error from_status(const grpc::Status& status) {
     case grpc::StatusCode::OK: return {};
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED: return Error(errc::etcd_unavailable, status.error_message());
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      // "too many requests": its applies far behind its commits, which passes as a timeout
+      // does. A database over its quota ("database space exceeded") does not.
+      if (status.error_message().find("too many requests") != std::string::npos)
+        return Error(errc::etcd_unavailable, status.error_message());
+      return Error(errc::etcd_error, status.error_message());
     case grpc::StatusCode::CANCELLED: return Error(errc::cancelled, status.error_message());
     case grpc::StatusCode::PERMISSION_DENIED: return Error(errc::permission_denied, status.error_message());
     default: return Error(errc::etcd_error, status.error_message());

@@ -164,17 +164,13 @@ awaitable<Outcome> member_power(EtcdClient& etcd, const KeyLayout& keys, const P
 
 using Membership = std::optional<ProjectMembership>;
 
-// How long a stop, start or destroy asks etcd again when it does not answer in time.
-constexpr std::chrono::seconds etcd_patience{10};
-
 awaitable<Outcome> destroy_one(asio::io_context& io, EtcdClient& etcd, const KeyLayout& keys, const Config& config,
                                const Membership& membership, const DestroyOptions& options, std::string uuid,
                                Say& say) {
   if (membership)
     co_return co_await member_power(etcd, keys, *membership, uuid, PowerState::deleted, options.wait,
                                     options.wait_timeout, say);
-  const auto patience = std::chrono::steady_clock::now() + etcd_patience;
-  auto target = co_await find_instance(etcd, keys, uuid, patience);
+  auto target = co_await find_instance(etcd, keys, uuid, power_patience);
   if (!target) co_return target.error();
   if (options.force)
     co_return co_await force_destroy(io, etcd, keys, config, target->record, target->mod_revision, say);
@@ -254,8 +250,7 @@ Outcome run_power(const Config& config, const PowerOptions& options, Say& say) {
     if (*membership)
       co_return co_await member_power(*etcd, keys, **membership, options.uuid, options.power, options.wait,
                                       options.wait_timeout, say);
-    const auto patience = std::chrono::steady_clock::now() + etcd_patience;
-    auto target = co_await find_instance(*etcd, keys, options.uuid, patience);
+    auto target = co_await find_instance(*etcd, keys, options.uuid, power_patience);
     if (!target) co_return target.error();
     if (target->record.state == InstanceState::error)
       co_return Error(errc::changed,

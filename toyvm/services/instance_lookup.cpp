@@ -23,14 +23,15 @@ awaitable<result<FoundInstance>> find_instance(EtcdClient& etcd, const KeyLayout
 }
 
 awaitable<result<FoundInstance>> find_instance(EtcdClient& etcd, const KeyLayout& keys, const std::string& uuid,
-                                               std::chrono::steady_clock::time_point patience) {
+                                               std::chrono::seconds patience) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
   Backoff backoff(std::chrono::milliseconds(50), std::chrono::seconds(1));
   for (;;) {
     auto found = co_await find_instance(etcd, keys, uuid);
-    if (found || found.error() != errc::etcd_unavailable || std::chrono::steady_clock::now() >= patience)
+    if (found || found.error() != errc::etcd_unavailable || std::chrono::steady_clock::now() >= deadline)
       co_return found;
     if (backoff.fresh()) spdlog::warn("instance {}: {}; asking again", uuid, found.error().message());
-    co_await backoff.wait(patience);
+    co_await backoff.wait(deadline);
   }
 }
 
@@ -66,7 +67,7 @@ awaitable<result<bool>> try_request_power(EtcdClient& etcd, const KeyLayout& key
 // again: each try writes only over what it read, so a try that landed unseen is read back.
 awaitable<result<void>> request_power(EtcdClient& etcd, const KeyLayout& keys, InstanceRecord record,
                                       PowerState power) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const auto deadline = std::chrono::steady_clock::now() + power_patience;
   Backoff backoff(std::chrono::milliseconds(50), std::chrono::seconds(1));
   for (;;) {
     auto asked = co_await try_request_power(etcd, keys, record, power);
