@@ -190,13 +190,7 @@ TEST_CASE("a schedule whose hold lapsed hands nothing over and gives its claim b
   std::string rp;
   auto compute = servers.start_compute("c1", "VCPU:8,DISK_GB:100,MEMORY_MB:4096", &rp);
   const std::string paused = servers.dir() + "/schedule-paused";
-  std::ofstream(paused) << "";
-  std::unique_ptr<Process> schedule;
-  {
-    ScopedEnv failpoints("TOYVM_FAILPOINTS", "schedule.hand_over=pause(" + paused + ")");
-    schedule = servers.spawn_toyvm({"-v", "schedule", small}, "schedule.log");
-  }
-  REQUIRE(wait_for([&] { return paused_at(*schedule, "schedule.hand_over"); }, 20));
+  auto schedule = servers.spawn_toyvm_paused("schedule.hand_over", paused, {"-v", "schedule", small}, "schedule.log");
   // What `audit --fix` does to a hold past its deadline (etcd out of the schedule's reach).
   auto held = servers.etcd_prefix(KeyLayout().claims_prefix());
   REQUIRE(held.size() == 1);
@@ -216,13 +210,7 @@ TEST_CASE("audit --fix releases only what the consumer still holds as it last re
   const std::string leaked = new_uuid();
   servers.claim(leaked, Allocations{{rp, {{"VCPU", 1}}}});
   const std::string paused = servers.dir() + "/audit-paused";
-  std::ofstream(paused) << "";
-  std::unique_ptr<Process> audit;
-  {
-    ScopedEnv failpoints("TOYVM_FAILPOINTS", "audit.fix=pause(" + paused + ")");
-    audit = servers.spawn_toyvm({"-v", "audit", "--fix", "--grace", "0.2"}, "audit.log");
-  }
-  REQUIRE(wait_for([&] { return paused_at(*audit, "audit.fix"); }, 20));
+  auto audit = servers.spawn_toyvm_paused("audit.fix", paused, {"-v", "audit", "--fix", "--grace", "0.2"}, "audit.log");
   // Between its look and its fix, the consumer's allocations change.
   const bool changed = run_sync<bool>([&](asio::io_context& io) -> awaitable<bool> {
     PlacementClient placement(io.get_executor(), servers.config.placement);
