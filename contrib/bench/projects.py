@@ -17,7 +17,7 @@ With --postgresql, Placement runs on PostgreSQL with WORKERS workers (as `bench.
 runs it) instead of sqlite with 2.
 
   usage: projects.py --build DIR [--agents 4] [--sequential 40] [--rounds 6] [--users 16] [--claims 480]
-                     [--postgresql] [--placement-workers 4]
+                     [--postgresql] [--placement-workers 4] [--batching-only] [--keep]
 """
 
 import argparse
@@ -53,6 +53,8 @@ def main():
     parser.add_argument("--claims", type=int, default=480, help="instances in each rate measure against the ceiling")
     parser.add_argument("--postgresql", action="store_true", help="Placement on PostgreSQL, not sqlite")
     parser.add_argument("--placement-workers", type=int, default=None, help="Placement's workers (2; 4 on PostgreSQL)")
+    parser.add_argument("--batching-only", action="store_true", help="only the batching path against the ceiling")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory and its logs")
     args = parser.parse_args()
     workers = args.placement_workers or (4 if args.postgresql else 2)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="toyvm-projects-"))
@@ -92,7 +94,7 @@ def main():
             wait_until("every instance gone", lambda: not cloud.instances(), 300)
 
         results = {}
-        for name, extra in paths.items():
+        for name, extra in ({} if args.batching_only else paths).items():
             schedule(extra)  # warm: the first pays for the caches
             seq = [schedule(extra) for _ in range(args.sequential)]
             started = time.monotonic()
@@ -101,11 +103,12 @@ def main():
             wall = time.monotonic() - started
             results[name] = (statistics.median(seq), percentile(seq, 99), args.users * args.rounds / wall)
             destroy_all()
-        print(f"{'path':<30} {'p50 ms':>8} {'p99 ms':>8} {f'at {args.users}, /s':>12}")
-        for name, (p50, p99, rate) in results.items():
-            print(f"{name:<30} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {rate:12.1f}")
-        (a50, _, arate), (m50, _, mrate) = results.values()
-        print(f"member / admin: p50 x{m50 / a50:.2f}, throughput x{mrate / arate:.2f}")
+        if results:
+            print(f"{'path':<30} {'p50 ms':>8} {'p99 ms':>8} {f'at {args.users}, /s':>12}")
+            for name, (p50, p99, rate) in results.items():
+                print(f"{name:<30} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {rate:12.1f}")
+            (a50, _, arate), (m50, _, mrate) = results.values()
+            print(f"member / admin: p50 x{m50 / a50:.2f}, throughput x{mrate / arate:.2f}")
 
         bench = str(pathlib.Path(args.build) / "contrib" / "bench" / "toyvm-bench")
         common = ["--placement", cloud.placement_url, "--etcd", cloud.etcd_url, "--query", QUERY,
@@ -134,7 +137,7 @@ def main():
         print(f"audit exit {audit.returncode}; project bench after destroying all: {used.stdout.strip()}")
         ok = audit.returncode == 0 and '"instances":0' in used.stdout
     finally:
-        cloud.finish(ok)
+        cloud.finish(ok and not args.keep)
     return 0 if ok else 1
 
 

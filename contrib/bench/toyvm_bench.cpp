@@ -175,16 +175,18 @@ int run_floor(const Options& o) {
   return all.empty() && o.count > 0 ? 1 : 0;
 }
 
-// One member: `n` schedules of one instance, one after another, each a request and its reply.
+// One member: `n` schedules of one instance, one after another, each a request and its reply,
+// under the process's lease.
 awaitable<void> member_worker(const Config& config, std::shared_ptr<EtcdClient> etcd, const Options& o, int n,
-                              std::vector<double>& latencies, int& failures) {
+                              int64_t lease, std::vector<double>& latencies, int& failures) {
   KeyLayout keys(config.etcd.prefix);
+  ServiceSession session{lease, {}};
   for (int i = 0; i < n; ++i) {
     ProjectRequest request;
     request.user = config.etcd.user;
     request.query = o.query;
     const auto start = Clock::now();
-    auto reply = co_await ask_service(*etcd, keys, o.project, std::move(request), std::chrono::seconds(60));
+    auto reply = co_await ask_service(*etcd, keys, o.project, std::move(request), std::chrono::seconds(60), &session);
     if (!reply || reply->exit_code != 0 || reply->instances.size() != 1) {
       ++failures;
       continue;
@@ -199,13 +201,22 @@ int run_members(const Options& o) {
   auto etcd = EtcdClient::create(config.etcd);
   std::vector<std::vector<double>> latencies(size_t(o.concurrency));
   int failures = 0;
-  auto start = Clock::now();
-  run_loop([&](asio::io_context& io) -> awaitable<void> {
+  const std::chrono::seconds ttl(30);
+  Clock::time_point start;
+  run_loop([&](asio::io_context&) -> awaitable<void> {
+    auto lease = co_await etcd->lease_grant(ttl.count());
+    if (!lease) {
+      failures = o.count;
+      co_return;
+    }
+    start = Clock::now();
+    std::vector<awaitable<void>> members;
     for (int w = 0; w < o.concurrency; ++w) {
       int n = o.count / o.concurrency + (w < o.count % o.concurrency ? 1 : 0);
-      asio::co_spawn(io, member_worker(config, etcd, o, n, latencies[size_t(w)], failures), asio::detached);
+      members.push_back(member_worker(config, etcd, o, n, *lease, latencies[size_t(w)], failures));
     }
-    co_return;
+    co_await (run_together(std::move(members)) || keep_session(*etcd, *lease, ttl));
+    co_await etcd->lease_revoke(*lease);  // the last requests' keys go with it
   });
   double wall = ms_since(start) / 1000;
   std::vector<double> all;

@@ -4,6 +4,7 @@
 #include "harness.hpp"
 #include "model/keys.hpp"
 #include "model/records.hpp"
+#include "services/member.hpp"
 
 #include "catch_result.hpp"
 
@@ -11,6 +12,7 @@
 #include <boost/json/value.hpp>
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include <map>
@@ -517,6 +519,110 @@ TEST_CASE("members' requests waiting together are claimed together, each all or 
   CHECK(servers.usages(rp2)["VCPU"] <= 5);
   CHECK(instance_records(servers) == 9);
   CHECK(servers.etcd_prefix(KeyLayout().claims_prefix()).empty());  // no hold left behind
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
+
+TEST_CASE("a batch's claims go to Placement in parts that share no host: the part another schedule beat is "
+          "decided alone, the other's is placed",
+          "[projects][rbac][batch]") {
+  Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
+  ScopedEnv admin("TOYVM_CONFIG", servers.secure_config);
+  std::string rp1, rp2;
+  auto c1 = servers.start_compute("c1", "VCPU:2,DISK_GB:100,MEMORY_MB:8192", &rp1);
+  auto c2 = servers.start_compute("c2", "VCPU:2,DISK_GB:100,MEMORY_MB:8192", &rp2);
+  REQUIRE(servers.toyvm({"project", "create", "team-a"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "alice"}).exit_code == 0);
+  const std::string alice = member_config(servers, "alice");
+
+  // Two requests of one instance wait before the service runs, so that one batch takes both:
+  // spread, one on each host, each host's claim its own part.
+  std::vector<std::unique_ptr<Process>> asked;
+  for (int i = 0; i < 2; ++i) {
+    asked.push_back(servers.spawn_toyvm({"--config", alice, "schedule", one_vcpu}, fmt::format("alice{}.log", i)));
+    REQUIRE(wait_for([&] { return servers.etcd_prefix(KeyLayout().requests_root()).size() == size_t(i + 1); }, 60));
+  }
+  const std::string paused = servers.dir() + "/batch-paused";
+  auto service = servers.spawn_toyvm_paused("scheduler.batch_claim", paused, {"-v", "scheduler"}, "scheduler.log");
+
+  // Looked and held, not yet claimed: the admin takes a whole host, whichever Placement gives.
+  const auto whole = servers.toyvm({"schedule", "resources=VCPU:2,DISK_GB:1,MEMORY_MB:64"});
+  INFO(whole.out << whole.err);
+  REQUIRE(whole.exit_code == 0);
+  std::filesystem::remove(paused);
+
+  for (auto& one : asked) {
+    INFO(one->output() << service->output());
+    CHECK(one->wait(90) == 0);
+    CHECK(count_of(one->output(), "NOTIFIED TARGET") == 1);
+  }
+  // One claim for both would have been refused whole: here one part was placed together.
+  CHECK_THAT(service->output(), Catch::Contains("2 request(s) together: 1 placed, 1 left to be taken alone"));
+  CHECK(servers.usages(rp1)["VCPU"] == 2);
+  CHECK(servers.usages(rp2)["VCPU"] == 2);
+  CHECK(instance_records(servers) == 3);
+  CHECK(servers.etcd_prefix(KeyLayout().claims_prefix()).empty());
+  CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
+
+TEST_CASE("a client that asks the service many times does it under one lease, each request's keys erased with the "
+          "next",
+          "[projects][rbac]") {
+  Servers servers(ServersOptions{.etcd_tls = true, .etcd_auth = true});
+  ScopedEnv admin("TOYVM_CONFIG", servers.secure_config);
+  std::string rp;
+  auto c1 = servers.start_compute("c1", "VCPU:8,DISK_GB:100,MEMORY_MB:8192", &rp);
+  REQUIRE(servers.toyvm({"project", "create", "team-a"}).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "alice"}).exit_code == 0);
+  member_config(servers, "alice");
+  auto service = servers.spawn_toyvm({"-v", "scheduler"}, "scheduler.log");
+
+  EtcdConfig as_alice = servers.config.etcd;
+  as_alice.cert_file = servers.pki() + "/alice.crt";
+  as_alice.key_file = servers.pki() + "/alice.key";
+  as_alice.user = "alice";
+  as_alice.password.clear();  // by certificate
+  auto etcd = EtcdClient::create(as_alice);
+  const KeyLayout keys;
+  struct Asked {
+    std::vector<ProjectReply> replies;
+    std::vector<size_t> keys_left;  // the project's request and reply keys after each
+    std::string error;
+  };
+  const Asked asked = run_sync<Asked>([&](asio::io_context&) -> awaitable<Asked> {
+    Asked out;
+    auto lease = co_await etcd->lease_grant(30);
+    if (!lease) {
+      out.error = lease.error().message();
+      co_return out;
+    }
+    ServiceSession session{*lease, {}};
+    for (int i = 0; i < 3; ++i) {
+      ProjectRequest request;
+      request.user = "alice";
+      request.query = one_vcpu;
+      auto reply = co_await ask_service(*etcd, keys, "team-a", std::move(request), std::chrono::seconds(60), &session);
+      if (!reply) {
+        out.error = reply.error().message();
+        co_return out;
+      }
+      out.replies.push_back(std::move(*reply));
+      out.keys_left.push_back(servers.etcd_prefix(keys.requests_prefix("team-a")).size() +
+                              servers.etcd_prefix(keys.replies_prefix("team-a")).size());
+    }
+    co_await etcd->lease_revoke(*lease);
+    co_return out;
+  });
+  INFO(asked.error << service->output());
+  REQUIRE(asked.replies.size() == 3);
+  for (const ProjectReply& reply : asked.replies) {
+    CHECK(reply.exit_code == 0);
+    CHECK(reply.instances.size() == 1);
+  }
+  // Only the last request's two keys at any time; none once the lease is revoked.
+  CHECK(asked.keys_left == std::vector<size_t>{2, 2, 2});
+  CHECK(servers.etcd_prefix(keys.requests_prefix("team-a")).empty());
+  CHECK(servers.etcd_prefix(keys.replies_prefix("team-a")).empty());
+  CHECK(instance_records(servers) == 3);
   CHECK(servers.toyvm({"audit"}).exit_code == 0);
 }
 

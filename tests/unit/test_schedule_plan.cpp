@@ -106,3 +106,19 @@ TEST_CASE("requests that waited together are shared among batches by project, ea
   // Never more batches than projects, none empty.
   CHECK(split_by_project({"a", "b"}, 4) == Batches{{0}, {1}});
 }
+
+TEST_CASE("a batch's claims are split only where they touch no provider in common") {
+  using Parts = std::vector<std::vector<size_t>>;
+  CHECK(split_claims({}, {}, 2).empty());
+  // One instance each on four hosts: two parts of two hosts.
+  CHECK(split_claims({{"a"}, {"b"}, {"c"}, {"d"}}, {1, 1, 1, 1}, 2) == Parts{{0, 2}, {1, 3}});
+  // Requests on the same host stay together; the heavier group first.
+  CHECK(split_claims({{"a"}, {"b"}, {"a"}, {"a"}}, {1, 1, 1, 1}, 2) == Parts{{0, 2, 3}, {1}});
+  // Linked through a provider (a request on two hosts, a shared provider), transitively.
+  CHECK(split_claims({{"a", "b"}, {"c"}, {"b", "s"}, {"d", "s"}}, {1, 1, 1, 1}, 2) == Parts{{0, 2, 3}, {1}});
+  CHECK(split_claims({{"a"}, {"b"}, {"c"}, {"a", "c"}}, {1, 1, 1, 1}, 4) == Parts{{0, 2, 3}, {1}});
+  // Weighed by instances: a request of three against three of one.
+  CHECK(split_claims({{"a"}, {"b"}, {"c"}, {"d"}}, {3, 1, 1, 1}, 2) == Parts{{0}, {1, 2, 3}});
+  // One part: everything in it.
+  CHECK(split_claims({{"a"}, {"b"}}, {1, 1}, 1) == Parts{{0, 1}});
+}

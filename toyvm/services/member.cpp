@@ -18,19 +18,18 @@ namespace {
 
 constexpr int64_t request_ttl_s = 15;
 
-// Renews the request's lease until the wait beside it ends.
-awaitable<void> keep_asking(EtcdClient& etcd, int64_t lease) {
+}  // namespace
+
+awaitable<void> keep_session(EtcdClient& etcd, int64_t lease, std::chrono::seconds ttl) {
   asio::steady_timer timer(co_await asio::this_coro::executor);
   std::unique_ptr<EtcdLeaseKeeper> keeper = etcd.keep_alive(lease);
   while (true) {
-    timer.expires_after(std::chrono::seconds(request_ttl_s) / 3);
+    timer.expires_after(ttl / 3);
     co_await timer.async_wait(use_awaitable);
-    auto ttl = co_await keeper->ping();
-    if (!ttl || *ttl == 0) keeper = etcd.keep_alive(lease);
+    auto left = co_await keeper->ping();
+    if (!left || *left == 0) keeper = etcd.keep_alive(lease);
   }
 }
-
-}  // namespace
 
 awaitable<result<std::optional<ProjectMembership>>> caller_membership(EtcdClient& etcd, const KeyLayout& keys,
                                                                       const EtcdConfig& config, std::string project) {
@@ -62,13 +61,15 @@ awaitable<result<std::optional<ProjectMembership>>> caller_membership(EtcdClient
 }
 
 awaitable<result<ProjectReply>> ask_service(EtcdClient& etcd, const KeyLayout& keys, std::string project,
-                                            ProjectRequest request, Duration timeout) {
+                                            ProjectRequest request, Duration timeout, ServiceSession* session) {
   const std::string id = new_uuid();
   const std::string request_key = keys.request(project, id), reply_key = keys.reply(project, id);
-  auto lease = co_await etcd.lease_grant(request_ttl_s);
+  auto lease = session ? result<int64_t>(session->lease) : co_await etcd.lease_grant(request_ttl_s);
   if (!lease) co_return lease.error();
   std::vector<EtcdCompare> fresh{EtcdCompare::absent(request_key)};
   std::vector<EtcdOp> put{EtcdOp::put(request_key, encode(request), *lease)};
+  if (session)
+    for (const std::string& key : std::exchange(session->answered, {})) put.push_back(EtcdOp::erase(key));
   auto asked = co_await etcd.txn(std::move(fresh), std::move(put));
   if (!asked) co_return asked.error().doing("asking the scheduler service");
   std::optional<ProjectReply> reply;
@@ -82,12 +83,19 @@ awaitable<result<ProjectReply>> ask_service(EtcdClient& etcd, const KeyLayout& k
   };
   const auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
   std::function<bool(const WatchEvent&)> seen_reply = seen;  // made outside co_await (GCC 12)
-  auto waited = co_await (follow_key(etcd, reply_key, asked->revision + 1, wait_ms, std::move(seen_reply)) ||
-                          keep_asking(etcd, *lease));
-  // The request and its reply go with the lease, revoked at once (or, if etcd does not answer
-  // now, when it expires).
-  co_await etcd.lease_revoke(*lease);
-  auto followed = std::get<0>(std::move(waited));
+  result<bool> followed = false;
+  if (session) {
+    followed = co_await follow_key(etcd, reply_key, asked->revision + 1, wait_ms, std::move(seen_reply));
+    session->answered = {request_key, reply_key};
+  } else {
+    const std::chrono::seconds ttl(request_ttl_s);
+    auto waited = co_await (follow_key(etcd, reply_key, asked->revision + 1, wait_ms, std::move(seen_reply)) ||
+                            keep_session(etcd, *lease, ttl));
+    // The request and its reply go with the lease, revoked at once (or, if etcd does not
+    // answer now, when it expires).
+    co_await etcd.lease_revoke(*lease);
+    followed = std::get<0>(std::move(waited));
+  }
   if (!followed) co_return followed.error();
   if (!*followed)
     co_return Error(errc::not_reached, fmt::format("no scheduler service answered within {:g} s (is `toyvm scheduler` "

@@ -13,6 +13,7 @@
 #include "services/say.hpp"
 #include "services/services.hpp"
 
+#include <chrono>
 #include <optional>
 #include <string>
 
@@ -25,11 +26,24 @@ namespace toyvm {
 awaitable<result<std::optional<ProjectMembership>>> caller_membership(EtcdClient& etcd, const KeyLayout& keys,
                                                                       const EtcdConfig& config, std::string project);
 
-// The request put in the project's keys under a lease of the caller's (kept alive while it
-// waits: a command that dies withdraws it), and the service's reply once it comes (both
-// erased then). not_reached when no service answered within `timeout`.
+// A client that asks the service many times (a front end, a benchmark's users): one lease for
+// all its requests, which it keeps alive (keep_session) and revokes at its end, and the keys of
+// its last request, erased with the next one's put. Its requests then cost one etcd write each.
+struct ServiceSession {
+  int64_t lease = 0;
+  std::vector<std::string> answered;  // the last request's keys
+};
+
+// The request put in the project's keys under a lease, and the service's reply once it
+// comes. not_reached when no service answered within `timeout`. Without a session, the lease
+// is the request's own, kept alive while it waits (a command that dies withdraws it) and
+// revoked with the reply (the request and reply go with it).
 awaitable<result<ProjectReply>> ask_service(EtcdClient& etcd, const KeyLayout& keys, std::string project,
-                                            ProjectRequest request, Duration timeout);
+                                            ProjectRequest request, Duration timeout,
+                                            ServiceSession* session = nullptr);
+
+// Renews `lease`, of `ttl`, until the caller stops waiting for this.
+awaitable<void> keep_session(EtcdClient& etcd, int64_t lease, std::chrono::seconds ttl);
 
 // A member's schedule as a request (the guest's data read already, into `guest`), and the
 // request as the scheduler service runs it for `project`, its instances' uuids the same at

@@ -54,12 +54,12 @@ result<Scheduler::Prepared> Scheduler::read_request() const {
   return asked;
 }
 
-awaitable<result<Scheduler::Prepared>> Scheduler::admit(Prepared asked) {
+awaitable<result<Scheduler::Prepared>> Scheduler::admit(Prepared asked, std::optional<result<ProjectStanding>> project) {
   // Nothing is claimed for a request its project's quota refuses.
   std::string project_name = options_.project.empty() ? config_.schedule.project : options_.project;
-  auto project = co_await read_project(*etcd_, keys_, std::move(project_name));
-  if (!project) co_return with_endpoints(*etcd_, project.error());
-  project_ = std::move(*project);
+  if (!project) project = co_await read_project(*etcd_, keys_, std::move(project_name));
+  if (!*project) co_return with_endpoints(*etcd_, project->error());
+  project_ = std::move(**project);
   owner_ = ConsumerOwner{placement_project_id(config_.placement.consumer_project, project_.name),
                          options_.user.empty() ? asking_user(config_) : options_.user};
   // Checked before anything is claimed: an instance etcd cannot take in one request could
@@ -106,10 +106,10 @@ awaitable<Outcome> Scheduler::run() {
   co_return std::get<0>(placed);
 }
 
-awaitable<result<Scheduler::Prepared>> Scheduler::prepare() {
+awaitable<result<Scheduler::Prepared>> Scheduler::prepare(std::optional<result<ProjectStanding>> project) {
   auto asked = read_request();
   if (!asked) co_return asked.error();
-  co_return co_await admit(std::move(*asked));
+  co_return co_await admit(std::move(*asked), std::move(project));
 }
 
 awaitable<std::optional<Outcome>> Scheduler::hand_over_claimed(const Prepared& prepared, std::vector<Claim> claims) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 
 namespace toyvm {
 
@@ -38,6 +39,26 @@ std::optional<std::vector<Claim>> plan_into(PlacementView& view, size_t count, c
     plan.push_back(Claim{first->host, *first->allocations});
   }
   return plan;
+}
+
+// Groups of indexes (each with its `weights`, summed) packed into at most `parts` parts, each
+// group whole in one: the heaviest first into the lightest part. Indexes in order in each part.
+std::vector<std::vector<size_t>> pack_groups(std::vector<std::vector<size_t>> groups,
+                                             const std::vector<size_t>& weights, size_t parts) {
+  auto weight = [&](const std::vector<size_t>& indexes) {
+    size_t sum = 0;
+    for (size_t i : indexes) sum += weights[i];
+    return sum;
+  };
+  std::stable_sort(groups.begin(), groups.end(), [&](const auto& a, const auto& b) { return weight(a) > weight(b); });
+  std::vector<std::vector<size_t>> packed(std::min(std::max<size_t>(parts, 1), groups.size()));
+  for (std::vector<size_t>& group : groups) {
+    auto lightest = std::min_element(packed.begin(), packed.end(),
+                                     [&](const auto& a, const auto& b) { return weight(a) < weight(b); });
+    lightest->insert(lightest->end(), group.begin(), group.end());
+  }
+  for (std::vector<size_t>& part : packed) std::sort(part.begin(), part.end());
+  return packed;
 }
 
 }  // namespace
@@ -81,15 +102,31 @@ std::vector<std::vector<size_t>> split_by_project(const std::vector<std::string>
   for (size_t i = 0; i < projects.size(); ++i) by_project[projects[i]].push_back(i);
   std::vector<std::vector<size_t>> groups;
   for (auto& [project, indexes] : by_project) groups.push_back(std::move(indexes));
-  std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
-  std::vector<std::vector<size_t>> batches(std::min(std::max<size_t>(parts, 1), groups.size()));
-  for (std::vector<size_t>& group : groups) {
-    auto smallest = std::min_element(batches.begin(), batches.end(),
-                                     [](const auto& a, const auto& b) { return a.size() < b.size(); });
-    smallest->insert(smallest->end(), group.begin(), group.end());
-  }
-  for (std::vector<size_t>& batch : batches) std::sort(batch.begin(), batch.end());
-  return batches;
+  return pack_groups(std::move(groups), std::vector<size_t>(projects.size(), 1), parts);
+}
+
+std::vector<std::vector<size_t>> split_claims(const std::vector<std::vector<std::string>>& providers,
+                                              const std::vector<size_t>& sizes, size_t parts) {
+  // Requests linked through a provider, each group named by its first request.
+  std::vector<size_t> group(providers.size());
+  std::iota(group.begin(), group.end(), size_t(0));
+  auto root = [&](size_t i) {
+    while (group[i] != i) i = group[i] = group[group[i]];
+    return i;
+  };
+  std::map<std::string, size_t> first_with;
+  for (size_t i = 0; i < providers.size(); ++i)
+    for (const std::string& rp : providers[i]) {
+      auto [seen, fresh] = first_with.emplace(rp, i);
+      if (fresh) continue;
+      const size_t a = root(seen->second), b = root(i);
+      group[std::max(a, b)] = std::min(a, b);
+    }
+  std::map<size_t, std::vector<size_t>> by_group;
+  for (size_t i = 0; i < providers.size(); ++i) by_group[root(i)].push_back(i);
+  std::vector<std::vector<size_t>> groups;
+  for (auto& [first, indexes] : by_group) groups.push_back(std::move(indexes));
+  return pack_groups(std::move(groups), sizes, parts);
 }
 
 }  // namespace toyvm

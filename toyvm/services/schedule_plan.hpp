@@ -33,6 +33,15 @@ std::vector<std::optional<std::vector<Claim>>> plan_requests(PlacementView view,
 // its requests' indexes in their order; none is empty.
 std::vector<std::vector<size_t>> split_by_project(const std::vector<std::string>& projects, size_t parts);
 
+// A batch's requests (`providers[i]`: the providers request i's claims touch; `sizes[i]`: its
+// instances) shared among at most `parts` claims sent at once, none touching a provider
+// another touches: Placement bumps the generation of every provider a claim touches, so such
+// claims never make each other retry. Each request is whole in one part, as are requests
+// linked through a provider; the biggest such group first into the part with fewest instances.
+// Each part lists its requests' indexes in their order; none is empty.
+std::vector<std::vector<size_t>> split_claims(const std::vector<std::vector<std::string>>& providers,
+                                              const std::vector<size_t>& sizes, size_t parts);
+
 // What handing one instance over adds to a transaction: its work, record and group
 // membership, each compared absent and written; its hold, compared present and erased.
 TxnCost hand_over_cost(const KeyLayout& keys, const WorkSpec& spec, const InstanceRecord& record);

@@ -54,8 +54,9 @@ class Scheduler {
   };
   // The two halves of run() for the scheduler service's batches (services/scheduler_batch.cpp),
   // which claims for many schedules at once: everything before the claim (the project read,
-  // the request's quota checked alone)...
-  awaitable<result<Prepared>> prepare();
+  // unless the batch read it once for all its requests: `project`; the request's quota
+  // checked alone)...
+  awaitable<result<Prepared>> prepare(std::optional<result<ProjectStanding>> project = std::nullopt);
   // ... and everything after it, given claims made under the service's hold: the hand-over
   // with its reply, or the instances given up. nullopt: a host was disabled since the look;
   // the claims are given back and the request is to be placed again.
@@ -80,8 +81,8 @@ class Scheduler {
 
   // The command line's request, checked as it is (no one asked yet).
   result<Prepared> read_request() const;
-  // The request within its project's quota, and what it asks counted.
-  awaitable<result<Prepared>> admit(Prepared asked);
+  // The request within its project's quota (read here unless given), and what it asks counted.
+  awaitable<result<Prepared>> admit(Prepared asked, std::optional<result<ProjectStanding>> project = std::nullopt);
   awaitable<Outcome> place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids);
   // Each instance's work and record on its claimed host, handed over.
   awaitable<HandOver> hand_over_claims(const WorkSpec& spec, const std::vector<std::string>& uuids,

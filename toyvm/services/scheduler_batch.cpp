@@ -1,12 +1,14 @@
-// The scheduler service's batches (see scheduler_batch.hpp). The order of a batch: every
-// request read and checked alone (project, quota); each project's requests checked together
-// against its quota; for each kind of request one look, a plan that gives each request its
-// own room or none; the hold (one key an instance, under the service's lease); one claim for
-// all; the quotas checked again with the claims counted; each request handed over in its own
-// transaction with its reply, all at once.
+// The scheduler service's batches (see scheduler_batch.hpp). The order of a batch: each
+// project read once, every request checked alone (quota); each project's requests checked
+// together against its quota; for each kind of request one look, a plan that gives each
+// request its own room or none, and beside the looks the hold (one key an instance, under the
+// service's lease); the claims, in parts that share no provider, sent at once; the quotas
+// checked again with the claims counted; each request handed over in its own transaction with
+// its reply, all at once.
 
 #include "services/scheduler_batch.hpp"
 
+#include "core/failpoint.hpp"
 #include "model/txn_limits.hpp"
 #include "model/uuid.hpp"
 #include "services/placer.hpp"
@@ -41,6 +43,9 @@ awaitable<void> answer_request(EtcdClient& etcd, std::vector<EtcdCompare> standi
 }
 
 namespace {
+
+// A batch's claims sent to Placement at once, at most: its workers take them side by side.
+constexpr size_t claims_at_once = 2;
 
 // One request of the batch, from its first read to its answer.
 struct Entry {
@@ -78,12 +83,18 @@ class Batch {
       steps.emplace_back(name, std::chrono::duration<double, std::milli>(now - since).count());
       since = now;
     };
+    co_await read_projects();
     std::vector<awaitable<void>> reads;
     for (auto& entry : entries_) reads.push_back(prepare(*entry));
     co_await run_together(std::move(reads));
     co_await check_quotas(false);
     step("read");
-    co_await plan();
+    // The hold needs nothing the look finds: it goes beside it. What the look leaves out is
+    // let go with what is not handed over.
+    std::vector<awaitable<void>> look_and_hold;
+    look_and_hold.push_back(plan());
+    look_and_hold.push_back(hold_open());
+    co_await run_together(std::move(look_and_hold));
     step("look");
     if (!open().empty()) co_await claim();
     step("claim");
@@ -121,9 +132,21 @@ class Batch {
     co_await answer_request(*etcd_, entry.waiting.standing, entry.waiting.reply_key, entry.waiting.kv.lease, reply);
   }
 
+  // Each project the requests name, read once for all of them.
+  awaitable<void> read_projects() {
+    for (const auto& entry : entries_) projects_.emplace(entry->waiting.project, Error(errc::not_found));
+    std::vector<awaitable<void>> reads;
+    for (auto& [name, read] : projects_) reads.push_back(read_project_into(name, read));
+    co_await run_together(std::move(reads));
+  }
+
+  awaitable<void> read_project_into(std::string name, result<ProjectStanding>& read) {
+    read = co_await read_project(*etcd_, keys_, std::move(name));
+  }
+
   // What a request asks, read and checked alone: a request refused alone is refused together.
   awaitable<void> prepare(Entry& entry) {
-    auto ready = co_await entry.scheduler->prepare();
+    auto ready = co_await entry.scheduler->prepare(projects_.at(entry.waiting.project));
     if (!ready) {
       const Outcome refused = ready.error();
       co_await answer(entry, refused);
@@ -188,18 +211,36 @@ class Batch {
     }
   }
 
-  // The hold, then one claim for every planned instance. A claim refused is nobody's: the
-  // requests are taken alone. One whose answer was lost may have been made: it is given back.
+  // The hold, then the claims of every planned instance: one, or a few sent at once where the
+  // requests touch no provider in common. A claim refused is nobody's: its requests are taken
+  // alone. One whose answer was lost may have been made: it is given back.
   awaitable<void> claim() {
-    std::vector<std::string> uuids;
-    for (Entry* entry : open()) uuids.insert(uuids.end(), entry->prepared.uuids.begin(), entry->prepared.uuids.end());
-    if (auto held = co_await hold(uuids); !held) {
-      spdlog::warn("scheduler: holding a batch's claims: {}", held.error().message());
+    if (!held_) {
       for (Entry* entry : open()) entry->fate = Entry::Fate::alone;
       co_return;
     }
+    const std::vector<Entry*> planned = open();
+    std::vector<std::vector<std::string>> providers;
+    std::vector<size_t> sizes;
+    for (Entry* entry : planned) {
+      std::vector<std::string>& touched = providers.emplace_back();
+      for (const Claim& claim : entry->claims)
+        for (const auto& [rp, amounts] : claim.allocations) touched.push_back(rp);
+      sizes.push_back(entry->claims.size());
+    }
+    co_await failpoint::pass("scheduler.batch_claim");  // looked and held, nothing claimed yet
+    std::vector<awaitable<void>> claims;
+    for (const std::vector<size_t>& part : split_claims(providers, sizes, claims_at_once)) {
+      std::vector<Entry*> members;
+      for (size_t i : part) members.push_back(planned[i]);
+      claims.push_back(claim_together(std::move(members)));
+    }
+    co_await run_together(std::move(claims));
+  }
+
+  awaitable<void> claim_together(std::vector<Entry*> members) {
     std::vector<ConsumerWrite> writes;
-    for (Entry* entry : open())
+    for (Entry* entry : members)
       for (size_t i = 0; i < entry->claims.size(); ++i)
         writes.push_back(ConsumerWrite{entry->prepared.uuids[i], entry->claims[i].allocations, std::nullopt,
                                        ConsumerType::instance, entry->prepared.owner});
@@ -212,7 +253,7 @@ class Batch {
     const bool nothing_written = claimed.error() == errc::placement_capacity ||
                                  claimed.error() == errc::placement_concurrent_update;
     spdlog::debug("scheduler: a batch's claim: {}; taking its requests alone", claimed.error().message());
-    for (Entry* entry : open()) {
+    for (Entry* entry : members) {
       if (nothing_written) {
         entry->fate = Entry::Fate::alone;
       } else {
@@ -222,7 +263,17 @@ class Batch {
   }
 
   // A key an instance under the service's lease: `audit --fix` leaves their claims alone
-  // while the service leads, and the hand-over requires and erases them.
+  // while the service leads, and the hand-over requires and erases them. Nothing is claimed
+  // without it.
+  awaitable<void> hold_open() {
+    std::vector<std::string> uuids;
+    for (Entry* entry : open()) uuids.insert(uuids.end(), entry->prepared.uuids.begin(), entry->prepared.uuids.end());
+    if (uuids.empty()) co_return;
+    auto held = co_await hold(uuids);
+    if (!held) spdlog::warn("scheduler: holding a batch's claims: {}", held.error().message());
+    held_ = bool(held);
+  }
+
   awaitable<result<void>> hold(const std::vector<std::string>& uuids) {
     held_uuids_ = uuids;
     std::vector<TxnCost> costs(uuids.size(), TxnCost{0, 1, keys_.claim(uuids.front()).size()});
@@ -287,6 +338,8 @@ class Batch {
   int64_t hold_lease_;
   std::vector<std::unique_ptr<Entry>> entries_;
   std::vector<std::string> held_uuids_;  // the instances it holds under the lease
+  bool held_ = false;
+  std::map<std::string, result<ProjectStanding>> projects_;  // by name, read once
 };
 
 }  // namespace

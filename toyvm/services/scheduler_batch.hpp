@@ -1,9 +1,10 @@
 #pragma once
 // The scheduler service's batches: schedule requests that waited together are claimed in
-// Placement together, one look and one POST /allocations for every request of one kind (the
-// same query, zone and policy), as Nomad's plan applier applies many plans at once. Each
-// request is still all or nothing, and is answered as if it had been taken alone; whatever a
-// batch cannot decide exactly is left to be taken alone.
+// Placement together, one look for every request of one kind (the same query, zone and
+// policy) and one POST /allocations for them all, as Nomad's plan applier applies many plans
+// at once; or a few sent at once, split where they share no provider. Each request is still
+// all or nothing, and is answered as if it had been taken alone; whatever a batch cannot
+// decide exactly is left to be taken alone.
 
 #include "clients/etcd.hpp"
 #include "clients/placement.hpp"

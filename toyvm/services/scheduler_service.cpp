@@ -8,8 +8,10 @@
 // Several may run; one leads (an etcd election: `scheduler/leader`, created under its lease)
 // and takes what waits in passes: the schedules that can go together in batches, two at once
 // with each project's in one (services/scheduler_batch.hpp), the rest one at a time, so a
-// project's quota is checked with nothing of that project between its check and its claim. A request's instances have the same uuids at
-// every try (model/uuid.hpp), its reply is written in the very transaction that hands them
+// project's quota is checked with nothing of that project between its check and its claim.
+// A pass waits a moment for as many requests as the last one answered (their members ask
+// again at once), so that a stream of members keeps its batches whole. A request's instances
+// have the same uuids at every try (model/uuid.hpp), its reply is written in the very transaction that hands them
 // over, and that transaction requires the leader's key as this leader made it: a leader that
 // lost its lease hands nothing over, and one that takes over a request finds what another left
 // (its instances, answered from their records; its claims, given back before claiming again).
@@ -30,7 +32,9 @@
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -50,6 +54,12 @@ constexpr int64_t leader_ttl_s = 10;
 // At most this many requests are taken in one pass (a batch): the rest wait for the next.
 constexpr size_t max_batch = 128;
 constexpr size_t batches_in_flight = 2;
+
+// How long a pass waits for the requests of those the last one answered: their members ask
+// again within an etcd write or two, and a pass of the first few alone would leave the rest a
+// pass of their own, each paying for its look and its claim (Placement's cost is a request's
+// as well as a consumer's).
+constexpr auto gather_window = std::chrono::milliseconds(20);
 
 class SchedulerService {
  public:
@@ -105,7 +115,8 @@ class SchedulerService {
     if (auto mended = co_await mend_views(); !mended)
       spdlog::warn("scheduler: mending projects' views: {}", mended.error().message());
     leading_ = true;
-    auto ended = co_await (keep_leading(*lease) || (serve() && relay_consoles()));
+    made_.clear();
+    auto ended = co_await (keep_leading(*lease) || (serve() && relay_consoles() && count_requests()));
     if (ended.index() == 0 && !stop_.requested())
       spdlog::warn("scheduler: {} lost its lease; it no longer leads", name_);
     if (std::exchange(lease_, 0)) co_await etcd_->lease_revoke(*lease);
@@ -194,28 +205,13 @@ class SchedulerService {
   void end_term() {
     leading_ = false;
     for (EtcdWatch* watch : watches_) watch->abort();
-  }
-
-  // Until something changes in [key, range_end) from `revision`, the term ends, or `net` passes.
-  awaitable<void> wait_for_change(std::string key, std::string range_end, int64_t revision,
-                                  std::chrono::seconds net) {
-    auto watch = etcd_->watch(WatchOptions{std::move(key), std::move(range_end), revision, false});
-    watches_.insert(watch.get());
-    asio::steady_timer timer(io_, net);
-    timer.async_wait([w = watch.get()](const error_code& ec) {
-      if (!ec) w->abort();
-    });
-    // The first answer only says the watch was made: a change is what is waited for.
-    for (bool changed = false; !changed;) {
-      const WatchBatch batch = co_await watch->next();
-      changed = !batch.created || !batch.events.empty() || batch.error.code || batch.canceled || batch.compact_revision;
-    }
-    timer.cancel();
-    watches_.erase(watch.get());
+    arrivals_.cancel();
   }
 
   // The requests without a reply, one at a time, oldest first; then waits for more.
   awaitable<void> serve() {
+    size_t last_pass = 0;  // the requests the last pass took
+    std::optional<std::chrono::steady_clock::time_point> gathering;  // until then, while fewer wait
     while (leading_) {
       std::vector<EtcdOp> reads{EtcdOp::get(keys_.requests_root(), prefix_range_end(keys_.requests_root())),
                                 EtcdOp::get(keys_.replies_root(), prefix_range_end(keys_.replies_root()))};
@@ -233,6 +229,15 @@ class SchedulerService {
         if (!answered.count(kv.key.substr(keys_.requests_root().size()))) pending.push_back(kv);
       std::sort(pending.begin(), pending.end(), by_age);
       if (pending.size() > max_batch) pending.resize(max_batch);
+      made_.erase(made_.begin(), std::upper_bound(made_.begin(), made_.end(), listed->revision));  // listed
+      const auto now = std::chrono::steady_clock::now();
+      if (!pending.empty() && pending.size() < last_pass && (!gathering || now < *gathering)) {
+        if (!gathering) gathering = now + gather_window;
+        co_await wait_for_requests(listed->revision, last_pass - pending.size(), *gathering);
+        continue;
+      }
+      gathering.reset();
+      last_pass = pending.size();
       const bool any = !pending.empty();
       const std::vector<KeyValue> alone = co_await together(std::move(pending));
       for (const KeyValue& kv : alone) {
@@ -241,12 +246,47 @@ class SchedulerService {
       }
       if (any) continue;  // more may have come meanwhile
       // Nothing waits: until a request comes (or a while, as a net for a lost watch).
-      co_await wait_for_change(keys_.requests_root(), prefix_range_end(keys_.requests_root()), listed->revision + 1,
-                               std::chrono::seconds(30));
+      co_await wait_for_requests(listed->revision, 1, now + std::chrono::seconds(30));
     }
   }
 
   static bool by_age(const KeyValue& a, const KeyValue& b) { return a.create_revision < b.create_revision; }
+
+  // Until `more` requests have been made after `revision`, the term ends, or `deadline` passes.
+  awaitable<void> wait_for_requests(int64_t revision, size_t more, std::chrono::steady_clock::time_point deadline) {
+    auto made_after = [&] {
+      return size_t(made_.end() - std::upper_bound(made_.begin(), made_.end(), revision));
+    };
+    while (leading_ && made_after() < more && std::chrono::steady_clock::now() < deadline) {
+      arrivals_.expires_at(deadline);
+      error_code woken;
+      co_await arrivals_.async_wait(asio::redirect_error(use_awaitable, woken));
+    }
+  }
+
+  // The revisions at which requests are made, from one watch kept for the term, and a word to
+  // the wait above at each: a watch made for each wait would start behind etcd's head, and etcd
+  // catches such a watch up only every 100 ms.
+  awaitable<void> count_requests() {
+    const std::string root = keys_.requests_root(), end = prefix_range_end(root);
+    int64_t since = term_ + 1;
+    while (leading_) {
+      auto watch = etcd_->watch(WatchOptions{root, end, since, false});
+      watches_.insert(watch.get());
+      while (leading_) {
+        const WatchBatch batch = co_await watch->next();
+        if (batch.compact_revision) since = batch.compact_revision;  // what is left to watch from
+        if (batch.error.code || batch.canceled || batch.compact_revision) break;
+        for (const WatchEvent& event : batch.events) {
+          if (event.type == WatchEvent::Type::put && event.kv.version == 1) made_.push_back(event.kv.mod_revision);
+          since = event.kv.mod_revision + 1;
+        }
+        arrivals_.cancel();
+      }
+      watches_.erase(watch.get());
+      if (leading_) co_await stop_.sleep(std::chrono::seconds(1));  // etcd away: watched again
+    }
+  }
 
   // The schedule requests among `pending` that can go together (without a group: a group's
   // members are placed one request at a time) go as a batch when there are two or more; what
@@ -467,6 +507,8 @@ class SchedulerService {
   int64_t lease_ = 0;  // its lease, while it leads
   bool leading_ = false;
   std::set<EtcdWatch*> watches_;  // the term's waits, ended with it
+  std::vector<int64_t> made_;     // revisions of requests made since the last pass's list
+  asio::steady_timer arrivals_{io_};  // the wait for requests, woken at each
 };
 
 std::string default_name() {
