@@ -68,6 +68,19 @@ uint16_t free_port() {
   }
 }
 
+bool port_bindable(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as servers bind theirs
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return bound;
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream buffer;

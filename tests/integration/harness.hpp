@@ -36,6 +36,9 @@ class TempDir {
 };
 
 uint16_t free_port();
+// Whether a server could listen on `port` now: nothing, not even a killed process that has not
+// yet let go of its socket, listens there.
+bool port_bindable(uint16_t port);
 std::string read_file(const std::string& path);
 
 // A child process in a process group of its own; signals go to the whole group (uWSGI's

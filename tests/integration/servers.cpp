@@ -346,6 +346,10 @@ void Servers::stop_etcd_member(size_t index) {
 void Servers::stop_placement() {
   placement_->signal(SIGKILL);
   placement_->wait();
+  // A worker killed in the middle of a disk write holds the port until the write ends, and a
+  // Placement started meanwhile could not listen on it.
+  if (!wait_for([&] { return port_bindable(placement_port_); }, 30))
+    throw std::runtime_error("Placement's port is still taken after it was killed");
 }
 
 void Servers::start_etcd_again() {

@@ -211,7 +211,7 @@ class Batch {
     }
   }
 
-  // The hold, then the claims of every planned instance: one, or a few sent at once where the
+  // The claims of every planned instance, once held: one, or a few sent at once where the
   // requests touch no provider in common. A claim refused is nobody's: its requests are taken
   // alone. One whose answer was lost may have been made: it is given back.
   awaitable<void> claim() {
