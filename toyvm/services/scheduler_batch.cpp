@@ -16,6 +16,8 @@
 #include "services/schedule_plan.hpp"
 #include "services/scheduler.hpp"
 
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -47,6 +49,9 @@ namespace {
 // A batch's claims sent to Placement at once, at most: its workers take them side by side.
 constexpr size_t claims_at_once = 2;
 
+// How long a look made ahead stands in for a batch's own: a few batches' time.
+constexpr auto look_ahead_fresh = std::chrono::milliseconds(250);
+
 // One request of the batch, from its first read to its answer.
 struct Entry {
   WaitingRequest waiting;
@@ -62,9 +67,9 @@ struct Entry {
 class Batch {
  public:
   Batch(asio::io_context& io, const Config& config, std::shared_ptr<EtcdClient> etcd, Placement& placement,
-        int64_t hold_lease)
+        int64_t hold_lease, LooksAhead& ahead)
       : io_(io), config_(config), keys_(config.etcd.prefix), etcd_(std::move(etcd)), placement_(placement),
-        placer_(placement, *etcd_, config), hold_lease_(hold_lease) {}
+        placer_(placement, *etcd_, config), hold_lease_(hold_lease), ahead_(ahead) {}
 
   awaitable<std::vector<WaitingRequest>> run(std::vector<WaitingRequest> requests) {
     for (WaitingRequest& waiting : requests) {
@@ -99,6 +104,8 @@ class Batch {
     if (!open().empty()) co_await claim();
     step("claim");
     if (!open().empty()) co_await check_quotas(true);
+    for (const auto& [kind, looked] : looked_)
+      if (looked.placed) start_look_ahead(kind, looked.query, looked.limit);
     std::vector<awaitable<void>> hand_overs;
     for (Entry* entry : open()) hand_overs.push_back(hand_over(*entry));
     co_await run_together(std::move(hand_overs));
@@ -186,29 +193,70 @@ class Batch {
       const ScheduleOptions& o = entry->waiting.options;
       by_kind[fmt::format("{}\n{}\n{}", o.query, o.availability_zone, o.policy)].push_back(entry);
     }
-    std::mt19937_64 rng{random_seed()};
     for (auto& [kind, members] : by_kind) {
-      PlacementQuery query = members.front()->prepared.query;
-      if (const int shards = config_.placement.shards; shards > 1)
-        query.params.emplace_back("member_of",
-                                  shard_aggregate(std::uniform_int_distribution<int>(0, shards - 1)(rng)));
       std::vector<size_t> counts;
       for (Entry* entry : members) counts.push_back(entry->prepared.uuids.size());
       const size_t instances = std::accumulate(counts.begin(), counts.end(), size_t(0));
+      const PlacementQuery& query = members.front()->prepared.query;
       const int limit = query.limit > 0 ? 0 : std::max(config_.placement.candidate_limit, int(instances));
-      auto view = co_await placer_.look(std::move(query), {}, {}, limit);
+      Looked& looked = looked_[kind];
+      looked.query = query;
+      looked.limit = limit;
+      auto view = co_await view_for(kind, query, limit);
       if (!view) spdlog::debug("scheduler: a batch's look: {}", view.error().message());
       auto plans = view ? plan_requests(std::move(*view), counts,
-                                        placer_.weigh_policy(members.front()->waiting.options.policy), rng)
+                                        placer_.weigh_policy(members.front()->waiting.options.policy), rng_)
                         : std::vector<std::optional<std::vector<Claim>>>(members.size());
       for (size_t i = 0; i < members.size(); ++i) {
         if (plans[i]) {
           members[i]->claims = std::move(*plans[i]);
+          looked.placed = true;
         } else {
           members[i]->fate = Entry::Fate::alone;
         }
       }
     }
+  }
+
+  // The kind's look made ahead (waited for if on its way) if it asked for as many candidates
+  // and is fresh, else one now.
+  awaitable<result<PlacementView>> view_for(std::string kind, PlacementQuery query, int limit) {
+    auto ahead = ahead_.by_kind.find(kind);
+    if (ahead != ahead_.by_kind.end()) {
+      const std::shared_ptr<LooksAhead::Look> look = std::move(ahead->second);
+      ahead_.by_kind.erase(ahead);
+      if (look->limit >= limit) {
+        error_code cancelled;
+        if (!look->answer) co_await look->arrived.async_wait(asio::redirect_error(use_awaitable, cancelled));
+        if (look->answer && *look->answer && std::chrono::steady_clock::now() - look->made < look_ahead_fresh)
+          co_return std::move(**look->answer);
+      }
+    }
+    co_return co_await look_now(placer_, config_, std::move(query), limit, rng_);
+  }
+
+  static awaitable<result<PlacementView>> look_now(Placer placer, const Config& config, PlacementQuery query,
+                                                   int limit, std::mt19937_64& rng) {
+    if (const int shards = config.placement.shards; shards > 1)
+      query.params.emplace_back("member_of", shard_aggregate(std::uniform_int_distribution<int>(0, shards - 1)(rng)));
+    co_return co_await placer.look(std::move(query), {}, {}, limit);
+  }
+
+  // A look for the next batch of this kind, once this one's claims are made; this batch ends
+  // without waiting for it. It outlives the batch: it holds only what the service owns.
+  static awaitable<void> look_ahead(Placer placer, const Config& config, PlacementQuery query,
+                                    std::shared_ptr<LooksAhead::Look> look) {
+    std::mt19937_64 rng{random_seed()};
+    auto answer = co_await look_now(placer, config, std::move(query), look->limit, rng);
+    look->answer = std::move(answer);
+    look->arrived.cancel();
+  }
+
+  void start_look_ahead(const std::string& kind, const PlacementQuery& query, int limit) {
+    auto look = std::make_shared<LooksAhead::Look>(io_, limit);
+    look->arrived.expires_at(std::chrono::steady_clock::time_point::max());
+    ahead_.by_kind[kind] = look;
+    asio::co_spawn(io_, look_ahead(placer_, config_, query, std::move(look)), asio::detached);
   }
 
   // The claims of every planned instance, once held: one, or a few sent at once where the
@@ -339,6 +387,15 @@ class Batch {
   std::vector<std::unique_ptr<Entry>> entries_;
   std::vector<std::string> held_uuids_;  // the instances it holds under the lease
   bool held_ = false;
+  LooksAhead& ahead_;
+  // Each kind's look: what it asked, and whether it placed anything (then looked at again ahead).
+  struct Looked {
+    PlacementQuery query;
+    int limit = 0;
+    bool placed = false;
+  };
+  std::map<std::string, Looked> looked_;
+  std::mt19937_64 rng_{random_seed()};
   std::map<std::string, result<ProjectStanding>> projects_;  // by name, read once
 };
 
@@ -346,8 +403,9 @@ class Batch {
 
 awaitable<std::vector<WaitingRequest>> schedule_together(asio::io_context& io, const Config& config,
                                                          std::shared_ptr<EtcdClient> etcd, Placement& placement,
-                                                         int64_t hold_lease, std::vector<WaitingRequest> requests) {
-  Batch batch(io, config, std::move(etcd), placement, hold_lease);
+                                                         int64_t hold_lease, LooksAhead& ahead,
+                                                         std::vector<WaitingRequest> requests) {
+  Batch batch(io, config, std::move(etcd), placement, hold_lease, ahead);
   co_return co_await batch.run(std::move(requests));
 }
 

@@ -12,12 +12,17 @@
 #include "core/config.hpp"
 #include "model/keys.hpp"
 #include "model/requests.hpp"
+#include "services/placer.hpp"
 #include "services/say.hpp"
 #include "services/services.hpp"
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 
+#include <chrono>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +53,22 @@ ProjectReply reply_of(const Outcome& outcome, std::vector<std::string> lines);
 awaitable<void> answer_request(EtcdClient& etcd, std::vector<EtcdCompare> standing, std::string reply_key,
                                int64_t lease, const ProjectReply& reply);
 
+// Looks made ahead, one for each kind of request a batch placed, while its hand-overs go
+// (Placement counts its claims by then): the next batch of that kind plans in it instead of
+// waiting for a look of its own, while it is fresh and asked for enough candidates. A look is
+// a view, not a promise: Placement checks every claim against what it holds, and a request
+// that does not fit is taken alone, which looks at the whole cloud.
+struct LooksAhead {
+  struct Look {
+    explicit Look(asio::io_context& io, int limit) : limit(limit), arrived(io) {}
+    std::chrono::steady_clock::time_point made = std::chrono::steady_clock::now();
+    int limit = 0;                                // candidates asked for
+    std::optional<result<PlacementView>> answer;  // nothing while it is on its way
+    asio::steady_timer arrived;                   // cancelled when it comes
+  };
+  std::map<std::string, std::shared_ptr<Look>> by_kind;
+};
+
 // Claims for the requests together, under `hold_lease` (the service's), and hands each over
 // or answers it. Returns those left to be taken alone, in their order: a project whose
 // requests together would pass its quota, a request that fits nowhere in the look (alone, it
@@ -55,6 +76,7 @@ awaitable<void> answer_request(EtcdClient& etcd, std::vector<EtcdCompare> standi
 // first to, a host disabled since the look.
 awaitable<std::vector<WaitingRequest>> schedule_together(asio::io_context& io, const Config& config,
                                                          std::shared_ptr<EtcdClient> etcd, Placement& placement,
-                                                         int64_t hold_lease, std::vector<WaitingRequest> requests);
+                                                         int64_t hold_lease, LooksAhead& ahead,
+                                                         std::vector<WaitingRequest> requests);
 
 }  // namespace toyvm

@@ -324,7 +324,7 @@ class SchedulerService {
   }
 
   awaitable<void> take_batch(std::vector<WaitingRequest> share, std::vector<WaitingRequest>& left) {
-    left = co_await schedule_together(io_, config_, etcd_, placement_, lease_, std::move(share));
+    left = co_await schedule_together(io_, config_, etcd_, placement_, lease_, looks_ahead_, std::move(share));
   }
 
   awaitable<std::optional<WaitingRequest>> batchable(const KeyValue& kv) {
@@ -508,6 +508,7 @@ class SchedulerService {
   bool leading_ = false;
   std::set<EtcdWatch*> watches_;  // the term's waits, ended with it
   std::vector<int64_t> made_;     // revisions of requests made since the last pass's list
+  LooksAhead looks_ahead_;
   asio::steady_timer arrivals_{io_};  // the wait for requests, woken at each
 };
 
