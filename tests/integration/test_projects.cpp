@@ -45,6 +45,17 @@ std::string member_config(const Servers& servers, const std::string& user) {
   return path;
 }
 
+// A project (with `limits`, `--limit` arguments) and its member `user`, made by the admin;
+// the member's configuration.
+std::string project_with_member(const Servers& servers, const std::string& project, const std::string& user,
+                                std::vector<std::string> limits = {}) {
+  std::vector<std::string> create{"project", "create", project};
+  for (std::string& limit : limits) create.insert(create.end(), {"--limit", std::move(limit)});
+  REQUIRE(servers.toyvm(std::move(create)).exit_code == 0);
+  REQUIRE(servers.toyvm({"project", "add-member", project, user}).exit_code == 0);
+  return member_config(servers, user);
+}
+
 size_t count_of(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -465,11 +476,8 @@ TEST_CASE("members' requests waiting together are claimed together, each all or 
   std::string rp1, rp2;
   auto c1 = servers.start_compute("c1", "VCPU:5,DISK_GB:100,MEMORY_MB:8192", &rp1);
   auto c2 = servers.start_compute("c2", "VCPU:5,DISK_GB:100,MEMORY_MB:8192", &rp2);
-  REQUIRE(servers.toyvm({"project", "create", "team-a", "--limit", "VCPU=3"}).exit_code == 0);
-  REQUIRE(servers.toyvm({"project", "create", "team-b"}).exit_code == 0);
-  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "alice"}).exit_code == 0);
-  REQUIRE(servers.toyvm({"project", "add-member", "team-b", "bob"}).exit_code == 0);
-  const std::string alice = member_config(servers, "alice"), bob = member_config(servers, "bob");
+  const std::string alice = project_with_member(servers, "team-a", "alice", {"VCPU=3"}),
+                    bob = project_with_member(servers, "team-b", "bob");
 
   // Seven requests wait before any service runs, so that the first pass takes them together:
   // alice's four of one instance each (together above her quota of 3 VCPU, each alone within
@@ -530,9 +538,7 @@ TEST_CASE("a batch's claims go to Placement in parts that share no host: the par
   std::string rp1, rp2;
   auto c1 = servers.start_compute("c1", "VCPU:2,DISK_GB:100,MEMORY_MB:8192", &rp1);
   auto c2 = servers.start_compute("c2", "VCPU:2,DISK_GB:100,MEMORY_MB:8192", &rp2);
-  REQUIRE(servers.toyvm({"project", "create", "team-a"}).exit_code == 0);
-  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "alice"}).exit_code == 0);
-  const std::string alice = member_config(servers, "alice");
+  const std::string alice = project_with_member(servers, "team-a", "alice");
 
   // Two requests of one instance wait before the service runs, so that one batch takes both:
   // spread, one on each host, each host's claim its own part.
@@ -571,9 +577,7 @@ TEST_CASE("a client that asks the service many times does it under one lease, ea
   ScopedEnv admin("TOYVM_CONFIG", servers.secure_config);
   std::string rp;
   auto c1 = servers.start_compute("c1", "VCPU:8,DISK_GB:100,MEMORY_MB:8192", &rp);
-  REQUIRE(servers.toyvm({"project", "create", "team-a"}).exit_code == 0);
-  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "alice"}).exit_code == 0);
-  member_config(servers, "alice");
+  project_with_member(servers, "team-a", "alice");
   auto service = servers.spawn_toyvm({"-v", "scheduler"}, "scheduler.log");
 
   EtcdConfig as_alice = servers.config.etcd;
@@ -633,13 +637,7 @@ TEST_CASE("two scheduler services: the leader killed in the middle of a member's
   ScopedEnv admin("TOYVM_CONFIG", servers.secure_config);
   std::string rp;
   auto agent = servers.start_compute("c1", "VCPU:16,DISK_GB:100,MEMORY_MB:8192", &rp);
-  REQUIRE(servers.toyvm({"project", "create", "team-a", "--limit", "instances=4"}).exit_code == 0);
-  REQUIRE(servers.toyvm({"project", "add-member", "team-a", "alice"}).exit_code == 0);
-  make_client_certificate(servers.pki(), "alice");
-  const std::string alice = servers.dir() + "/alice.toml";
-  std::ofstream(alice) << fmt::format("[etcd]\nca_file = '{0}/ca.crt'\ncert_file = '{0}/alice.crt'\nkey_file = "
-                                      "'{0}/alice.key'\nuser = 'alice'\n",
-                                      servers.pki());
+  const std::string alice = project_with_member(servers, "team-a", "alice", {"instances=4"});
 
   // The first leads, and stops with its claims made, before its hand-over.
   const std::string paused = servers.dir() + "/leader-paused";
