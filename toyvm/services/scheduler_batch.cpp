@@ -254,7 +254,8 @@ class Batch {
 
   void start_look_ahead(const std::string& kind, const PlacementQuery& query, int limit) {
     auto look = std::make_shared<LooksAhead::Look>(io_, limit);
-    look->arrived.expires_at(std::chrono::steady_clock::time_point::max());
+    // Waited for no longer than its Placement and etcd calls may take: then a look of its own.
+    look->arrived.expires_after(config_.placement.timeout + config_.etcd.timeout);
     ahead_.by_kind[kind] = look;
     asio::co_spawn(io_, look_ahead(placer_, config_, query, std::move(look)), asio::detached);
   }
