@@ -578,8 +578,6 @@ TEST_CASE("a client that asks the service many times does it under one lease, ea
   std::string rp;
   auto c1 = servers.start_compute("c1", "VCPU:8,DISK_GB:100,MEMORY_MB:8192", &rp);
   project_with_member(servers, "team-a", "alice");
-  auto service = servers.spawn_toyvm({"-v", "scheduler"}, "scheduler.log");
-
   EtcdConfig as_alice = servers.config.etcd;
   as_alice.cert_file = servers.pki() + "/alice.crt";
   as_alice.key_file = servers.pki() + "/alice.key";
@@ -587,6 +585,23 @@ TEST_CASE("a client that asks the service many times does it under one lease, ea
   as_alice.password.clear();  // by certificate
   auto etcd = EtcdClient::create(as_alice);
   const KeyLayout keys;
+
+  // No service yet: a request not answered in time is withdrawn at once, not left standing
+  // (to be acted on, unseen) until the session's next request.
+  const std::string unanswered = run_sync<std::string>([&](asio::io_context&) -> awaitable<std::string> {
+    auto lease = co_await etcd->lease_grant(30);
+    if (!lease) co_return "lease: " + lease.error().message();
+    ServiceSession session{*lease, {}};
+    ProjectRequest request;
+    request.user = "alice";
+    request.query = one_vcpu;
+    auto reply = co_await ask_service(*etcd, keys, "team-a", std::move(request), std::chrono::seconds(1), &session);
+    co_return reply ? std::string("answered") : reply.error().message();
+  });
+  CHECK_THAT(unanswered, Catch::Contains("no scheduler service answered"));
+  CHECK(servers.etcd_prefix(keys.requests_prefix("team-a")).empty());
+
+  auto service = servers.spawn_toyvm({"-v", "scheduler"}, "scheduler.log");
   struct Asked {
     std::vector<ProjectReply> replies;
     std::vector<size_t> keys_left;  // the project's request and reply keys after each

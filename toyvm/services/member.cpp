@@ -69,8 +69,13 @@ awaitable<result<ProjectReply>> ask_service(EtcdClient& etcd, const KeyLayout& k
   std::vector<EtcdCompare> fresh{EtcdCompare::absent(request_key)};
   std::vector<EtcdOp> put{EtcdOp::put(request_key, encode(request), *lease)};
   if (session)
-    for (const std::string& key : std::exchange(session->answered, {})) put.push_back(EtcdOp::erase(key));
+    for (const std::string& key : session->answered) put.push_back(EtcdOp::erase(key));
   auto asked = co_await etcd.txn(std::move(fresh), std::move(put));
+  if (session) {
+    // Its keys are erased with the next put, this one's too if etcd did not say it is not there.
+    if (asked) session->answered.clear();
+    session->answered.insert(session->answered.end(), {request_key, reply_key});
+  }
   if (!asked) co_return asked.error().doing("asking the scheduler service");
   std::optional<ProjectReply> reply;
   Error unreadable;
@@ -86,7 +91,20 @@ awaitable<result<ProjectReply>> ask_service(EtcdClient& etcd, const KeyLayout& k
   result<bool> followed = false;
   if (session) {
     followed = co_await follow_key(etcd, reply_key, asked->revision + 1, wait_ms, std::move(seen_reply));
-    session->answered = {request_key, reply_key};
+    // Not answered in time: withdrawn now, while still unanswered (the service hands over only
+    // a request that stands); answered meanwhile, its answer is the outcome.
+    if (!followed || !*followed) {
+      std::vector<EtcdCompare> unanswered{EtcdCompare::absent(reply_key)};
+      std::vector<EtcdOp> withdraw{EtcdOp::erase(request_key)}, read{EtcdOp::get(reply_key)};
+      auto withdrawn = co_await etcd.txn(std::move(unanswered), std::move(withdraw), std::move(read));
+      if (withdrawn && !withdrawn->succeeded && !withdrawn->ranges.empty() && !withdrawn->ranges[0].kvs.empty()) {
+        seen(WatchEvent{WatchEvent::Type::put, withdrawn->ranges[0].kvs.front(), {}});
+        followed = true;
+      } else if (!withdrawn) {
+        co_return withdrawn.error().doing("withdrawing a request the scheduler service did not answer in time; it "
+                                          "stands until the session ends");
+      }
+    }
   } else {
     const std::chrono::seconds ttl(request_ttl_s);
     auto waited = co_await (follow_key(etcd, reply_key, asked->revision + 1, wait_ms, std::move(seen_reply)) ||

@@ -225,7 +225,7 @@ class Batch {
     if (ahead != ahead_.by_kind.end()) {
       const std::shared_ptr<LooksAhead::Look> look = std::move(ahead->second);
       ahead_.by_kind.erase(ahead);
-      if (look->limit >= limit) {
+      if (look->limit >= limit && std::chrono::steady_clock::now() - look->made < look_ahead_fresh) {
         error_code cancelled;
         if (!look->answer) co_await look->arrived.async_wait(asio::redirect_error(use_awaitable, cancelled));
         if (look->answer && *look->answer && std::chrono::steady_clock::now() - look->made < look_ahead_fresh)
@@ -253,9 +253,11 @@ class Batch {
   }
 
   void start_look_ahead(const std::string& kind, const PlacementQuery& query, int limit) {
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(ahead_.by_kind, [&](const auto& one) { return now - one.second->made >= look_ahead_fresh; });
     auto look = std::make_shared<LooksAhead::Look>(io_, limit);
-    // Waited for no longer than its Placement and etcd calls may take: then a look of its own.
-    look->arrived.expires_after(config_.placement.timeout + config_.etcd.timeout);
+    // Waited for only while it would still be fresh: then a look of its own.
+    look->arrived.expires_at(look->made + look_ahead_fresh);
     ahead_.by_kind[kind] = look;
     asio::co_spawn(io_, look_ahead(placer_, config_, query, std::move(look)), asio::detached);
   }

@@ -64,7 +64,7 @@ struct LooksAhead {
     std::chrono::steady_clock::time_point made = std::chrono::steady_clock::now();
     int limit = 0;                                // candidates asked for
     std::optional<result<PlacementView>> answer;  // nothing while it is on its way
-    asio::steady_timer arrived;                   // cancelled when it comes, else expires
+    asio::steady_timer arrived;                   // cancelled when it comes; expires when stale
   };
   std::map<std::string, std::shared_ptr<Look>> by_kind;
 };

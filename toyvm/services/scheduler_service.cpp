@@ -230,6 +230,7 @@ class SchedulerService {
       std::sort(pending.begin(), pending.end(), by_age);
       if (pending.size() > max_batch) pending.resize(max_batch);
       made_.erase(made_.begin(), std::upper_bound(made_.begin(), made_.end(), listed->revision));  // listed
+      relist_ = false;
       const auto now = std::chrono::steady_clock::now();
       if (!pending.empty() && pending.size() < last_pass && (!gathering || now < *gathering)) {
         if (!gathering) gathering = now + gather_window;
@@ -257,7 +258,7 @@ class SchedulerService {
     auto made_after = [&] {
       return size_t(made_.end() - std::upper_bound(made_.begin(), made_.end(), revision));
     };
-    while (leading_ && made_after() < more && std::chrono::steady_clock::now() < deadline) {
+    while (leading_ && !relist_ && made_after() < more && std::chrono::steady_clock::now() < deadline) {
       arrivals_.expires_at(deadline);
       error_code woken;
       co_await arrivals_.async_wait(asio::redirect_error(use_awaitable, woken));
@@ -276,7 +277,12 @@ class SchedulerService {
       while (leading_) {
         const WatchBatch batch = co_await watch->next();
         if (batch.compact_revision) since = batch.compact_revision;  // what is left to watch from
-        if (batch.error.code || batch.canceled || batch.compact_revision) break;
+        if (batch.error.code || batch.canceled || batch.compact_revision) {
+          // Requests made meanwhile may never be seen here: the waiting pass lists again.
+          relist_ = true;
+          arrivals_.cancel();
+          break;
+        }
         for (const WatchEvent& event : batch.events) {
           if (event.type == WatchEvent::Type::put && event.kv.version == 1) made_.push_back(event.kv.mod_revision);
           since = event.kv.mod_revision + 1;
@@ -508,6 +514,7 @@ class SchedulerService {
   bool leading_ = false;
   std::set<EtcdWatch*> watches_;  // the term's waits, ended with it
   std::vector<int64_t> made_;     // revisions of requests made since the last pass's list
+  bool relist_ = false;           // the watch behind made_ broke: what it missed is only in a list
   LooksAhead looks_ahead_;
   asio::steady_timer arrivals_{io_};  // the wait for requests, woken at each
 };
