@@ -585,6 +585,12 @@ TEST_CASE("a client that asks the service many times does it under one lease, ea
   as_alice.password.clear();  // by certificate
   auto etcd = EtcdClient::create(as_alice);
   const KeyLayout keys;
+  auto alices_request = [] {
+    ProjectRequest request;
+    request.user = "alice";
+    request.query = one_vcpu;
+    return request;
+  };
 
   // No service yet: a request not answered in time is withdrawn at once, not left standing
   // (to be acted on, unseen) until the session's next request.
@@ -592,9 +598,7 @@ TEST_CASE("a client that asks the service many times does it under one lease, ea
     auto lease = co_await etcd->lease_grant(30);
     if (!lease) co_return "lease: " + lease.error().message();
     ServiceSession session{*lease, {}};
-    ProjectRequest request;
-    request.user = "alice";
-    request.query = one_vcpu;
+    ProjectRequest request = alices_request();  // not made in co_await's arguments (GCC 12)
     auto reply = co_await ask_service(*etcd, keys, "team-a", std::move(request), std::chrono::seconds(1), &session);
     co_return reply ? std::string("answered") : reply.error().message();
   });
@@ -616,9 +620,7 @@ TEST_CASE("a client that asks the service many times does it under one lease, ea
     }
     ServiceSession session{*lease, {}};
     for (int i = 0; i < 3; ++i) {
-      ProjectRequest request;
-      request.user = "alice";
-      request.query = one_vcpu;
+      ProjectRequest request = alices_request();
       auto reply = co_await ask_service(*etcd, keys, "team-a", std::move(request), std::chrono::seconds(60), &session);
       if (!reply) {
         out.error = reply.error().message();
