@@ -15,8 +15,10 @@ instances (at most 16) dies among them and is evacuated.
 
 import argparse
 import json
+import os
 import pathlib
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -71,6 +73,52 @@ def etcd_rate(cloud, seconds):
     w1, p1, b1 = sample()
     return {"writes_per_s": (w1 - w0) / seconds, "proposals_per_s": (p1 - p0) / seconds,
             "client_bytes_per_s": (b1 - b0) / seconds}
+
+
+# Who spends the machine's CPU while the cloud fills, by process name: the cloud's servers
+# live through the phase; the users' `toyvm schedule` processes are this script's children,
+# counted as each is waited for.
+CPU_GROUPS = {"etcd": ("etcd",), "Placement": ("uwsgi", "placement-api"), "PostgreSQL": ("postgres",),
+              "agents": ("toyvm",)}
+
+
+def cpu_by_group():
+    """CPU seconds so far of every process in each of CPU_GROUPS, the finished children's
+    (`schedules`), and the whole machine's busy time (`machine`)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    spent = dict.fromkeys(CPU_GROUPS, 0.0)
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, rest = stat.read_text().rsplit(")", 1)
+        except OSError:
+            continue  # gone meanwhile
+        comm, fields = name.split("(", 1)[1], rest.split()
+        for group, names in CPU_GROUPS.items():
+            if comm.startswith(names):
+                spent[group] += (int(fields[11]) + int(fields[12])) / tick
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    spent["schedules"] = children.ru_utime + children.ru_stime
+    busy = [int(v) for v in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    spent["machine"] = (sum(busy) - busy[3] - busy[4]) / tick  # all but idle and iowait
+    return spent
+
+
+def cpu_per_instance(before, after, instances):
+    """Milliseconds of CPU an instance, by group, between two cpu_by_group()s."""
+    return {group: 1000 * (after[group] - before[group]) / max(instances, 1) for group in after}
+
+
+def etcd_requests(cloud):
+    """etcd's requests answered so far, all members (the agents reach one, the schedules
+    another), by method, and the raft proposals it committed."""
+    counts = {"Txn": 0, "Range": 0, "proposals": 0}
+    for member in range(len(cloud.etcd_urls)):
+        for name, value in cloud.etcd_metrics(member).items():
+            for method in ("Txn", "Range"):
+                if name.startswith("grpc_server_handled_total") and f'grpc_method="{method}"' in name:
+                    counts[method] += value
+    counts["proposals"] = cloud.etcd_metrics().get("etcd_server_proposals_committed_total", 0)
+    return counts
 
 
 def etcd_db_size(cloud):
@@ -245,16 +293,23 @@ def main():
             done = subprocess.run([cloud.toyvm, "schedule", QUERY, "--count", str(size)], env=cloud.env,
                                   capture_output=True, text=True)
             return done.stdout.count("NOTIFIED TARGET"), (done.stderr.strip() if done.returncode != 0 else None)
-        started = time.monotonic()
+        started, cpu_before, etcd_before = time.monotonic(), cpu_by_group(), etcd_requests(cloud)
         outcomes = parallel(sizes, place, args.batches)
         figures["place_s"] = time.monotonic() - started
         placed = sum(n for n, _ in outcomes)
+        figures["place_cpu_ms_per_instance"] = cpu_per_instance(cpu_before, cpu_by_group(), placed)
+        figures["place_etcd_per_instance"] = {what: (n - etcd_before[what]) / max(placed, 1)
+                                              for what, n in etcd_requests(cloud).items()}
         failed = [err for _, err in outcomes if err is not None]
         figures["placed"] = placed
         figures["batch_failures"] = failed
         figures["placement_rate_per_s"] = placed / figures["place_s"]
         print(f"scale: {placed} placed by {args.batches} users in batches of {args.batch_size} in "
               f"{figures['place_s']:.1f} s", flush=True)
+        print("scale: CPU ms an instance while placing: " + ", ".join(
+            f"{group} {ms:.2f}" for group, ms in figures["place_cpu_ms_per_instance"].items()) +
+            "; etcd an instance: " + ", ".join(
+            f"{what} {n:.2f}" for what, n in figures["place_etcd_per_instance"].items()), flush=True)
         for err in failed:
             print(f"scale: a batch failed: {err}", flush=True)
         wait_until("every instance ACTIVE",
@@ -352,6 +407,8 @@ def main():
         ("etcd at rest, hosts only", f"{figures.get('etcd_idle_hosts', {}).get('writes_per_s', float('nan')):.2f} writes/s"),
         ("instances placed", f"{figures.get('placed', 0)} in {figures.get('place_s', float('nan')):.1f} s "
                              f"({figures.get('placement_rate_per_s', float('nan')):.0f}/s)"),
+        ("CPU an instance while placing", ", ".join(
+            f"{group} {ms:.2f}" for group, ms in figures.get("place_cpu_ms_per_instance", {}).items()) + " ms"),
         ("all ACTIVE after", f"{figures.get('all_active_s', float('nan')):.1f} s"),
         ("providers over capacity", f"{figures.get('overbooked', '?')}"),
         ("agents' RSS, total", f"{figures.get('agent_rss_mib', float('nan')):.0f} MiB"),

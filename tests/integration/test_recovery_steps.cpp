@@ -400,6 +400,105 @@ TEST_CASE("a client's many leases are kept alive on several etcd streams", "[rec
   CHECK(streams <= leases);
 }
 
+namespace {
+// etcd's own count of the transactions it answered, from its metrics.
+int etcd_txns_answered(Servers& servers) {
+  const std::string metrics = run_sync<std::string>([&](asio::io_context& io) -> awaitable<std::string> {
+    HttpClient http(io.get_executor(), HttpClientOptions{servers.config.etcd.endpoints.front()});
+    HttpRequest request{"GET", "/metrics", {}, {}};
+    auto r = co_await http.request(std::move(request));
+    co_return r ? r->body : "";
+  });
+  int total = 0;
+  const std::regex line(R"(grpc_server_handled_total\{[^}]*grpc_method="Txn"[^}]*\} (\d+))");
+  for (auto it = std::sregex_iterator(metrics.begin(), metrics.end(), line); it != std::sregex_iterator(); ++it)
+    total += std::stoi((*it)[1]);
+  return total;
+}
+}  // namespace
+
+// A process's transactions asked for at once go to etcd together, as nested transactions,
+// each still decided by its own compares, and one refused does not take the others with it.
+TEST_CASE("transactions asked for at once go together, each decided alone", "[recovery]") {
+  Servers servers;
+  auto etcd = EtcdClient::create(servers.config.etcd);
+  constexpr int distinct = 48, races = 8;
+  // Each creates its key where none exists; two of each race ask for the same key.
+  std::vector<std::string> keys;
+  for (int i = 0; i < distinct; ++i) keys.push_back(fmt::format("/test/together/{}", i));
+  for (int i = 0; i < races; ++i) {
+    const std::string key = fmt::format("/test/race/{}", i);
+    keys.insert(keys.end(), {key, key});
+  }
+  const int before = etcd_txns_answered(servers);
+  std::vector<int> outcome(keys.size(), -1);  // 1 made, 0 refused by its compare, -1 an error
+  auto create = [&](size_t i) -> awaitable<void> {
+    std::vector<EtcdCompare> absent{EtcdCompare::absent(keys[i])};
+    std::vector<EtcdOp> put{EtcdOp::put(keys[i], std::to_string(i))};
+    auto made = co_await etcd->txn(std::move(absent), std::move(put));
+    outcome[i] = made ? int(made->succeeded) : -1;
+  };
+  run_sync<int>([&](asio::io_context&) -> awaitable<int> {
+    std::vector<awaitable<void>> all;
+    for (size_t i = 0; i < keys.size(); ++i) all.push_back(create(i));
+    co_await run_together(std::move(all));
+    co_return 0;
+  });
+  for (int i = 0; i < distinct; ++i) CHECK(outcome[size_t(i)] == 1);
+  for (int i = 0; i < races; ++i) {
+    const size_t first = size_t(distinct + 2 * i);
+    CHECK(outcome[first] + outcome[first + 1] == 1);  // exactly one of the two made it
+    const auto stored = servers.etcd_prefix(keys[first]);
+    REQUIRE(stored.size() == 1);
+    CHECK(stored.front().value == std::to_string(outcome[first] == 1 ? first : first + 1));
+  }
+  CHECK(servers.etcd_prefix("/test/together/").size() == size_t(distinct));
+  // Far fewer requests than transactions reached etcd.
+  const int requests = etcd_txns_answered(servers) - before;
+  INFO(requests << " requests for " << keys.size() << " transactions");
+  CHECK(requests < int(keys.size()) / 2);
+
+  // Reads asked for at once are one read of them all, each answered with its own keys and
+  // the revision read at.
+  const int64_t now = servers.etcd_prefix("/test/together/0").front().mod_revision;
+  std::vector<std::optional<RangeResult>> read(keys.size());
+  auto get = [&](size_t i) -> awaitable<void> {
+    auto found = co_await etcd->range(keys[i]);
+    if (found) read[i] = std::move(*found);
+  };
+  const int before_reads = etcd_txns_answered(servers);
+  run_sync<int>([&](asio::io_context&) -> awaitable<int> {
+    std::vector<awaitable<void>> all;
+    for (size_t i = 0; i < keys.size(); ++i) all.push_back(get(i));
+    co_await run_together(std::move(all));
+    co_return 0;
+  });
+  for (size_t i = 0; i < keys.size(); ++i) {
+    REQUIRE(read[i]);
+    REQUIRE(read[i]->kvs.size() == 1);
+    CHECK(read[i]->kvs.front().key == keys[i]);
+    CHECK(read[i]->revision >= now);
+  }
+  CHECK(etcd_txns_answered(servers) - before_reads < int(keys.size()) / 2);
+
+  // A write etcd refuses (under a lease that does not exist) fails alone.
+  std::vector<int> leased(8, -1);
+  auto put = [&](size_t i) -> awaitable<void> {
+    std::vector<EtcdCompare> none;
+    std::vector<EtcdOp> op{EtcdOp::put(fmt::format("/test/leased/{}", i), "x", i == 3 ? 0x7a11ed : 0)};
+    auto made = co_await etcd->txn(std::move(none), std::move(op));
+    leased[i] = made ? int(made->succeeded) : -1;
+  };
+  run_sync<int>([&](asio::io_context&) -> awaitable<int> {
+    std::vector<awaitable<void>> all;
+    for (size_t i = 0; i < leased.size(); ++i) all.push_back(put(i));
+    co_await run_together(std::move(all));
+    co_return 0;
+  });
+  CHECK(leased == std::vector<int>{1, 1, 1, -1, 1, 1, 1, 1});
+  CHECK(servers.etcd_prefix("/test/leased/").size() == 7);
+}
+
 // Hole 7: a step that throws is a failed step, retried; the instance is not stuck.
 TEST_CASE("a reconcile step that throws is retried and the instance still becomes ACTIVE", "[recovery]") {
   Servers servers;

@@ -7,13 +7,19 @@
 #include "clients/etcd_grpc.hpp"
 #include "core/metrics.hpp"
 #include "model/keys.hpp"
+#include "model/txn_limits.hpp"
 
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
 #include <grpc/support/log.h>
 #include <spdlog/spdlog.h>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/this_coro.hpp>
+
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <utility>
 
@@ -25,6 +31,20 @@ using etcd_grpc::completion_queue;
 using etcd_grpc::from_pb;
 using etcd_grpc::from_status;
 using etcd_grpc::on_completion;
+
+RangeResult from_pb(const pb::RangeResponse& resp);
+
+TxnResult from_pb(const pb::TxnResponse& response) {
+  TxnResult out;
+  out.succeeded = response.succeeded();
+  out.revision = response.header().revision();
+  for (const auto& op : response.responses()) {
+    if (!op.has_response_range()) continue;
+    out.ranges.push_back(from_pb(op.response_range()));
+    out.ranges.back().revision = out.revision;  // a transaction's ranges have no header of their own
+  }
+  return out;
+}
 
 RangeResult from_pb(const pb::RangeResponse& resp) {
   RangeResult out;
@@ -99,8 +119,17 @@ class GrpcEtcdClient final : public EtcdClient {
 
   const std::string& endpoints_text() const override { return endpoints_text_; }
 
+  // A read of the present goes with others asked for meanwhile (see txn).
   awaitable<result<RangeResult>> range(std::string key, std::string range_end,
                                        int64_t revision) override {
+    if (revision == 0) {
+      std::vector<EtcdOp> read{EtcdOp::get(std::move(key), std::move(range_end))};
+      auto response = co_await queue_txn(make_waiting_txn({}, read, {}));
+      if (!response) co_return response.error();
+      TxnResult read_back = from_pb(*response);
+      if (read_back.ranges.size() != 1) co_return Error(errc::etcd_error, "etcd answered a read with no range");
+      co_return std::move(read_back.ranges.front());
+    }
     pb::RangeRequest request;
     request.set_key(std::move(key));
     request.set_range_end(std::move(range_end));
@@ -138,24 +167,16 @@ class GrpcEtcdClient final : public EtcdClient {
     co_return response->deleted();
   }
 
+  // Transactions asked for while one is on its way wait for it, then go together as one
+  // request (TxnNest says which may): reads side by side in one read-only transaction, others
+  // as nested transactions, each still decided by its own compares. etcd then orders,
+  // replicates and applies one entry for all of them, or makes one read of them all. One
+  // asked for alone goes at once.
   awaitable<result<TxnResult>> txn(std::vector<EtcdCompare> compare, std::vector<EtcdOp> success,
                                    std::vector<EtcdOp> failure) override {
-    pb::TxnRequest request;
-    for (const auto& cmp : compare) to_pb(cmp, *request.add_compare());
-    for (const auto& op : success) to_pb(op, *request.add_success());
-    for (const auto& op : failure) to_pb(op, *request.add_failure());
-    auto start = [kv = stubs().kv.get()](auto* ctx, const auto& req, auto* queue) {
-      return kv->PrepareAsyncTxn(ctx, req, queue);
-    };
-    auto response = co_await unary<pb::TxnResponse>(std::move(request), start);
+    auto response = co_await queue_txn(make_waiting_txn(compare, success, failure));
     if (!response) co_return response.error();
-    TxnResult out;
-    out.succeeded = response->succeeded();
-    out.revision = response->header().revision();
-    for (const auto& op : response->responses()) {
-      if (op.has_response_range()) out.ranges.push_back(from_pb(op.response_range()));
-    }
-    co_return out;
+    co_return from_pb(*response);
   }
 
   awaitable<result<int64_t>> lease_grant(int64_t ttl_seconds) override {
@@ -323,6 +344,133 @@ class GrpcEtcdClient final : public EtcdClient {
     co_return std::pair{std::move(status), std::move(call->response)};
   }
 
+  struct WaitingTxn {
+    pb::TxnRequest request;
+    TxnCost cost;
+    std::vector<KeySpan> keys;
+    bool reads_only = true;  // no compares, only range operations
+    AsyncQueue<result<pb::TxnResponse>> answer;
+  };
+
+  awaitable<result<pb::TxnResponse>> queue_txn(std::shared_ptr<WaitingTxn> waiting) {
+    bool idle;
+    {
+      std::lock_guard lock(txns_mutex_);
+      waiting_txns_.push_back(waiting);
+      idle = !sending_txns_;
+      sending_txns_ = true;
+    }
+    if (idle) {
+      auto executor = co_await asio::this_coro::executor;
+      asio::co_spawn(executor, send_waiting_txns(), asio::detached);
+    }
+    co_return co_await waiting->answer.async_pop();
+  }
+
+  static std::shared_ptr<WaitingTxn> make_waiting_txn(const std::vector<EtcdCompare>& compare,
+                                                      const std::vector<EtcdOp>& success,
+                                                      const std::vector<EtcdOp>& failure) {
+    auto waiting = std::make_shared<WaitingTxn>();
+    waiting->cost = TxnCost{compare.size(), std::max(success.size(), failure.size()), 0};
+    waiting->reads_only = compare.empty() && failure.empty();
+    for (const auto& cmp : compare) {
+      to_pb(cmp, *waiting->request.add_compare());
+      waiting->keys.push_back(KeySpan{cmp.key, {}});
+      waiting->cost.bytes += cmp.key.size() + cmp.value.size() + 16;
+    }
+    auto add = [&](const EtcdOp& op, pb::RequestOp& out) {
+      to_pb(op, out);
+      const bool writes = op.kind != EtcdOp::Kind::range;
+      waiting->keys.push_back(KeySpan{op.key, op.range_end, writes});
+      waiting->reads_only = waiting->reads_only && !writes;
+      waiting->cost.bytes += op.key.size() + op.value.size() + op.range_end.size() + 16;
+    };
+    for (const auto& op : success) add(op, *waiting->request.add_success());
+    for (const auto& op : failure) add(op, *waiting->request.add_failure());
+    return waiting;
+  }
+
+  awaitable<result<pb::TxnResponse>> send_txn(pb::TxnRequest request) {
+    auto start = [kv = stubs().kv.get()](auto* ctx, const auto& req, auto* queue) {
+      return kv->PrepareAsyncTxn(ctx, req, queue);
+    };
+    co_return co_await unary<pb::TxnResponse>(std::move(request), start);
+  }
+
+  awaitable<void> send_alone(std::shared_ptr<WaitingTxn> waiting) {
+    auto response = co_await send_txn(waiting->request);
+    waiting->answer.push(std::move(response));
+  }
+
+  // The answers a request of `batch` together has: one per read, or one per transaction.
+  static int together_size(const std::vector<std::shared_ptr<WaitingTxn>>& batch) {
+    if (!batch.front()->reads_only) return int(batch.size());
+    int reads = 0;
+    for (const auto& waiting : batch) reads += waiting->request.success_size();
+    return reads;
+  }
+
+  // Sends what waits, as much as may go together at a time, until nothing does.
+  awaitable<void> send_waiting_txns() {
+    for (;;) {
+      std::vector<std::shared_ptr<WaitingTxn>> batch;
+      {
+        std::lock_guard lock(txns_mutex_);
+        TxnNest nest;
+        while (!waiting_txns_.empty() && nest.take(waiting_txns_.front()->cost, waiting_txns_.front()->keys,
+                                                   waiting_txns_.front()->reads_only)) {
+          batch.push_back(std::move(waiting_txns_.front()));
+          waiting_txns_.pop_front();
+        }
+        if (batch.empty()) {
+          sending_txns_ = false;
+          break;
+        }
+      }
+      if (batch.size() == 1) {
+        co_await send_alone(std::move(batch.front()));
+        continue;
+      }
+      const bool reads = batch.front()->reads_only;
+      pb::TxnRequest together;
+      for (const auto& waiting : batch) {
+        if (reads) together.mutable_success()->MergeFrom(waiting->request.success());
+        else *together.add_success()->mutable_request_txn() = waiting->request;
+      }
+      metrics::count("toyvm_etcd_txns_together_total", {}, double(batch.size()));
+      auto response = co_await send_txn(std::move(together));
+      const int answers = response ? response->responses_size() : 0;
+      if (response && answers == together_size(batch)) {
+        int next = 0;
+        for (const auto& waiting : batch) {
+          pb::TxnResponse own;
+          if (reads) {
+            own.set_succeeded(true);
+            for (int i = 0; i < waiting->request.success_size(); ++i)
+              own.add_responses()->Swap(response->mutable_responses(next++));
+          } else {
+            own.Swap(response->mutable_responses(next++)->mutable_response_txn());
+          }
+          *own.mutable_header() = response->header();
+          waiting->answer.push(std::move(own));
+        }
+      } else if (!response && (response.error().code == errc::etcd_error ||
+                               response.error().code == errc::permission_denied)) {
+        // Refused whole, so none was made (a lease one of them named is gone, a key one may
+        // not write): each alone gets its own answer.
+        std::vector<awaitable<void>> alone;
+        for (auto& waiting : batch) alone.push_back(send_alone(std::move(waiting)));
+        co_await run_together(std::move(alone));
+      } else {
+        // Not answered (so perhaps made), as each alone would have been.
+        const Error error = response ? Error(errc::etcd_error, "etcd answered a request of several "
+                                                               "transactions with another number of answers")
+                                     : response.error();
+        for (auto& waiting : batch) waiting->answer.push(error);
+      }
+    }
+  }
+
   // etcd says what exists already, or is missing, in words; they become codes here.
   static Error auth_error(Error e) {
     const std::string text = e.message();
@@ -360,6 +508,9 @@ class GrpcEtcdClient final : public EtcdClient {
 
   std::string endpoints_text_;
   std::chrono::milliseconds timeout_;
+  std::mutex txns_mutex_;
+  std::deque<std::shared_ptr<WaitingTxn>> waiting_txns_;
+  bool sending_txns_ = false;  // a coroutine sends what waits
   std::string token_;  // from Authenticate; used and renewed on the event loop's thread
   etcd_grpc::WatchStreams watches_;
   etcd_grpc::KeepAliveStreams keep_alives_;
