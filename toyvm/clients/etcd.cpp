@@ -352,17 +352,26 @@ class GrpcEtcdClient final : public EtcdClient {
     AsyncQueue<result<pb::TxnResponse>> answer;
   };
 
+  // Reads and writes wait in lanes of their own, so that a read never waits for a write (a
+  // schedule reads its candidates while its hold is written); each lane has one request on
+  // its way at a time.
+  struct TxnLane {
+    std::deque<std::shared_ptr<WaitingTxn>> waiting;
+    bool sending = false;  // a coroutine sends what waits
+  };
+
   awaitable<result<pb::TxnResponse>> queue_txn(std::shared_ptr<WaitingTxn> waiting) {
+    TxnLane& lane = waiting->reads_only ? reads_ : writes_;
     bool idle;
     {
       std::lock_guard lock(txns_mutex_);
-      waiting_txns_.push_back(waiting);
-      idle = !sending_txns_;
-      sending_txns_ = true;
+      lane.waiting.push_back(waiting);
+      idle = !lane.sending;
+      lane.sending = true;
     }
     if (idle) {
       auto executor = co_await asio::this_coro::executor;
-      asio::co_spawn(executor, send_waiting_txns(), asio::detached);
+      asio::co_spawn(executor, send_waiting_txns(lane), asio::detached);
     }
     co_return co_await waiting->answer.async_pop();
   }
@@ -410,20 +419,20 @@ class GrpcEtcdClient final : public EtcdClient {
     return reads;
   }
 
-  // Sends what waits, as much as may go together at a time, until nothing does.
-  awaitable<void> send_waiting_txns() {
+  // Sends what waits in `lane`, as much as may go together at a time, until nothing does.
+  awaitable<void> send_waiting_txns(TxnLane& lane) {
     for (;;) {
       std::vector<std::shared_ptr<WaitingTxn>> batch;
       {
         std::lock_guard lock(txns_mutex_);
         TxnNest nest;
-        while (!waiting_txns_.empty() && nest.take(waiting_txns_.front()->cost, waiting_txns_.front()->keys,
-                                                   waiting_txns_.front()->reads_only)) {
-          batch.push_back(std::move(waiting_txns_.front()));
-          waiting_txns_.pop_front();
+        while (!lane.waiting.empty() &&
+               nest.take(lane.waiting.front()->cost, lane.waiting.front()->keys, lane.waiting.front()->reads_only)) {
+          batch.push_back(std::move(lane.waiting.front()));
+          lane.waiting.pop_front();
         }
         if (batch.empty()) {
-          sending_txns_ = false;
+          lane.sending = false;
           break;
         }
       }
@@ -509,8 +518,7 @@ class GrpcEtcdClient final : public EtcdClient {
   std::string endpoints_text_;
   std::chrono::milliseconds timeout_;
   std::mutex txns_mutex_;
-  std::deque<std::shared_ptr<WaitingTxn>> waiting_txns_;
-  bool sending_txns_ = false;  // a coroutine sends what waits
+  TxnLane reads_, writes_;
   std::string token_;  // from Authenticate; used and renewed on the event loop's thread
   etcd_grpc::WatchStreams watches_;
   etcd_grpc::KeepAliveStreams keep_alives_;

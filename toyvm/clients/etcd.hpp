@@ -1,7 +1,9 @@
 #pragma once
 // A thin client for etcd's v3 API over gRPC (KV, Watch, Lease). Calls are coroutines on the
 // caller's executor; gRPC's own threads complete them and hand the results to the Asio loop.
-// No gRPC type appears here, so including this header is cheap.
+// Transactions, and reads of the present, asked for while one of their kind is on its way go
+// together in the next request (each decided and answered as if alone). No gRPC type
+// appears here, so including this header is cheap.
 
 #include "core/async.hpp"
 #include "core/config.hpp"
