@@ -123,8 +123,10 @@ class GrpcEtcdClient final : public EtcdClient {
   awaitable<result<RangeResult>> range(std::string key, std::string range_end,
                                        int64_t revision) override {
     if (revision == 0) {
-      std::vector<EtcdOp> read{EtcdOp::get(std::move(key), std::move(range_end))};
-      auto response = co_await queue_txn(make_waiting_txn({}, read, {}));
+      // (Built outside co_await: GCC 12 miscompiles temporaries inside it.)
+      const std::vector<EtcdOp> read{EtcdOp::get(std::move(key), std::move(range_end))};
+      auto waiting = make_waiting_txn({}, read, {});
+      auto response = co_await queue_txn(std::move(waiting));
       if (!response) co_return response.error();
       TxnResult read_back = from_pb(*response);
       if (read_back.ranges.size() != 1) co_return Error(errc::etcd_error, "etcd answered a read with no range");
@@ -174,7 +176,8 @@ class GrpcEtcdClient final : public EtcdClient {
   // asked for alone goes at once.
   awaitable<result<TxnResult>> txn(std::vector<EtcdCompare> compare, std::vector<EtcdOp> success,
                                    std::vector<EtcdOp> failure) override {
-    auto response = co_await queue_txn(make_waiting_txn(compare, success, failure));
+    auto waiting = make_waiting_txn(compare, success, failure);
+    auto response = co_await queue_txn(std::move(waiting));
     if (!response) co_return response.error();
     co_return from_pb(*response);
   }
