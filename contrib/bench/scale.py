@@ -94,7 +94,7 @@ def cpu_by_group():
             continue  # gone meanwhile
         comm, fields = name.split("(", 1)[1], rest.split()
         for group, names in CPU_GROUPS.items():
-            if comm.startswith(names):
+            if comm in names:
                 spent[group] += (int(fields[11]) + int(fields[12])) / tick
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     spent["schedules"] = children.ru_utime + children.ru_stime

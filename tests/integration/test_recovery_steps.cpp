@@ -415,6 +415,16 @@ int etcd_txns_answered(Servers& servers) {
     total += std::stoi((*it)[1]);
   return total;
 }
+
+// Runs each(0) ... each(n - 1) at once on one event loop, until all are done.
+void at_once(size_t n, const std::function<awaitable<void>(size_t)>& each) {
+  run_sync<int>([&](asio::io_context&) -> awaitable<int> {
+    std::vector<awaitable<void>> all;
+    for (size_t i = 0; i < n; ++i) all.push_back(each(i));
+    co_await run_together(std::move(all));
+    co_return 0;
+  });
+}
 }  // namespace
 
 // A process's transactions asked for at once go to etcd together, as nested transactions,
@@ -438,12 +448,7 @@ TEST_CASE("transactions asked for at once go together, each decided alone", "[re
     auto made = co_await etcd->txn(std::move(absent), std::move(put));
     outcome[i] = made ? int(made->succeeded) : -1;
   };
-  run_sync<int>([&](asio::io_context&) -> awaitable<int> {
-    std::vector<awaitable<void>> all;
-    for (size_t i = 0; i < keys.size(); ++i) all.push_back(create(i));
-    co_await run_together(std::move(all));
-    co_return 0;
-  });
+  at_once(keys.size(), create);
   for (int i = 0; i < distinct; ++i) CHECK(outcome[size_t(i)] == 1);
   for (int i = 0; i < races; ++i) {
     const size_t first = size_t(distinct + 2 * i);
@@ -467,12 +472,7 @@ TEST_CASE("transactions asked for at once go together, each decided alone", "[re
     if (found) read[i] = std::move(*found);
   };
   const int before_reads = etcd_txns_answered(servers);
-  run_sync<int>([&](asio::io_context&) -> awaitable<int> {
-    std::vector<awaitable<void>> all;
-    for (size_t i = 0; i < keys.size(); ++i) all.push_back(get(i));
-    co_await run_together(std::move(all));
-    co_return 0;
-  });
+  at_once(keys.size(), get);
   for (size_t i = 0; i < keys.size(); ++i) {
     REQUIRE(read[i]);
     REQUIRE(read[i]->kvs.size() == 1);
@@ -489,12 +489,7 @@ TEST_CASE("transactions asked for at once go together, each decided alone", "[re
     auto made = co_await etcd->txn(std::move(none), std::move(op));
     leased[i] = made ? int(made->succeeded) : -1;
   };
-  run_sync<int>([&](asio::io_context&) -> awaitable<int> {
-    std::vector<awaitable<void>> all;
-    for (size_t i = 0; i < leased.size(); ++i) all.push_back(put(i));
-    co_await run_together(std::move(all));
-    co_return 0;
-  });
+  at_once(leased.size(), put);
   CHECK(leased == std::vector<int>{1, 1, 1, -1, 1, 1, 1, 1});
   CHECK(servers.etcd_prefix("/test/leased/").size() == 7);
 }
