@@ -414,14 +414,6 @@ class GrpcEtcdClient final : public EtcdClient {
     waiting->answer.push(std::move(response));
   }
 
-  // The answers a request of `batch` together has: one per read, or one per transaction.
-  static int together_size(const std::vector<std::shared_ptr<WaitingTxn>>& batch) {
-    if (!batch.front()->reads_only) return int(batch.size());
-    int reads = 0;
-    for (const auto& waiting : batch) reads += waiting->request.success_size();
-    return reads;
-  }
-
   // Sends what waits in `lane`, as much as may go together at a time, until nothing does.
   awaitable<void> send_waiting_txns(TxnLane& lane) {
     for (;;) {
@@ -449,10 +441,10 @@ class GrpcEtcdClient final : public EtcdClient {
         if (reads) together.mutable_success()->MergeFrom(waiting->request.success());
         else *together.add_success()->mutable_request_txn() = waiting->request;
       }
+      const int answers = together.success_size();  // one per read, or one per transaction
       metrics::count("toyvm_etcd_txns_together_total", {}, double(batch.size()));
       auto response = co_await send_txn(std::move(together));
-      const int answers = response ? response->responses_size() : 0;
-      if (response && answers == together_size(batch)) {
+      if (response && response->responses_size() == answers) {
         int next = 0;
         for (const auto& waiting : batch) {
           pb::TxnResponse own;

@@ -54,7 +54,6 @@ class TxnNest {
   // may): true when taken.
   bool take(const TxnCost& cost, const std::vector<KeySpan>& keys, bool reads_only);
   size_t size() const { return taken_; }
-  bool reads_only() const { return reads_only_; }
 
  private:
   // Whether `span` meets a span of `singles` or `ranges`.
