@@ -18,6 +18,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/this_coro.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <mutex>
@@ -556,6 +557,13 @@ awaitable<result<void>> EtcdClient::role_add(std::string) { co_return no_auth_ap
 awaitable<result<std::vector<EtcdPermission>>> EtcdClient::role_permissions(std::string) { co_return no_auth_api(); }
 awaitable<result<void>> EtcdClient::role_delete(std::string) { co_return no_auth_api(); }
 awaitable<result<void>> EtcdClient::role_grant(std::string, EtcdPermission) { co_return no_auth_api(); }
+
+std::chrono::milliseconds lease_renewal_interval(std::chrono::milliseconds ttl) {
+  // A stalled member is noticed within a ping and its timeout; a second more to reach
+  // another member and renew there.
+  const std::chrono::milliseconds stall = etcd_ping_interval + etcd_ping_timeout + std::chrono::seconds(1);
+  return std::clamp(ttl - stall, ttl / 3, ttl / 2);
+}
 
 awaitable<result<RangeResult>> EtcdClient::range_prefix(std::string prefix) {
   std::string end = prefix_range_end(prefix);

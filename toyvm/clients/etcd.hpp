@@ -114,6 +114,17 @@ class EtcdWatch {
   virtual void abort() = 0;
 };
 
+// A client that keeps its channel alive (EtcdConfig::keepalive) pings it every 10 s and gives
+// each ping 5 s: a member that stops answering is left for another within 15 s.
+inline constexpr std::chrono::seconds etcd_ping_interval{10}, etcd_ping_timeout{5};
+
+// How often a lease of `ttl` is renewed on a kept-alive channel: as seldom as still leaves,
+// after a renewal that went unanswered, the time to notice the stalled member and renew
+// through another (each renewal costs etcd an answer, and a follower's a request to its
+// leader: at 10,000 hosts they are most of what etcd does at rest); never more than half the
+// TTL apart, never less than a third (a short TTL cannot outlast a stall either way).
+std::chrono::milliseconds lease_renewal_interval(std::chrono::milliseconds ttl);
+
 class EtcdLeaseKeeper {
  public:
   virtual ~EtcdLeaseKeeper() = default;

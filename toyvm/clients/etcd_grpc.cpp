@@ -130,8 +130,8 @@ std::shared_ptr<grpc::Channel> make_channel(const EtcdConfig& config) {
   args.SetLoadBalancingPolicyName("pick_first");
   args.SetMaxReceiveMessageSize(256 << 20);
   if (config.keepalive) {
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, int(std::chrono::milliseconds(etcd_ping_interval).count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, int(std::chrono::milliseconds(etcd_ping_timeout).count()));
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   }
   // toyvm retries every step itself. gRPC 1.51's own retry layer aborts the process on a

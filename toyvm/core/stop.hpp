@@ -8,7 +8,6 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
-#include <set>
 
 namespace toyvm {
 
@@ -18,7 +17,7 @@ class StopSignal {
 
   void request() {
     requested_ = true;
-    for (asio::steady_timer* sleeper : sleepers_) sleeper->cancel();
+    for (Sleeper* sleeper = sleepers_; sleeper; sleeper = sleeper->next) sleeper->timer.cancel();
   }
 
   // Waits `delay`; false when the stop came first (or had come).
@@ -30,15 +29,34 @@ class StopSignal {
   // Waits for `timer` as it is set, or its cancel by its owner; false when the stop came first.
   awaitable<bool> wait(asio::steady_timer& timer) {
     if (requested_) co_return false;
-    sleepers_.insert(&timer);
+    Sleeper sleeping(*this, timer);
     co_await timer.async_wait(asio::as_tuple(use_awaitable));
-    sleepers_.erase(&timer);
     co_return !requested_;
   }
 
  private:
+  // A wait under way, linked in for as long as it lasts (also when its coroutine is destroyed
+  // mid-wait): a host process has tens of thousands, so joining and leaving cost nothing.
+  struct Sleeper {
+    Sleeper(StopSignal& signal, asio::steady_timer& timer) : signal(signal), timer(timer), next(signal.sleepers_) {
+      if (next) next->prev = this;
+      signal.sleepers_ = this;
+    }
+    ~Sleeper() {
+      (prev ? prev->next : signal.sleepers_) = next;
+      if (next) next->prev = prev;
+    }
+    Sleeper(const Sleeper&) = delete;
+    Sleeper& operator=(const Sleeper&) = delete;
+
+    StopSignal& signal;
+    asio::steady_timer& timer;
+    Sleeper* next = nullptr;
+    Sleeper* prev = nullptr;
+  };
+
   bool requested_ = false;
-  std::set<asio::steady_timer*> sleepers_;  // the waits under way, on the one event loop
+  Sleeper* sleepers_ = nullptr;  // on the one event loop
 };
 
 }  // namespace toyvm

@@ -60,7 +60,7 @@ awaitable<void> HostPresence::announce() {
 // asked again on a new stream; only etcd saying the lease has expired announces the host anew,
 // which would take its domain keys away and put them back.
 awaitable<void> HostPresence::keep_alive() {
-  auto interval = std::chrono::duration_cast<Duration>(ctx_.config.compute.lease_ttl) / 3;
+  const Duration interval = lease_renewal_interval(ctx_.config.compute.lease_ttl);
   Backoff backoff;
   std::mt19937_64 rng{random_seed()};
   while (!ctx_.stop.requested()) {
