@@ -120,9 +120,9 @@ inline constexpr std::chrono::seconds etcd_ping_interval{10}, etcd_ping_timeout{
 
 // How often a lease of `ttl` is renewed on a kept-alive channel: as seldom as still leaves,
 // after a renewal that went unanswered, the time to notice the stalled member and renew
-// through another (each renewal costs etcd an answer, and a follower's a request to its
-// leader: at 10,000 hosts they are most of what etcd does at rest); never more than half the
-// TTL apart, never less than a third (a short TTL cannot outlast a stall either way).
+// through another (each renewal costs the member an answer and, on a follower, a request to
+// its leader: at 10,000 hosts they are most of what etcd does at rest); never more than half
+// the TTL apart, never less than a third (a short TTL cannot outlast a stall either way).
 std::chrono::milliseconds lease_renewal_interval(std::chrono::milliseconds ttl);
 
 class EtcdLeaseKeeper {
