@@ -62,17 +62,22 @@ def etcd_writes(metrics):
 
 
 def etcd_rate(cloud, seconds):
-    """etcd's writes/s, raft proposals/s and client bytes received/s over `seconds`."""
+    """etcd's writes/s, raft proposals/s and client bytes received/s over `seconds`, and the CPU
+    (ms a second) etcd and the agents spend meanwhile."""
     def sample():
         members = [cloud.etcd_metrics(i) for i in range(len(cloud.etcd_urls))]
         received = sum(v for m in members for k, v in m.items()
                        if k.startswith("etcd_network_client_grpc_received_bytes_total"))
         return etcd_writes(members[0]), members[0].get("etcd_server_proposals_committed_total", 0), received
     w0, p0, b0 = sample()
+    c0 = cpu_by_group()
     time.sleep(seconds)
+    c1 = cpu_by_group()
     w1, p1, b1 = sample()
     return {"writes_per_s": (w1 - w0) / seconds, "proposals_per_s": (p1 - p0) / seconds,
-            "client_bytes_per_s": (b1 - b0) / seconds}
+            "client_bytes_per_s": (b1 - b0) / seconds,
+            "cpu_ms_per_s": {group: round(1000 * (c1[group] - c0[group]) / seconds, 1)
+                             for group in ("etcd", "agents", "machine")}}
 
 
 # Who spends the machine's CPU while the cloud fills, by process name: the cloud's servers
@@ -407,6 +412,9 @@ def main():
           if "schedule_at_agents" in figures else []),
         ("agents registered and alive", f"{figures.get('agents_alive_s', float('nan')):.1f} s"),
         ("etcd at rest, hosts only", f"{figures.get('etcd_idle_hosts', {}).get('writes_per_s', float('nan')):.2f} writes/s"),
+        ("CPU at rest, hosts only", ", ".join(
+            f"{group} {ms:.0f}" for group, ms in figures.get("etcd_idle_hosts", {}).get("cpu_ms_per_s", {}).items())
+         + " ms a second"),
         ("instances placed", f"{figures.get('placed', 0)} in {figures.get('place_s', float('nan')):.1f} s "
                              f"({figures.get('placement_rate_per_s', float('nan')):.0f}/s)"),
         ("CPU an instance while placing", ", ".join(
@@ -418,6 +426,9 @@ def main():
         ("etcd at rest, with instances",
          f"{figures.get('etcd_idle_instances', {}).get('writes_per_s', float('nan')):.2f} writes/s, "
          f"{figures.get('etcd_idle_instances', {}).get('client_bytes_per_s', float('nan')) / 1024:.1f} KiB/s in"),
+        ("CPU at rest, with instances", ", ".join(
+            f"{group} {ms:.0f}" for group, ms in figures.get("etcd_idle_instances", {}).get("cpu_ms_per_s", {}).items())
+         + " ms a second"),
         ("etcd DB size, full", f"{figures.get('etcd_full', {}).get('db_in_use_bytes', 0) / 1048576:.1f} MiB in use"),
         ("etcd, consoles talking, unread",
          f"{figures.get('etcd_talking_consoles', {}).get('writes_per_s', float('nan')):.2f} writes/s, "

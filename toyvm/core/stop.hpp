@@ -26,6 +26,22 @@ class StopSignal {
     co_return co_await wait(timer);
   }
 
+  // A periodic loop's wait: about `delay`, ending on a grid the process's loops share (at most
+  // `delay`, at most a step less), so that loops of many hosts in one process (the simulated
+  // hosts') wake together, a few times a second, rather than each alone. False as sleep().
+  awaitable<bool> sleep_on_grid(std::chrono::steady_clock::duration delay) {
+    if (delay < 2 * grid_step) co_return co_await sleep(delay);
+    asio::steady_timer timer(co_await asio::this_coro::executor,
+                             grid_floor(std::chrono::steady_clock::now() + delay, grid_step));
+    co_return co_await wait(timer);
+  }
+  static constexpr std::chrono::steady_clock::duration grid_step = std::chrono::milliseconds(250);
+  // The grid's last point at or before `at`.
+  static std::chrono::steady_clock::time_point grid_floor(std::chrono::steady_clock::time_point at,
+                                                          std::chrono::steady_clock::duration step) {
+    return at - at.time_since_epoch() % step;
+  }
+
   // Waits for `timer` as it is set, or its cancel by its owner; false when the stop came first.
   awaitable<bool> wait(asio::steady_timer& timer) {
     if (requested_) co_return false;

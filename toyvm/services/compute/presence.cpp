@@ -76,7 +76,7 @@ awaitable<void> HostPresence::keep_alive() {
         continue;
       }
       backoff.reset();
-      if (!co_await ctx_.stop.sleep(interval)) break;
+      if (!co_await ctx_.stop.sleep_on_grid(interval)) break;
     }
     if (ctx_.stop.requested()) break;
     // Hosts whose leases lapsed together (etcd fell behind applying) announce themselves again
@@ -206,7 +206,7 @@ awaitable<void> HostPresence::report_stats() {
       stats_ = *stats;
       if (lease_) co_await ctx_.etcd->put(ctx_.keys.stats(ctx_.host.provider), encode(*stats), lease_);
     }
-  } while (co_await ctx_.stop.sleep(interval));
+  } while (co_await ctx_.stop.sleep_on_grid(interval));
 }
 
 awaitable<void> HostPresence::revoke() {

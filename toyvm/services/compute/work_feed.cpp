@@ -63,7 +63,7 @@ awaitable<void> KeyFeed::follow() {
 awaitable<void> KeyFeed::resync_periodically() {
   const auto interval = ctx_.config.compute.resync_interval;
   for (int round = 1;; ++round) {
-    const bool slept = co_await ctx_.stop.sleep(interval);
+    const bool slept = co_await ctx_.stop.sleep_on_grid(interval);
     if (!slept) co_return;
     if (round % 10 != 0 && known_.revision() > 0) {
       co_await handlers_.listed(known_.listing());
