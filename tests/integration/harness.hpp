@@ -126,6 +126,8 @@ class Servers {
 
   void stop_etcd(int signal = SIGKILL);
   void stop_etcd_member(size_t index);  // the one behind config.etcd.endpoints[index]
+  // The index (in config.etcd.endpoints) of the member that is the cluster's leader now.
+  int etcd_leader() const;
   // Kills the member that is the cluster's leader now; returns its index.
   int kill_etcd_leader();
   void stop_placement();

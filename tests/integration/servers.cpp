@@ -224,6 +224,13 @@ void Servers::start_etcd() {
 }
 
 int Servers::kill_etcd_leader() {
+  const int leader = etcd_leader();
+  etcd_[size_t(leader)].process->signal(SIGKILL);
+  etcd_[size_t(leader)].process->wait();
+  return leader;
+}
+
+int Servers::etcd_leader() const {
   std::string endpoints = fmt::format("{}", fmt::join(config.etcd.endpoints, ","));
   std::string out = dir() + "/status.json";
   std::system(("ETCDCTL_API=3 etcdctl --endpoints=" + endpoints + " endpoint status -w json > " + out + " 2>/dev/null").c_str());
@@ -235,11 +242,7 @@ int Servers::kill_etcd_leader() {
   for (auto it = std::sregex_iterator(status.begin(), status.end(), entry); it != std::sregex_iterator(); ++it) {
     if ((*it)[2] != leader[1]) continue;
     for (size_t i = 0; i < etcd_.size(); ++i) {
-      if (std::to_string(etcd_[i].client_port) == (*it)[1].str()) {
-        etcd_[i].process->signal(SIGKILL);
-        etcd_[i].process->wait();
-        return int(i);
-      }
+      if (std::to_string(etcd_[i].client_port) == (*it)[1].str()) return int(i);
     }
   }
   throw std::runtime_error("leader not found in: " + status);

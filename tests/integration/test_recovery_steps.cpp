@@ -402,6 +402,95 @@ TEST_CASE("a client's many leases are kept alive on several etcd streams", "[rec
 }
 
 namespace {
+// The lease renewals each etcd member took from clients, from its metrics (-1: it did not answer).
+awaitable<std::vector<long>> renewals_taken(const Servers& servers) {
+  std::vector<long> taken;
+  const asio::any_io_executor executor = co_await asio::this_coro::executor;
+  for (const std::string& endpoint : servers.config.etcd.endpoints) {
+    const HttpClientOptions options{endpoint, std::chrono::milliseconds(2000)};
+    HttpClient http(executor, options);
+    HttpRequest request{"GET", "/metrics", {}, {}};
+    auto answer = co_await http.request(std::move(request));
+    std::smatch count;
+    const std::regex line(R"(grpc_server_msg_received_total\{grpc_method="LeaseKeepAlive"[^}]*\} (\d+))");
+    const std::string body = answer ? answer->body : "";
+    taken.push_back(!answer ? -1 : std::regex_search(body, count, line) ? std::stol(count[1]) : 0);
+  }
+  co_return taken;
+}
+
+// Renews `keeper`'s lease every 100 ms until `renewals` in a row reached member `leader` of
+// etcd and no other member, or `seconds` pass. false: the lease lapsed, or the time ran out.
+awaitable<bool> renewed_only_through(const Servers& servers, EtcdLeaseKeeper& keeper, int leader, int renewals,
+                                     int seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  const asio::any_io_executor executor = co_await asio::this_coro::executor;
+  asio::steady_timer timer(executor);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::vector<long> before = co_await renewals_taken(servers);
+    bool lapsed = false;
+    for (int i = 0; i < renewals; ++i) {
+      auto ttl = co_await keeper.ping();
+      if (ttl && *ttl <= 0) lapsed = true;
+      timer.expires_after(std::chrono::milliseconds(100));
+      co_await timer.async_wait(use_awaitable);
+    }
+    if (lapsed) co_return false;
+    std::vector<long> after = co_await renewals_taken(servers);
+    bool only_leader = after[size_t(leader)] - before[size_t(leader)] >= renewals;
+    for (size_t member = 0; member < after.size(); ++member)
+      if (int(member) != leader && after[member] > 0 && after[member] != before[member]) only_leader = false;
+    if (only_leader) co_return true;
+  }
+  co_return false;
+}
+}  // namespace
+
+// A follower sends each renewal it takes on to the leader as a request of its own: a
+// long-lived client renews through the leader, and after an election through the new one.
+TEST_CASE("a long-lived client renews its leases through etcd's leader, and then through the next", "[recovery]") {
+  Servers servers(ServersOptions{.etcd_members = 3});
+  EtcdConfig config = servers.config.etcd;
+  config.keepalive = true;
+  auto etcd = EtcdClient::create(config);
+  const int leader = servers.etcd_leader();
+  int next = -1;
+  bool through_leader = false, through_next = false;
+  run_sync<bool>([&](asio::io_context&) -> awaitable<bool> {
+    auto lease = co_await etcd->lease_grant(20);
+    if (!lease) co_return false;
+    auto keeper = etcd->keep_alive(*lease);
+    through_leader = co_await renewed_only_through(servers, *keeper, leader, 10, 30);
+    // The leader goes: its renewals fail, go through the members the client reaches, then
+    // through the leader elected, and the lease lives on.
+    servers.kill_etcd_leader();
+    for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+         next < 0 && std::chrono::steady_clock::now() < deadline;) {
+      try {
+        next = servers.etcd_leader();
+      } catch (const std::runtime_error&) {  // none elected yet
+      }
+    }
+    if (next < 0) co_return false;
+    for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+         !through_next && std::chrono::steady_clock::now() < deadline;) {
+      auto ttl = co_await keeper->ping();
+      if (!ttl) {  // the stream to the old leader ended: a keeper anew, as a host's presence makes one
+        keeper = etcd->keep_alive(*lease);
+        continue;
+      }
+      if (*ttl <= 0) co_return false;  // lapsed
+      through_next = co_await renewed_only_through(servers, *keeper, next, 10, 5);
+    }
+    co_return true;
+  });
+  CHECK(through_leader);
+  REQUIRE(next >= 0);
+  CHECK(next != leader);
+  CHECK(through_next);
+}
+
+namespace {
 // etcd's own count of the transactions it answered, from its metrics.
 int etcd_txns_answered(Servers& servers) {
   const std::string metrics = run_sync<std::string>([&](asio::io_context& io) -> awaitable<std::string> {

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -106,17 +107,23 @@ void to_pb(const EtcdCompare& cmp, pb::Compare& out) {
 }
 
 
-class GrpcEtcdClient final : public EtcdClient {
+class GrpcEtcdClient final : public EtcdClient, public std::enable_shared_from_this<GrpcEtcdClient> {
  public:
   explicit GrpcEtcdClient(const EtcdConfig& config)
       : endpoints_text_(fmt::format("{}", fmt::join(config.endpoints, ","))),
         timeout_(config.timeout),
+        keep_alives_(std::make_shared<etcd_grpc::KeepAliveStreams>(
+            [this](const asio::any_io_executor& executor) { return renewal_way(executor); })),
         config_(config) {}
 
   // gRPC 1.51 can abort on an internal refcount assertion when a channel is torn down while
   // its own threads still work on it (seen at the exit of short commands). A process has one
-  // channel per client and few clients, so the channel stays until the process ends.
-  ~GrpcEtcdClient() override { new std::shared_ptr<grpc::Channel>(std::move(stubs_.channel)); }
+  // channel per client (and per leader it renewed through) and few clients, so the channels
+  // stay until the process ends.
+  ~GrpcEtcdClient() override {
+    new std::shared_ptr<grpc::Channel>(std::move(stubs_.channel));
+    for (auto& [endpoint, leader] : leaders_) new std::shared_ptr<grpc::Channel>(std::move(leader.channel));
+  }
 
   const std::string& endpoints_text() const override { return endpoints_text_; }
 
@@ -206,9 +213,7 @@ class GrpcEtcdClient final : public EtcdClient {
     co_return result<void>{};
   }
 
-  std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t id) override {
-    return keep_alives_.open(*stubs().lease, token_, id);
-  }
+  std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t id) override { return keep_alives_->open(id, {}); }
 
   std::unique_ptr<EtcdWatch> watch(WatchOptions options) override {
     return watches_.open(*stubs().watch, token_, options);
@@ -495,6 +500,92 @@ class GrpcEtcdClient final : public EtcdClient {
     co_return result<void>{};
   }
 
+  // Where leases are renewed. A long-lived client (EtcdConfig::keepalive) renews them through
+  // etcd's leader when a configured endpoint is the leader's: a follower would send each
+  // renewal on to the leader as a request of its own (at ten thousand hosts, a quarter of what
+  // etcd does at rest). It looks for the leader at its first renewal, again once the renewals'
+  // answers carry a new raft term (an election) or a renewal stream failed (it renews through
+  // the channel's member meanwhile), and every few minutes; at most every few seconds.
+  etcd_grpc::KeepAliveStreams::Way renewal_way(const asio::any_io_executor& executor) {
+    if (config_.keepalive) {
+      const etcd_grpc::RenewalNews& news = keep_alives_->news();
+      const uint64_t failures = news.failures;
+      if (failures > leader_failures_) renew_through_ = nullptr;
+      const auto now = std::chrono::steady_clock::now();
+      const bool due = leader_found_at_ == std::chrono::steady_clock::time_point{} || news.term > leader_term_ ||
+                       failures > leader_failures_ || now - leader_found_at_ > leader_recheck;
+      if (due && executor && !finding_leader_ && now - leader_asked_at_ >= leader_ask_pause) {
+        finding_leader_ = true;
+        leader_asked_at_ = now;
+        asio::co_spawn(executor, find_leader(shared_from_this(), failures), asio::detached);
+      }
+    }
+    return {renew_through_ ? renew_through_ : stubs().lease.get(), token_};
+  }
+
+  // `self` keeps the client while its requests are on their way.
+  awaitable<void> find_leader([[maybe_unused]] std::shared_ptr<GrpcEtcdClient> self, uint64_t failures) {
+    struct Finding {  // over also when its event loop ends first
+      bool& flag;
+      ~Finding() { flag = false; }
+    } finding{finding_leader_};
+    auto found = co_await leader_endpoint();
+    if (!found) {
+      spdlog::debug("etcd: looking for the leader to renew leases through: {}", found.error().message());
+      co_return;
+    }
+    leader_found_at_ = std::chrono::steady_clock::now();
+    leader_term_ = found->term;
+    leader_failures_ = failures;
+    pb::Lease::Stub* through = nullptr;
+    if (!found->endpoint.empty()) {
+      Leader& leader = leaders_[found->endpoint];
+      if (!leader.lease) {
+        EtcdConfig one = config_;
+        one.endpoints = {found->endpoint};
+        leader.channel = etcd_grpc::make_channel(one);
+        leader.lease = pb::Lease::NewStub(leader.channel);
+      }
+      through = leader.lease.get();
+    }
+    if (through != renew_through_)
+      spdlog::info("etcd: renewing leases through {}", found->endpoint.empty() ? "the members the client reaches"
+                                                                               : "the leader at " + found->endpoint);
+    renew_through_ = through;
+  }
+
+  struct LeaderFound {
+    std::string endpoint;  // the configured endpoint that is the leader's; empty: none is
+    uint64_t term = 0;
+  };
+  awaitable<result<LeaderFound>> leader_endpoint() {
+    auto status_start = [maintenance = stubs().maintenance.get()](auto* ctx, const auto& req, auto* queue) {
+      return maintenance->PrepareAsyncStatus(ctx, req, queue);
+    };
+    pb::StatusRequest status_request;
+    auto status = co_await unary<pb::StatusResponse>(std::move(status_request), status_start);
+    if (!status) co_return status.error();
+    LeaderFound found{{}, status->raftterm()};
+    if (status->leader() == 0) co_return Error(errc::etcd_unavailable, "etcd has no leader");
+    auto members_start = [cluster = stubs().cluster.get()](auto* ctx, const auto& req, auto* queue) {
+      return cluster->PrepareAsyncMemberList(ctx, req, queue);
+    };
+    pb::MemberListRequest members_request;
+    auto members = co_await unary<pb::MemberListResponse>(std::move(members_request), members_start);
+    if (!members) co_return members.error();
+    auto trimmed = [](std::string url) {
+      while (url.ends_with('/')) url.pop_back();
+      return url;
+    };
+    for (const pb::Member& member : members->members()) {
+      if (member.id() != status->leader()) continue;
+      for (const std::string& url : member.clienturls())
+        for (const std::string& endpoint : config_.endpoints)
+          if (trimmed(url) == trimmed(endpoint)) found.endpoint = endpoint;
+    }
+    co_return found;
+  }
+
   awaitable<result<void>> authenticate() {
     pb::AuthenticateRequest request;
     request.set_name(config_.user);
@@ -517,7 +608,19 @@ class GrpcEtcdClient final : public EtcdClient {
   TxnLane reads_, writes_;
   std::string token_;  // from Authenticate; used and renewed on the event loop's thread
   etcd_grpc::WatchStreams watches_;
-  etcd_grpc::KeepAliveStreams keep_alives_;
+  std::shared_ptr<etcd_grpc::KeepAliveStreams> keep_alives_;
+  // The leader renewals go through (renewal_way), on the event loop's thread.
+  static constexpr std::chrono::minutes leader_recheck{5};
+  static constexpr std::chrono::seconds leader_ask_pause{5};
+  struct Leader {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<pb::Lease::Stub> lease;
+  };
+  std::map<std::string, Leader> leaders_;  // by endpoint
+  pb::Lease::Stub* renew_through_ = nullptr;  // null: the channel's member
+  std::chrono::steady_clock::time_point leader_found_at_{}, leader_asked_at_{};
+  uint64_t leader_term_ = 0, leader_failures_ = 0;
+  bool finding_leader_ = false;
   // The channel is made at the first call, not with the client: gRPC's start (its library,
   // its threads, the connection) then overlaps what a command asks of Placement first.
   struct Stubs {
@@ -526,6 +629,8 @@ class GrpcEtcdClient final : public EtcdClient {
     std::unique_ptr<pb::Watch::Stub> watch;
     std::unique_ptr<pb::Lease::Stub> lease;
     std::unique_ptr<pb::Auth::Stub> auth;
+    std::unique_ptr<pb::Maintenance::Stub> maintenance;
+    std::unique_ptr<pb::Cluster::Stub> cluster;
   };
   Stubs& stubs() {
     std::call_once(made_, [this] {
@@ -534,6 +639,8 @@ class GrpcEtcdClient final : public EtcdClient {
       stubs_.watch = pb::Watch::NewStub(stubs_.channel);
       stubs_.lease = pb::Lease::NewStub(stubs_.channel);
       stubs_.auth = pb::Auth::NewStub(stubs_.channel);
+      stubs_.maintenance = pb::Maintenance::NewStub(stubs_.channel);
+      stubs_.cluster = pb::Cluster::NewStub(stubs_.channel);
     });
     return stubs_;
   }

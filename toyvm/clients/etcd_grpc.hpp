@@ -11,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <array>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -155,10 +156,11 @@ class KeepAliveMux;
 template <class Mux, class Stub>
 class SharedStream {
  public:
-  std::shared_ptr<Mux> current(Stub& stub, const std::string& token) {
+  template <class... More>
+  std::shared_ptr<Mux> current(Stub& stub, const std::string& token, const More&... more) {
     std::lock_guard lock(mutex_);
     if (!mux_ || mux_->ended() || stub_ != &stub || token_ != token) {
-      mux_ = Mux::open(stub, token);
+      mux_ = Mux::open(stub, token, more...);
       stub_ = &stub;
       token_ = token;
     }
@@ -182,18 +184,40 @@ class WatchStreams {
   SharedStream<WatchMux, pb::Watch::Stub> stream_;
 };
 
+// What a client's keep-alive streams have heard, on gRPC's thread: the newest raft term an
+// answer carried (a new one: the cluster elected a leader), and how many streams ended in an error.
+struct RenewalNews {
+  std::atomic<uint64_t> term{0};
+  std::atomic<uint64_t> failures{0};
+};
+
 // A client's lease keep-alives, on gRPC streams shared by its leases (etcd answers each with
-// its lease id), a lease always on the same one. Not one stream for all: etcd renews a stream's
+// its lease id), a lease always in the same slot. Not one stream for all: etcd renews a stream's
 // leases one after another, each once the leader has applied what it had committed (through
 // the leader when the stream is a follower's). The ten thousand leases of a process of
 // simulated hosts, renewed every 14 s (a TTL of 30), are 700 renewals a second: on one stream
 // they fall behind, and lapse, once a renewal takes 1.4 ms; on 256, a third of a second.
-class KeepAliveStreams {
+// Where a slot's stream goes is the client's `route`, asked again before each renewal, so that
+// a lease kept alive follows the client's choice of member (see GrpcEtcdClient's leader).
+class KeepAliveStreams : public std::enable_shared_from_this<KeepAliveStreams> {
  public:
   static constexpr size_t streams = 256;
-  std::unique_ptr<EtcdLeaseKeeper> open(pb::Lease::Stub& stub, const std::string& token, int64_t lease);
+  struct Way {
+    pb::Lease::Stub* stub;
+    std::string token;
+  };
+  // `executor`: where the client may start looking for a better way; empty: not now.
+  using Route = std::function<Way(const asio::any_io_executor& executor)>;
+  explicit KeepAliveStreams(Route route) : route_(std::move(route)) {}
+
+  std::unique_ptr<EtcdLeaseKeeper> open(int64_t lease, const asio::any_io_executor& executor);
+  // The stream `lease`'s renewals go on now.
+  std::shared_ptr<KeepAliveMux> current(int64_t lease, const asio::any_io_executor& executor);
+  const RenewalNews& news() const { return *news_; }
 
  private:
+  Route route_;
+  std::shared_ptr<RenewalNews> news_ = std::make_shared<RenewalNews>();
   std::array<SharedStream<KeepAliveMux, pb::Lease::Stub>, streams> streams_;
 };
 

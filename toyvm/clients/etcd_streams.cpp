@@ -1,7 +1,9 @@
 // The etcd client's streams: its watches, all on one bidirectional gRPC stream, and its lease
-// keep-alives, all on another.
+// keep-alives, on streams of their own shared by its leases.
 
 #include "clients/etcd_grpc.hpp"
+
+#include <boost/asio/this_coro.hpp>
 
 #include <deque>
 #include <map>
@@ -202,9 +204,11 @@ class KeepAliveMux final : public std::enable_shared_from_this<KeepAliveMux> {
     int waiting = 0;  // pings sent and not answered
   };
 
-  explicit KeepAliveMux(std::shared_ptr<KeepAliveStream> stream) : stream_(std::move(stream)) {}
-  static std::shared_ptr<KeepAliveMux> open(pb::Lease::Stub& stub, const std::string& token) {
-    auto mux = std::make_shared<KeepAliveMux>(std::make_shared<KeepAliveStream>());
+  KeepAliveMux(std::shared_ptr<KeepAliveStream> stream, std::shared_ptr<RenewalNews> news)
+      : stream_(std::move(stream)), news_(std::move(news)) {}
+  static std::shared_ptr<KeepAliveMux> open(pb::Lease::Stub& stub, const std::string& token,
+                                            const std::shared_ptr<RenewalNews>& news) {
+    auto mux = std::make_shared<KeepAliveMux>(std::make_shared<KeepAliveStream>(), news);
     mux->start(stub, token);
     return mux;
   }
@@ -261,9 +265,14 @@ class KeepAliveMux final : public std::enable_shared_from_this<KeepAliveMux> {
     std::lock_guard lock(mutex_);
     if (!item.response) {
       ended_ = item.status.ok() ? Error(errc::etcd_unavailable, "the keep-alive stream ended") : from_status(item.status);
+      // A stream cancelled because nobody renews on it any more is no failure.
+      if (item.status.error_code() != grpc::StatusCode::CANCELLED) ++news_->failures;
       for (auto& [lease, member] : members_)
         for (; member->waiting > 0; --member->waiting) member->answers.push(*ended_);
       return;
+    }
+    const uint64_t term = item.response->header().raft_term();
+    for (uint64_t seen = news_->term; term > seen && !news_->term.compare_exchange_weak(seen, term);) {
     }
     auto [first, last] = members_.equal_range(item.response->id());
     for (auto it = first; it != last; ++it) {
@@ -274,6 +283,7 @@ class KeepAliveMux final : public std::enable_shared_from_this<KeepAliveMux> {
   }
 
   std::shared_ptr<KeepAliveStream> stream_;
+  std::shared_ptr<RenewalNews> news_;
   std::mutex mutex_;
   std::multimap<int64_t, std::shared_ptr<Member>> members_;
   std::optional<Error> ended_;
@@ -283,11 +293,22 @@ namespace {
 
 class GrpcLeaseKeeper final : public EtcdLeaseKeeper {
  public:
-  GrpcLeaseKeeper(std::shared_ptr<KeepAliveMux> mux, int64_t lease) : mux_(std::move(mux)), member_(mux_->add(lease)) {}
+  GrpcLeaseKeeper(std::weak_ptr<KeepAliveStreams> streams, std::shared_ptr<KeepAliveMux> mux, int64_t lease)
+      : streams_(std::move(streams)), lease_(lease), mux_(std::move(mux)), member_(mux_->add(lease)) {}
   ~GrpcLeaseKeeper() override { mux_->remove(member_); }
 
   awaitable<result<int64_t>> ping() override {
     if (ended_) co_return errc::etcd_unavailable;
+    // Between renewals (none is awaited), onto the stream its client renews through now.
+    const asio::any_io_executor executor = co_await asio::this_coro::executor;
+    if (auto streams = streams_.lock()) {
+      auto now = streams->current(lease_, executor);
+      if (now != mux_) {
+        mux_->remove(member_);
+        mux_ = std::move(now);
+        member_ = mux_->add(lease_);
+      }
+    }
     mux_->ping(member_);
     result<int64_t> ttl = co_await member_->answers.async_pop();
     if (!ttl) ended_ = true;
@@ -295,6 +316,8 @@ class GrpcLeaseKeeper final : public EtcdLeaseKeeper {
   }
 
  private:
+  std::weak_ptr<KeepAliveStreams> streams_;
+  int64_t lease_;
   std::shared_ptr<KeepAliveMux> mux_;
   std::shared_ptr<KeepAliveMux::Member> member_;
   bool ended_ = false;
@@ -309,9 +332,13 @@ std::unique_ptr<EtcdWatch> WatchStreams::open(pb::Watch::Stub& stub, const std::
   return std::make_unique<GrpcWatch>(std::move(mux), std::move(member));
 }
 
-std::unique_ptr<EtcdLeaseKeeper> KeepAliveStreams::open(pb::Lease::Stub& stub, const std::string& token,
-                                                       int64_t lease) {
-  return std::make_unique<GrpcLeaseKeeper>(streams_[uint64_t(lease) % streams].current(stub, token), lease);
+std::shared_ptr<KeepAliveMux> KeepAliveStreams::current(int64_t lease, const asio::any_io_executor& executor) {
+  Way way = route_(executor);
+  return streams_[uint64_t(lease) % streams].current(*way.stub, way.token, news_);
+}
+
+std::unique_ptr<EtcdLeaseKeeper> KeepAliveStreams::open(int64_t lease, const asio::any_io_executor& executor) {
+  return std::make_unique<GrpcLeaseKeeper>(weak_from_this(), current(lease, executor), lease);
 }
 
 }  // namespace toyvm::etcd_grpc
