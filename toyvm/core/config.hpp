@@ -32,9 +32,10 @@ struct EtcdConfig {
   // etcd's own user/password auth (Authenticate): the token is renewed when it expires. A
   // user without a password names the client certificate's common name (no Authenticate).
   std::string user, password;
-  // HTTP/2 keepalive pings, so that a long-lived service notices a dead etcd; set by the
-  // services, not in the file. Short commands go without (gRPC 1.51 can abort when a
-  // channel goes away with a ping in flight).
+  // A long-lived service's client: HTTP/2 keepalive pings, so that it notices a dead etcd,
+  // and its leases renewed through etcd's leader; set by the services, not in the file. Short
+  // commands go without (gRPC 1.51 can abort when a channel goes away with a ping in flight;
+  // finding the leader would cost them two requests more).
   bool keepalive = false;
 };
 
