@@ -148,8 +148,16 @@ TEST_CASE("a simulated host reports its own machine less what its running guests
   CHECK(idle->disk_available_mb == 40 * 1024);
   CHECK(idle->cpus_online == 4);
   CHECK(idle->load == 0);
-  REQUIRE(machine.create(DomainSpec{.uuid = "a", .name = "a", .memory_mb = 1024, .disk_gb = 10}));
-  REQUIRE(machine.create(DomainSpec{.uuid = "b", .name = "b", .memory_mb = 512, .disk_gb = 5, .start = false}));
+  auto guest = [](std::string uuid, int64_t memory_mb, int64_t disk_gb, bool start) {
+    DomainSpec spec;
+    spec.uuid = spec.name = std::move(uuid);
+    spec.memory_mb = memory_mb;
+    spec.disk_gb = disk_gb;
+    spec.start = start;
+    return spec;
+  };
+  REQUIRE(machine.create(guest("a", 1024, 10, true)));
+  REQUIRE(machine.create(guest("b", 512, 5, false)));
   auto busy = machine.host_stats();
   REQUIRE(busy);
   CHECK(busy->mem_available_mb == 4096 - 1024);  // a guest that is off holds no memory

@@ -129,6 +129,26 @@ TEST_CASE("running work is built and recorded ACTIVE once, however often the new
   CHECK(agent.etcd->txns == txns);  // nothing recorded again
 }
 
+TEST_CASE("a resync asks nothing more of a guest as it should be, and starts one whose stop went unheard") {
+  Agent agent;
+  agent.put_work(PowerState::running);
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+  const int asked = agent.hypervisor().state_asks();
+  const int txns = agent.etcd->txns;
+  REQUIRE(agent.list());
+  REQUIRE(agent.run_until([&] { return agent.settled(); }));
+  CHECK(agent.hypervisor().state_asks() == asked);
+  CHECK(agent.etcd->txns == txns);
+  // Its domain stopped and the event was lost (libvirt restarted, say): the next resync sees it.
+  agent.hypervisor().set(uuid, FakeVirt::Domain{DomainState::stopped, StopCause::unknown, {}});
+  REQUIRE(agent.list());
+  REQUIRE(agent.run_until([&] {
+    return agent.hypervisor().domain(uuid)->state == DomainState::running && agent.settled();
+  }));
+  CHECK(agent.hypervisor().state_asks() > asked);
+  CHECK(agent.recorded(InstanceState::active));
+}
+
 TEST_CASE("stopped work stops the guest and records STOPPED; running work starts it again") {
   Agent agent;
   agent.put_work(PowerState::running);

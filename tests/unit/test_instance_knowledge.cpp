@@ -41,34 +41,72 @@ InstanceKnowledge running_at(int64_t revision) {
 
 TEST_CASE("work news older than what is known changes nothing") {
   InstanceKnowledge known = running_at(10);
-  CHECK(absorb(known, news::WorkPut{9, encode(work(PowerState::stopped))}, here) == Absorbed::stale);
+  CHECK(absorb(known, news::WorkPut{9, encode(work(PowerState::stopped)), {}}, here) == Absorbed::stale);
   CHECK(absorb(known, news::WorkGone{9}, here) == Absorbed::stale);
   CHECK(known.work->power == PowerState::running);
-  CHECK(absorb(known, news::WorkPut{11, encode(work(PowerState::stopped))}, here) == Absorbed::changed);
+  CHECK(absorb(known, news::WorkPut{11, encode(work(PowerState::stopped)), {}}, here) == Absorbed::changed);
   CHECK(known.work->power == PowerState::stopped);
   CHECK(known.work_revision == 11);
 }
 
 TEST_CASE("work that cannot be read keeps what was known, and is told of once") {
   InstanceKnowledge known = running_at(10);
-  CHECK(absorb(known, news::WorkPut{12, "damaged"}, here) == Absorbed::work_unreadable);
+  CHECK(absorb(known, news::WorkPut{12, "damaged", {}}, here) == Absorbed::work_unreadable);
   CHECK(known.work);  // unknown is not absent
   CHECK_FALSE(known.work_error.empty());
   CHECK_FALSE(known.forgettable());
   CHECK(next_step(known) == S::wait);
-  CHECK(absorb(known, news::WorkPut{12, "damaged"}, here) == Absorbed::stale);  // the resync's listing
-  CHECK(absorb(known, news::WorkPut{13, encode(work())}, here) == Absorbed::changed);
+  CHECK(absorb(known, news::WorkPut{12, "damaged", {}}, here) == Absorbed::stale);  // the resync's listing
+  CHECK(absorb(known, news::WorkPut{13, encode(work()), {}}, here) == Absorbed::changed);
   CHECK_FALSE(known.work_unreadable);
   CHECK(next_step(known) == S::reconcile);
+}
+
+TEST_CASE("a listing of work already known asks for a step only when its domain is not as it should be") {
+  InstanceKnowledge known = running_at(10);
+  const std::string value = encode(work());
+  CHECK(absorb(known, news::WorkPut{10, value, DomainState::running}, here) == Absorbed::stale);
+  CHECK(absorb(known, news::WorkPut{10, value, {}}, here) == Absorbed::changed);  // libvirt did not say
+  for (DomainState wrong : {DomainState::stopped, DomainState::paused, DomainState::absent})
+    CHECK(absorb(known, news::WorkPut{10, value, wrong}, here) == Absorbed::changed);
+  // The revision names the value: it is not read again.
+  CHECK(absorb(known, news::WorkPut{10, "damaged", DomainState::running}, here) == Absorbed::stale);
+  CHECK_FALSE(known.work_unreadable);
+  // A newer value is read, whatever the domain: stopped work, its guest still running.
+  const std::string stopped = encode(work(PowerState::stopped));
+  CHECK(absorb(known, news::WorkPut{11, stopped, DomainState::running}, here) == Absorbed::changed);
+  CHECK(known.work->power == PowerState::stopped);
+  CHECK(absorb(known, news::WorkPut{11, stopped, DomainState::stopped}, here) == Absorbed::changed);  // to record
+  known.phase = Phase::stopped;
+  CHECK(absorb(known, news::WorkPut{11, stopped, DomainState::stopped}, here) == Absorbed::stale);
+}
+
+TEST_CASE("an instance is settled with its domain only when its next step would decide nothing") {
+  const InstanceKnowledge active = running_at(10);
+  CHECK(settled_with(active, DomainState::running));
+  CHECK_FALSE(settled_with(active, DomainState::stopped));
+  InstanceKnowledge unrecorded_ip = active;
+  unrecorded_ip.address.unrecorded = true;  // its address is to be recorded
+  CHECK_FALSE(settled_with(unrecorded_ip, DomainState::running));
+  InstanceKnowledge restarted = active;
+  restarted.phase.reset();  // its record not read back yet
+  CHECK_FALSE(settled_with(restarted, DomainState::running));
+  InstanceKnowledge moving = active;
+  moving.move = move_to(there);
+  CHECK_FALSE(settled_with(moving, DomainState::running));
+  InstanceKnowledge released = active;
+  released.phase = Phase::released;
+  CHECK(settled_with(released, DomainState::absent));
+  CHECK_FALSE(settled_with(released, DomainState::stopped));
 }
 
 TEST_CASE("work that names another instance is not this one's") {
   InstanceKnowledge known = running_at(10);
   WorkSpec other = work(PowerState::deleted);
   other.uuid = "5b9c3e5e-8d7e-4a57-9d36-2f0d4a9c0001";
-  CHECK(absorb(known, news::WorkPut{11, encode(other)}, here) == Absorbed::work_unreadable);
+  CHECK(absorb(known, news::WorkPut{11, encode(other), {}}, here) == Absorbed::work_unreadable);
   CHECK(known.work->power == PowerState::running);
-  CHECK_FALSE(ends_work(running_at(10), news::WorkPut{11, encode(other)}));
+  CHECK_FALSE(ends_work(running_at(10), news::WorkPut{11, encode(other), {}}));
 }
 
 TEST_CASE("work gone is news once, and a put before the listing that said so is stale") {
@@ -77,7 +115,7 @@ TEST_CASE("work gone is news once, and a put before the listing that said so is 
   CHECK_FALSE(known.work);
   CHECK(known.forgettable());
   CHECK(absorb(known, news::WorkGone{16}, here) == Absorbed::stale);
-  CHECK(absorb(known, news::WorkPut{14, encode(work())}, here) == Absorbed::stale);
+  CHECK(absorb(known, news::WorkPut{14, encode(work()), {}}, here) == Absorbed::stale);
 }
 
 TEST_CASE("a move's news is taken once, in order, and its end asks for the work again") {
@@ -151,9 +189,9 @@ TEST_CASE("news not yet absorbed ends a build only when it removes the work, and
   InstanceKnowledge known = running_at(10);
   CHECK(ends_work(known, news::WorkGone{11}));
   CHECK_FALSE(ends_work(known, news::WorkGone{9}));
-  CHECK(ends_work(known, news::WorkPut{11, encode(work(PowerState::deleted))}));
-  CHECK_FALSE(ends_work(known, news::WorkPut{11, encode(work(PowerState::stopped))}));
-  CHECK_FALSE(ends_work(known, news::WorkPut{11, "{not work"}));  // unreadable: no reason to remove
+  CHECK(ends_work(known, news::WorkPut{11, encode(work(PowerState::deleted)), {}}));
+  CHECK_FALSE(ends_work(known, news::WorkPut{11, encode(work(PowerState::stopped)), {}}));
+  CHECK_FALSE(ends_work(known, news::WorkPut{11, "{not work", {}}));  // unreadable: no reason to remove
   CHECK_FALSE(ends_work(known, news::MoveGone{11}));
 }
 
@@ -161,10 +199,10 @@ TEST_CASE("a live send ends for a stop, a destroy or an abort, not for work that
   InstanceKnowledge known = running_at(10);
   known.move = move_to(there, MoveState::ready);
   known.move_revision = 20;
-  CHECK(ends_send(known, news::WorkPut{11, encode(work(PowerState::stopped))}));
-  CHECK(ends_send(known, news::WorkPut{11, encode(work(PowerState::deleted))}));
-  CHECK_FALSE(ends_send(known, news::WorkPut{11, encode(work(PowerState::running))}));
-  CHECK_FALSE(ends_send(known, news::WorkPut{9, encode(work(PowerState::stopped))}));
+  CHECK(ends_send(known, news::WorkPut{11, encode(work(PowerState::stopped)), {}}));
+  CHECK(ends_send(known, news::WorkPut{11, encode(work(PowerState::deleted)), {}}));
+  CHECK_FALSE(ends_send(known, news::WorkPut{11, encode(work(PowerState::running)), {}}));
+  CHECK_FALSE(ends_send(known, news::WorkPut{9, encode(work(PowerState::stopped)), {}}));
   CHECK_FALSE(ends_send(known, news::WorkGone{11}));
   CHECK(ends_send(known, news::MovePut{21, move_to(there, MoveState::ready, true)}));
   CHECK_FALSE(ends_send(known, news::MovePut{20, move_to(there, MoveState::ready, true)}));

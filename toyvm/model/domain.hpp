@@ -3,6 +3,8 @@
 // in): its state, why it stopped, what it uses.
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 namespace toyvm {
 
@@ -12,6 +14,9 @@ namespace toyvm {
 // guest after a failed send); or for a reason libvirt does not know. A guest paused by anyone
 // else (virsh suspend, an I/O error) counts as running: theirs to resume.
 enum class DomainState { absent, running, paused, stopped };
+
+// Domains by uuid, each with its state, as one listing found them.
+using DomainStates = std::map<std::string, DomainState>;
 
 // Why a domain is shut off, as libvirt tells it.
 enum class StopCause {

@@ -19,6 +19,10 @@ struct Absorb {
     // an unreadable value is reported once, however often a resync lists it again.
     if (put.revision < known.work_revision) return Absorbed::stale;
     if (known.work_unreadable && put.revision == known.work_revision) return Absorbed::stale;
+    // The revision known is the value known: a resync's listing of it. Its step, the net for
+    // a libvirt event missed, is due unless the domain the listing found is as it should be.
+    if (known.work && put.revision == known.work_revision)
+      return put.domain && settled_with(known, *put.domain) ? Absorbed::stale : Absorbed::changed;
     auto spec = read_work(put, known.uuid);
     known.work_revision = put.revision;
     if (!spec) {
@@ -102,6 +106,12 @@ InstanceStep next_step(const InstanceKnowledge& known) {
   if (known.move) return InstanceStep::move;
   if (known.work && !known.phase) return InstanceStep::load_record;
   return InstanceStep::reconcile;
+}
+
+bool settled_with(const InstanceKnowledge& known, DomainState domain) {
+  if (next_step(known) != InstanceStep::reconcile || known.address.unrecorded) return false;
+  const Desired power = known.work ? Desired(known.work->power) : std::nullopt;
+  return decide(power, domain, known.recorded()) == ReconcileAction::none;
 }
 
 std::string_view to_string(InstanceStep step) noexcept {

@@ -20,10 +20,12 @@ namespace toyvm {
 // The news an instance hears, each from one source.
 namespace news {
 // Its work key was put at `revision`, with `value` as etcd has it (read when absorbed: it may
-// be a newer writer's, or damaged).
+// be a newer writer's, or damaged). From a listing, `domain` is its domain as libvirt listed it
+// then (empty: libvirt did not say).
 struct WorkPut {
   int64_t revision = 0;
   std::string value;
+  std::optional<DomainState> domain;
 };
 // Its work key was deleted at `revision`, or a listing at `revision` no longer holds it.
 struct WorkGone {
@@ -102,6 +104,9 @@ constexpr bool step_due(Absorbed absorbed) {
 
 // `host`: this host's provider.
 Absorbed absorb(InstanceKnowledge& known, const News& news, const std::string& host);
+
+// Nothing to do for an instance whose domain is `domain`: its next step would decide nothing.
+bool settled_with(const InstanceKnowledge& known, DomainState domain);
 
 // Whether `news`, not absorbed yet, ends the instance's work (a destroy, or the work gone): a
 // build under way stops at its next stage.

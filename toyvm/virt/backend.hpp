@@ -125,9 +125,9 @@ class VirtBackend {
   // agent's domains starts, stops, crashes, is paused (not by a migration as it ends) or goes
   // away.
   virtual void on_lifecycle(std::function<void(const std::string& uuid, bool started)> changed) = 0;
-  // The uuids of the domains this agent manages: named toyvm-<uuid> and, with an owner set,
-  // made by that owner (several agents may share one libvirt).
-  virtual result<std::vector<std::string>> list() = 0;
+  // The domains this agent manages, each with its state: named toyvm-<uuid> and, with an
+  // owner set, made by that owner (several agents may share one libvirt).
+  virtual result<DomainStates> list() = 0;
   // The machine's memory, disk, load and CPUs, as the agent reports them (`stats/` in etcd).
   virtual result<HostStats> host_stats() = 0;
 };

@@ -65,7 +65,7 @@ class LibvirtBackend final : public VirtBackend {
   result<StopCause> stop_cause(const std::string& uuid) override;
   void on_lifecycle(std::function<void(const std::string& uuid, bool started)> changed) override;
   result<std::vector<GuestAddress>> addresses(const std::string& uuid) override;
-  result<std::vector<std::string>> list() override;
+  result<DomainStates> list() override;
   result<std::vector<std::string>> network_dns() override;
   result<void> ensure_network() override;
   result<std::string> prepare_incoming(const DomainSpec& spec) override;

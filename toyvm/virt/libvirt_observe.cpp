@@ -28,11 +28,11 @@ result<DomainState> LibvirtBackend::state(const std::string& uuid) {
 
 result<DomainState> LibvirtBackend::state_of(virDomainPtr dom) {
   int active = api->virDomainIsActive(dom);
-  if (active < 0) return fail(errc::launch_failure);
-  if (active == 0) return DomainState::stopped;
   int state = 0, reason = 0;
-  if (api->virDomainGetState(dom, &state, &reason, 0) < 0) return fail(errc::launch_failure);
-  return domain_state(state, reason);
+  if (active == 0) return DomainState::stopped;
+  if (active > 0 && api->virDomainGetState(dom, &state, &reason, 0) == 0) return domain_state(state, reason);
+  if (last_error_is(VIR_ERR_NO_DOMAIN)) return DomainState::absent;  // gone since it was looked up
+  return fail(errc::launch_failure);
 }
 
 DomainState domain_state(int state, int reason) {
@@ -133,22 +133,26 @@ result<std::vector<GuestAddress>> LibvirtBackend::leased_addresses(virDomainPtr 
   return found;
 }
 
-result<std::vector<std::string>> LibvirtBackend::list() {
+result<DomainStates> LibvirtBackend::list() {
   if (!revive()) return unavailable();
   virDomainPtr* domains = nullptr;
   int count = api->virConnectListAllDomains(conn_, &domains, 0);
   if (count < 0) return fail(errc::launch_failure);
-  std::vector<std::string> uuids;
+  result<DomainStates> listed = DomainStates{};
   char uuid[VIR_UUID_STRING_BUFLEN];
   for (int i = 0; i < count; ++i) {
     const char* name = api->virDomainGetName(domains[i]);
-    if (name && api->virDomainGetUUIDString(domains[i], uuid) == 0 && domain_name(uuid) == name &&
-        owned(domains[i], uuid).value_or(false))  // one that cannot be told is left alone
-      uuids.emplace_back(uuid);
+    if (listed && name && api->virDomainGetUUIDString(domains[i], uuid) == 0 && domain_name(uuid) == name &&
+        owned(domains[i], uuid).value_or(false)) {  // one that cannot be told is left alone
+      // A state libvirt does not tell fails the listing: unknown is not absent.
+      auto state = state_of(domains[i]);
+      if (!state) listed = state.error();
+      else if (*state != DomainState::absent) listed->emplace(uuid, *state);
+    }
     api->virDomainFree(domains[i]);
   }
   free(domains);
-  return uuids;
+  return listed;
 }
 
 LibvirtBackend::Lookup LibvirtBackend::lookup(const std::string& uuid, DomainHandle& dom) {

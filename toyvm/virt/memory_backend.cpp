@@ -181,12 +181,11 @@ result<StopCause> MemoryVirt::stop_cause(const std::string& uuid) {
   return found == domains_.end() ? StopCause::unknown : found->second.cause;
 }
 
-result<std::vector<std::string>> MemoryVirt::list() {
+result<DomainStates> MemoryVirt::list() {
   std::lock_guard lock(mutex_);
-  std::vector<std::string> uuids;
-  uuids.reserve(domains_.size());
-  for (const auto& [uuid, d] : domains_) uuids.push_back(uuid);
-  return uuids;
+  DomainStates listed;
+  for (const auto& [uuid, d] : domains_) listed.emplace_hint(listed.end(), uuid, d.state);
+  return listed;
 }
 
 result<void> MemoryVirt::power(const std::string& uuid, DomainState state) {

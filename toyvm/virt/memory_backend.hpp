@@ -74,7 +74,7 @@ class MemoryVirt : public VirtBackend {
   result<DomainUsage> usage(const std::string& uuid) override;
   result<StopCause> stop_cause(const std::string& uuid) override;
   void on_lifecycle(std::function<void(const std::string&, bool)>) override {}
-  result<std::vector<std::string>> list() override;
+  result<DomainStates> list() override;
   // Its own figures, not the real machine's: a thousand simulated hosts of one process are a
   // thousand machines at rest, not one under load.
   result<HostStats> host_stats() override;

@@ -35,6 +35,20 @@ class FakeVirt : public MemoryVirt {
     return presses_;
   }
 
+  // Domains' states asked for one at a time (a listing tells them all at once).
+  int state_asks() const {
+    std::lock_guard lock(mutex_);
+    return state_asks_;
+  }
+
+  result<DomainState> state(const std::string& uuid) override {
+    {
+      std::lock_guard lock(mutex_);
+      ++state_asks_;
+    }
+    return MemoryVirt::state(uuid);
+  }
+
   result<void> shutdown(const std::string& uuid) override {
     {
       std::lock_guard lock(mutex_);
@@ -66,6 +80,7 @@ class FakeVirt : public MemoryVirt {
   int refused_ = 0;
   int heard_at_ = 0;
   int presses_ = 0;
+  int state_asks_ = 0;
 };
 
 }  // namespace toyvm::fakes

@@ -286,7 +286,7 @@ Step Instance::recheck_work() {
   if (!listed) co_return listed.error().doing("reading its work");
   known_.recheck_work = false;
   if (listed->kvs.empty()) take(news::WorkGone{listed->revision});
-  else take(news::WorkPut{listed->kvs.front().mod_revision, listed->kvs.front().value});
+  else take(news::WorkPut{listed->kvs.front().mod_revision, listed->kvs.front().value, std::nullopt});
   co_return Next::again;
 }
 

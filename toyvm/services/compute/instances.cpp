@@ -29,24 +29,31 @@ std::set<std::string> Instances::images_wanted() const {
   return images;
 }
 
-std::optional<std::string> Instances::apply(const WatchEvent& event, bool listed) {
+std::optional<std::string> Instances::apply(const WatchEvent& event, bool listed, const DomainStates* domains) {
   auto key = ctx_.keys.parse_work(event.kv.key);
   if (!key || key->host != ctx_.host.provider) {
     spdlog::warn("ignoring key {} under the work prefix", event.kv.key);
     return std::nullopt;
   }
   // Work first seen in a watch event was made after the listing: nothing recorded before it.
-  News news = news::WorkPut{event.kv.mod_revision, event.kv.value};
+  news::WorkPut put{event.kv.mod_revision, event.kv.value, std::nullopt};
+  if (domains) {
+    auto domain = domains->find(key->instance);
+    put.domain = domain == domains->end() ? DomainState::absent : domain->second;
+  }
+  News news = std::move(put);
   if (event.type == WatchEvent::Type::erase) news = news::WorkGone{event.kv.mod_revision};
   instance(key->instance, !listed).tell(std::move(news));
   return key->instance;
 }
 
 awaitable<void> Instances::apply_listing(RangeResult listed) {
+  // libvirt's domains first: an instance whose domain is as it should be takes no step.
+  auto domains = co_await ctx_.virt(&VirtBackend::list);
   std::set<std::string> seen;
   for (const KeyValue& kv : listed.kvs) {
     WatchEvent event{WatchEvent::Type::put, kv, std::nullopt};
-    if (auto uuid = apply(event, true)) seen.insert(*uuid);
+    if (auto uuid = apply(event, true, domains ? &*domains : nullptr)) seen.insert(*uuid);
   }
   // Work that vanished while we were not watching (and did not appear after the listing).
   std::vector<std::shared_ptr<Instance>> vanished;
@@ -54,9 +61,8 @@ awaitable<void> Instances::apply_listing(RangeResult listed) {
     if (!seen.count(uuid)) vanished.push_back(instance);
   for (const auto& instance : vanished) instance->tell(news::WorkGone{listed.revision});
   // Domains nobody asked for.
-  auto domains = co_await ctx_.virt(&VirtBackend::list);
   if (!domains) co_return;  // libvirt did not answer: the next resync looks again
-  for (const std::string& uuid : *domains)
+  for (const auto& [uuid, state] : *domains)
     if (!seen.count(uuid) && !table_.count(uuid)) instance(uuid, false).tell(news::DomainChanged{});
   steps_.presence.publish(*domains);
   metrics::count("toyvm_work_listings_total");

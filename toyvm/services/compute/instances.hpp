@@ -24,8 +24,9 @@ class Instances {
 
   // A put or delete under this host's work prefix; returns the instance it was about, if
   // it was one of ours.
-  std::optional<std::string> apply(const WatchEvent& event) { return apply(event, false); }
-  // Everything under the work prefix: what is listed is applied, work that vanished since is
+  std::optional<std::string> apply(const WatchEvent& event) { return apply(event, false, nullptr); }
+  // Everything under the work prefix: what is listed is applied, each with its domain as
+  // libvirt lists it (nothing is done for one as it should be), work that vanished since is
   // removed, and domains nobody asked for are destroyed.
   awaitable<void> apply_listing(RangeResult listed);
   // A put or delete under the moves prefix: a move that names this host reaches its instance
@@ -45,7 +46,8 @@ class Instances {
   std::set<std::string> images_wanted() const;
 
  private:
-  std::optional<std::string> apply(const WatchEvent& event, bool listed);
+  // `domains`: from a listing, the domains libvirt listed then (null: it did not say).
+  std::optional<std::string> apply(const WatchEvent& event, bool listed, const DomainStates* domains);
   Instance& instance(const std::string& uuid, bool fresh);
 
   AgentContext& ctx_;

@@ -101,8 +101,9 @@ void HostPresence::publish(const std::string& uuid) {
   publish();
 }
 
-void HostPresence::publish(const std::vector<std::string>& listed) {
-  std::set<std::string> found(listed.begin(), listed.end());
+void HostPresence::publish(const DomainStates& listed) {
+  std::set<std::string> found;
+  for (const auto& [uuid, state] : listed) found.insert(found.end(), uuid);
   if (!listed_) {
     domains_ = std::move(found);
     listed_ = true;

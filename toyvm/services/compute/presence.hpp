@@ -33,7 +33,7 @@ class HostPresence {
   // The same with every domain a full listing found (at start and each resync). Where it
   // disagrees with what is known, each such domain is looked up again: a listing may have
   // been taken before a step that the lookups already saw.
-  void publish(const std::vector<std::string>& listed);
+  void publish(const DomainStates& listed);
   // A step that knows it made (or removed) `uuid`'s domain writes its key in the step's own
   // transaction: the op to add (no put while there is no lease), then recorded() once etcd
   // has made it. A step whose transaction went unanswered calls publish(uuid) instead.
