@@ -183,7 +183,7 @@ def evacuate(cloud, workdir, victim):
         raise RuntimeError(f"toyvm evacuate: exit {evacuated.returncode}: {evacuated.stdout[-500:]} {evacuated.stderr[-500:]}")
 
     def active_elsewhere():
-        records = {i["uuid"]: i for i in cloud.instances()}
+        records = {i["uuid"]: i for i in listed_instances(cloud)}
         return all(u in records and records[u]["state"] == "ACTIVE" and records[u]["host"] != victim["rp"]
                    for u in victim["uuids"])
     wait_until("the evacuated instances ACTIVE elsewhere", active_elsewhere, 300, 2)
@@ -194,6 +194,15 @@ def evacuate(cloud, workdir, victim):
     return {"instances": len(victim["uuids"]), "moved": moved, "seconds": took,
             "ms_per_instance": took / max(moved, 1) * 1000, "all_active_s": active_s, "audit_exit": audit.returncode,
             "audit": audit.stdout.strip()[-300:]}
+
+
+def listed_instances(cloud):
+    """Every instance, as `toyvm show --json` lists them; raises when the listing fails (etcd
+    busy): a failed listing is no empty cloud. (`wait_until` asks again.)"""
+    listed = cloud.run("show", "--json")
+    if listed.returncode != 0:
+        raise RuntimeError(f"toyvm show: exit {listed.returncode}: {listed.stderr.strip()[-200:]}")
+    return json.loads(listed.stdout)
 
 
 def placed_on(schedule):
@@ -359,7 +368,7 @@ def main():
             figures["evacuation"] = evacuate(cloud, workdir, victim)
             print(f"scale: evacuation of a dead host: {figures['evacuation']}", flush=True)
 
-        uuids = [i["uuid"] for i in cloud.instances()]
+        uuids = [i["uuid"] for i in listed_instances(cloud)]
         # The hosts' records counted while the cloud is destroyed: a host whose lease etcd let
         # lapse is missing until it announces itself again.
         live_counts, destroyed = [], threading.Event()
@@ -379,7 +388,7 @@ def main():
         if refused:
             print(f"scale: {len(refused)} destroy command(s) of 500 failed", flush=True)
         try:
-            wait_until("every instance gone", lambda: not cloud.instances(), 3600, 5)
+            wait_until("every instance gone", lambda: not listed_instances(cloud), 3600, 5)
         finally:
             destroyed.set()
             counter.join()
