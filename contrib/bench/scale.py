@@ -183,7 +183,7 @@ def evacuate(cloud, workdir, victim):
         raise RuntimeError(f"toyvm evacuate: exit {evacuated.returncode}: {evacuated.stdout[-500:]} {evacuated.stderr[-500:]}")
 
     def active_elsewhere():
-        records = {i["uuid"]: i for i in listed_instances(cloud)}
+        records = {i["uuid"]: i for i in cloud.instances()}
         return all(u in records and records[u]["state"] == "ACTIVE" and records[u]["host"] != victim["rp"]
                    for u in victim["uuids"])
     wait_until("the evacuated instances ACTIVE elsewhere", active_elsewhere, 300, 2)
@@ -194,15 +194,6 @@ def evacuate(cloud, workdir, victim):
     return {"instances": len(victim["uuids"]), "moved": moved, "seconds": took,
             "ms_per_instance": took / max(moved, 1) * 1000, "all_active_s": active_s, "audit_exit": audit.returncode,
             "audit": audit.stdout.strip()[-300:]}
-
-
-def listed_instances(cloud):
-    """Every instance, as `toyvm show --json` lists them; raises when the listing fails (etcd
-    busy): a failed listing is no empty cloud. (`wait_until` asks again.)"""
-    listed = cloud.run("show", "--json")
-    if listed.returncode != 0:
-        raise RuntimeError(f"toyvm show: exit {listed.returncode}: {listed.stderr.strip()[-200:]}")
-    return json.loads(listed.stdout)
 
 
 def placed_on(schedule):
@@ -368,16 +359,17 @@ def main():
             figures["evacuation"] = evacuate(cloud, workdir, victim)
             print(f"scale: evacuation of a dead host: {figures['evacuation']}", flush=True)
 
-        uuids = [i["uuid"] for i in listed_instances(cloud)]
+        uuids = [i["uuid"] for i in cloud.instances()]
         # The hosts' records counted while the cloud is destroyed: a host whose lease etcd let
         # lapse is missing until it announces itself again.
         live_counts, destroyed = [], threading.Event()
 
         def count_live_hosts():
             while not destroyed.wait(5.0):
-                listed = cloud.run("show", "--hosts", "--json")
-                if listed.returncode == 0:  # a listing that failed (etcd busy) says nothing of the hosts
-                    live_counts.append(sum(h["alive"] for h in json.loads(listed.stdout)))
+                try:
+                    live_counts.append(sum(h["alive"] for h in cloud.hosts()))
+                except RuntimeError:  # a listing that failed (etcd busy) says nothing of the hosts
+                    pass
         counter = threading.Thread(target=count_live_hosts)
         counter.start()
         started = time.monotonic()
@@ -388,14 +380,14 @@ def main():
         if refused:
             print(f"scale: {len(refused)} destroy command(s) of 500 failed", flush=True)
         try:
-            wait_until("every instance gone", lambda: not listed_instances(cloud), 3600, 5)
+            wait_until("every instance gone", lambda: not cloud.instances(), 3600, 5)
         finally:
             destroyed.set()
             counter.join()
         figures["destroy_all_s"] = time.monotonic() - started
         hosts_total = args.agents + bool(victim)
         figures["hosts_live_while_destroying"] = {"fewest": min(live_counts, default=None), "of": hosts_total}
-        figures["hosts_live_after_destroy"] = sum(h["alive"] for h in cloud.hosts())
+        figures["hosts_live_after_destroy"] = sum(h["alive"] for h in cloud.answered_listing("--hosts"))
         print(f"scale: hosts live while destroying, fewest: {figures['hosts_live_while_destroying']['fewest']} "
               f"of {hosts_total}; after: {figures['hosts_live_after_destroy']}", flush=True)
         # Nothing left: no instance, nothing held in Placement by toyvm's consumers, audit clean.

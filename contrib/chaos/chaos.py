@@ -101,11 +101,15 @@ class Campaign:
         self.counts[what] = self.counts.get(what, 0) + 1
         print(f"{time.monotonic():.1f} {what} {detail}", file=self.log, flush=True)
 
-    def known(self):
+    def listed(self):
+        """The instances, to pick what to act on: a listing that failed picks nothing."""
         try:
-            return [i["uuid"] for i in self.cloud.instances()]
-        except (json.JSONDecodeError, subprocess.TimeoutExpired):
+            return self.cloud.instances()
+        except (RuntimeError, json.JSONDecodeError, subprocess.TimeoutExpired):
             return []
+
+    def known(self):
+        return [i["uuid"] for i in self.listed()]
 
     def operation(self):
         rng, cloud = self.rng, self.cloud
@@ -151,7 +155,7 @@ class Campaign:
         rng, cloud = self.rng, self.cloud
         project = rng.choice(PROJECTS)[0]
         member = ["--config", str(cloud.members[project])]
-        theirs = [i["uuid"] for i in self.cloud.instances() if i.get("project") == project]
+        theirs = [i["uuid"] for i in self.listed() if i.get("project") == project]
         if theirs and rng.random() < 0.5:  # room made by the member itself, through the service
             gone = cloud.run(*member, "destroy", theirs[rng.randrange(1 << 30) % len(theirs)], timeout=90)
             self.note("members_destroy", f"exit {gone.returncode}")
@@ -304,8 +308,8 @@ class Campaign:
                 cloud.start_agent(name)
         for name in cloud.agents:
             cloud.wait_agent(name, 60)
-        live = {h["provider"] for h in cloud.hosts() if h["alive"]}
-        for instance in cloud.instances():
+        live = {h["provider"] for h in cloud.answered_listing("--hosts") if h["alive"]}
+        for instance in cloud.answered_listing():
             if instance["host"] not in live:
                 result = cloud.run("destroy", instance["uuid"], "--force")
                 self.note("destroy_force", f"exit {result.returncode}")
@@ -315,15 +319,20 @@ class Campaign:
         # final a moment before it starts proves nothing.
         deadline = time.monotonic() + 180
         while True:
-            not_final = [i for i in cloud.instances() if i["state"] not in FINAL]
+            try:
+                not_final, unlisted = [i for i in cloud.instances() if i["state"] not in FINAL], None
+            except RuntimeError as e:  # unknown is not final
+                not_final, unlisted = [], str(e)
             audit = cloud.run("audit", "--json")
             moving = cloud.etcdctl("get", "--prefix", "--keys-only", "/toyvm/v1/moves/").stdout.split()
-            if (not not_final and not moving and audit.returncode == 0) or time.monotonic() > deadline:
+            if (not unlisted and not not_final and not moving and audit.returncode == 0) or time.monotonic() > deadline:
                 break
             time.sleep(1)  # the polling interval
         found = json.loads(audit.stdout).get("discrepancies", []) if audit.stdout.startswith("{") else []
         if audit.returncode != 0:
             problems.append(f"toyvm audit exit {audit.returncode}: {audit.stdout.strip()} {audit.stderr.strip()}")
+        if unlisted:
+            problems.append(f"the instances not listed: {unlisted}")
         if not_final:
             problems.append(f"{len(not_final)} instance(s) not in a final state: " +
                             ", ".join(f"{i['uuid']} {i['state']} on {i['host']}" for i in not_final))
@@ -349,7 +358,7 @@ class Campaign:
         """Each project within its quota as Placement counts it, that count the project's
         instances that hold something (ACTIVE or STOPPED), and its views its records exactly."""
         problems = []
-        instances = self.cloud.instances()
+        instances = self.cloud.answered_listing()
         for name, limits in PROJECTS:
             shown = self.cloud.run("project", "show", name, "--json")
             if shown.returncode != 0:

@@ -53,6 +53,7 @@ class Campaign:
         print(f"{time.monotonic():.1f} {what} {detail}", file=self.log, flush=True)
 
     def instances(self):
+        """The instances, to pick what to act on: a listing that failed picks nothing."""
         try:
             return self.cloud.instances()
         except Exception:
@@ -319,13 +320,20 @@ class Campaign:
         deadline = time.monotonic() + 300
         while True:
             self.follow_moves()
-            instances = self.instances()
+            try:
+                instances, unlisted = cloud.instances(), None
+            except RuntimeError as e:  # unknown is not settled
+                instances, unlisted = [], str(e)
             not_final = [i for i in instances if i["state"] not in FINAL]
             audit = cloud.run("audit")
-            if (not not_final and self.moving() == set() and audit.returncode == 0) or time.monotonic() > deadline:
+            if (not unlisted and not not_final and self.moving() == set() and audit.returncode == 0) \
+                    or time.monotonic() > deadline:
                 break
             time.sleep(1)  # the polling interval
         problems = self.problems
+        if unlisted:
+            problems.append(f"the instances not listed: {unlisted}")
+            return problems
         if audit.returncode != 0:
             problems.append(f"toyvm audit exit {audit.returncode}: {audit.stdout.strip()} {audit.stderr.strip()}")
         if not_final:

@@ -175,11 +175,30 @@ class Cloud:
         return subprocess.run([self.toyvm, *args], capture_output=True, text=True, env=getattr(self, "env", None),
                               timeout=timeout)
 
+    def listing(self, *args):
+        """`toyvm show ARGS --json`, parsed; raises RuntimeError when it fails (etcd restarting or
+        busy): a listing that failed is no empty cloud."""
+        listed = self.run("show", *args, "--json")
+        if listed.returncode != 0:
+            raise RuntimeError(f"toyvm show {' '.join(args)}: exit {listed.returncode}: {listed.stderr.strip()[-200:]}")
+        return json.loads(listed.stdout)
+
+    def answered_listing(self, *args, timeout=60):
+        """`listing`, asked again until it answers or `timeout` s have passed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.listing(*args)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(1)  # the polling interval
+
     def hosts(self):
-        return json.loads(self.run("show", "--hosts", "--json").stdout or "[]")
+        return self.listing("--hosts")
 
     def instances(self):
-        return json.loads(self.run("show", "--json").stdout or "[]")
+        return self.listing()
 
     def placement_get(self, path):
         request = urllib.request.Request(self.placement_url + path, headers={

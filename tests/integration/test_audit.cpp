@@ -129,6 +129,7 @@ bool paused_at(const Process& process, const std::string& point) {
 }
 
 size_t held_claims(const Servers& servers) { return servers.etcd_prefix(KeyLayout().claims_prefix()).size(); }
+size_t schedule_holds(const Servers& servers) { return servers.etcd_prefix(KeyLayout().holds_prefix()).size(); }
 
 }  // namespace
 
@@ -148,6 +149,7 @@ TEST_CASE("audit --fix leaves a running schedule's claims alone, and gives back 
   }
   REQUIRE(wait_for([&] { return paused_at(*slow, "schedule.hand_over") && paused_at(*dead, "schedule.hand_over"); }, 20));
   CHECK(held_claims(servers) == 4);
+  CHECK(schedule_holds(servers) == 2);  // one a schedule, however many it claims for
   REQUIRE(servers.usages(rp)["VCPU"] == 4);
 
   // Claims without instances, seen in both looks: on their way, not leaks.
@@ -168,7 +170,9 @@ TEST_CASE("audit --fix leaves a running schedule's claims alone, and gives back 
   CHECK(after.exit_code == 0);
   CHECK_THAT(after.out, Catch::Contains("allocation_without_instance") && Catch::Contains("(fixed)"));
   CHECK(servers.usages(rp)["VCPU"] == 3);
-  CHECK(held_claims(servers) == 3);  // its hold erased before its claim was given back
+  CHECK(held_claims(servers) == 3);  // its claim's key erased before its claim was given back
+  CHECK_THAT(after.out, Catch::Contains("schedule_hold_lapsed"));
+  CHECK(schedule_holds(servers) == 1);  // and its hold, which nothing names any more
 
   // The other goes on: its three instances handed over with their claims, its hold let go.
   fs::remove(paused);
@@ -179,6 +183,7 @@ TEST_CASE("audit --fix leaves a running schedule's claims alone, and gives back 
     ++handed;
   CHECK(handed == 3);
   CHECK(held_claims(servers) == 0);
+  CHECK(schedule_holds(servers) == 0);  // erased with its last claims
   REQUIRE(wait_for([&] { return published_domains(servers, rp) == 3; }, 20));
   auto clean = servers.toyvm({"audit"});
   INFO(clean.out << clean.err);
@@ -199,6 +204,7 @@ TEST_CASE("a schedule whose hold lapsed hands nothing over and gives its claim b
   CHECK(schedule->wait(30) == 4);
   CHECK_THAT(schedule->output(), Catch::Contains("hold on its claims lapsed"));
   CHECK(servers.usages(rp)["VCPU"] == 0);
+  CHECK(servers.etcd_prefix(KeyLayout().holds_prefix()).empty());  // let go of as it gave up
   CHECK(servers.etcd_prefix(KeyLayout().instances_prefix()).empty());
   CHECK(servers.toyvm({"audit"}).exit_code == 0);
 }

@@ -70,16 +70,26 @@ TEST_CASE("every kind of disagreement is named") {
     CHECK(kinds(s).empty());
     s.claiming.clear();  // the schedule is gone: nothing can hand it over any more
     CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance});
-    s.lapsed_holds["claimed"] = 42;  // its hold, past its deadline, goes with the claim's fix
+    s.lapsed_holds["claimed"] = LapsedHold{42, "claimed", 40};  // its hold, past its deadline, goes with the claim's fix
     CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance});
   }
   SECTION("a hold whose schedule is gone before it claimed anything") {
-    s.lapsed_holds["never-claimed"] = 42;
+    s.lapsed_holds["never-claimed"] = LapsedHold{42, std::nullopt, 0};
     auto found = find_discrepancies(s);
     REQUIRE(found.size() == 1);
     CHECK(found[0].kind == K::hold_lapsed);
     CHECK(found[0].instance == "never-claimed");
     CHECK(fixable(K::hold_lapsed));
+  }
+  SECTION("a schedule's hold key past its deadline, after its claims' fixes") {
+    s.allocations["claimed"] = Allocations{{host_a, {{"VCPU", 1}}}};
+    s.consumers["claimed"].owner.project = "toyvm";
+    s.lapsed_holds["claimed"] = LapsedHold{42, "first", 40};
+    s.lapsed_holds["first"] = LapsedHold{41, "first", 40};
+    s.lapsed_schedule_holds["first"] = 40;
+    CHECK(kinds(s) == std::vector<K>{K::allocation_without_instance, K::hold_lapsed, K::schedule_hold_lapsed});
+    CHECK(find_discrepancies(s).back().instance == "first");
+    CHECK(fixable(K::schedule_hold_lapsed));
   }
   SECTION("an instance that holds nothing, and one held elsewhere") {
     s.allocations.erase("i-1");
@@ -214,4 +224,33 @@ TEST_CASE("a move in flight: its migration consumer holds the source, the instan
     s.moves_unreadable = true;
     CHECK(kinds(s) == std::vector<K>{K::allocation_elsewhere});
   }
+}
+
+TEST_CASE("claims are sorted by the hold they name, as read together") {
+  AuditSnapshot s;
+  s.now_ms = 1'000'000;
+  const std::string standing = encode_hold(s.now_ms + 5'000), past = encode_hold(s.now_ms - hold_clock_margin_ms - 1);
+  std::map<std::string, KeyRead> holds{{"live", {standing, 10}}, {"dead", {past, 11}}, {"garbled", {"{", 12}}};
+  std::map<std::string, KeyRead> claims{
+      {"a", {encode_hold_name("live"), 20}},     // its schedule renews the hold
+      {"b", {encode_hold_name("dead"), 21}},     // its schedule is gone
+      {"c", {encode_hold_name("gone"), 22}},     // its schedule let go of the hold, or an audit took it
+      {"d", {encode_hold_name("garbled"), 23}},  // a deadline that cannot be read stands
+      {"e", {"", 24}},                           // under a lease
+      {"f", {past, 25}},                         // an older schedule's own deadline, past
+      {"g", {standing, 26}},                     // and one still standing
+  };
+  sort_holds(s, claims, holds);
+  CHECK(s.claiming == std::set<std::string>{"a", "d", "e", "g"});
+  CHECK(s.lapsed_holds == std::map<std::string, LapsedHold>{{"b", LapsedHold{21, "dead", 11}},
+                                                             {"c", LapsedHold{22, "gone", 0}},
+                                                             {"f", LapsedHold{25, std::nullopt, 0}}});
+  CHECK(s.lapsed_schedule_holds == std::map<std::string, int64_t>{{"dead", 11}});
+}
+
+TEST_CASE("a claim's value names its schedule's hold, or none") {
+  CHECK(named_hold(encode_hold_name("i-1")) == std::optional<std::string_view>("i-1"));
+  CHECK_FALSE(named_hold(encode_hold(1234)));
+  CHECK_FALSE(named_hold(""));
+  CHECK_FALSE(named_hold("hold "));
 }

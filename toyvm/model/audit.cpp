@@ -20,13 +20,40 @@ std::string_view to_string(AuditKind kind) noexcept {
     case AuditKind::move_overdue: return "move_overdue";
     case AuditKind::move_without_domain: return "move_without_domain";
     case AuditKind::hold_lapsed: return "hold_lapsed";
+    case AuditKind::schedule_hold_lapsed: return "schedule_hold_lapsed";
   }
   return "unknown";
 }
 
 bool fixable(AuditKind kind) noexcept {
   return kind == AuditKind::allocation_without_instance || kind == AuditKind::error_holding_allocation ||
-         kind == AuditKind::member_without_instance || kind == AuditKind::hold_lapsed;
+         kind == AuditKind::member_without_instance || kind == AuditKind::hold_lapsed ||
+         kind == AuditKind::schedule_hold_lapsed;
+}
+
+void sort_holds(AuditSnapshot& s, const std::map<std::string, KeyRead>& claims,
+                const std::map<std::string, KeyRead>& holds) {
+  for (auto& [first, hold] : holds)
+    if (hold_lapsed(hold.value, s.now_ms)) s.lapsed_schedule_holds[first] = hold.revision;
+  for (auto& [uuid, claim] : claims) {
+    auto name = named_hold(claim.value);
+    if (!name) {
+      if (hold_lapsed(claim.value, s.now_ms)) {
+        s.lapsed_holds[uuid] = LapsedHold{claim.revision, std::nullopt, 0};
+      } else {
+        s.claiming.insert(uuid);
+      }
+      continue;
+    }
+    auto hold = holds.find(std::string(*name));
+    if (hold == holds.end()) {
+      s.lapsed_holds[uuid] = LapsedHold{claim.revision, std::string(*name), 0};
+    } else if (hold_lapsed(hold->second.value, s.now_ms)) {
+      s.lapsed_holds[uuid] = LapsedHold{claim.revision, std::string(*name), hold->second.revision};
+    } else {
+      s.claiming.insert(uuid);
+    }
+  }
 }
 
 std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
@@ -53,11 +80,14 @@ std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& s) {
           "resources held by a consumer that is no instance");
   }
   // A hold whose schedule is gone; one over a claim goes with the claim's fix.
-  for (auto& [uuid, revision] : s.lapsed_holds) {
+  for (auto& [uuid, hold] : s.lapsed_holds) {
     auto held = s.allocations.find(uuid);
     if (held == s.allocations.end() || held->second.empty())
       add(AuditKind::hold_lapsed, uuid, "", "a schedule's hold past its deadline: the schedule is gone");
   }
+  // After the claims' fixes, which are guarded by it as read.
+  for (auto& [first, revision] : s.lapsed_schedule_holds)
+    add(AuditKind::schedule_hold_lapsed, first, "", "a schedule's hold key past its deadline: the schedule is gone");
 
   for (auto& [uuid, host] : s.work_host) {
     if (!s.providers.count(host)) {

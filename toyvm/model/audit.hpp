@@ -8,6 +8,7 @@
 #include "model/records.hpp"
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -25,6 +26,17 @@ struct UnreadableValue {
   bool operator==(const UnreadableValue&) const = default;
 };
 
+// A claim whose hold lapsed, as read: the claim's revision, and the schedule's hold it names
+// (by its first instance; its revision, 0 when it was gone) or none (the claim held its own
+// deadline).
+struct LapsedHold {
+  int64_t claim_revision = 0;
+  std::optional<std::string> hold;
+  int64_t hold_revision = 0;
+
+  bool operator==(const LapsedHold&) const = default;
+};
+
 struct AuditSnapshot {
   std::set<std::string> providers;                           // in Placement
   std::map<std::string, Allocations> allocations;            // consumer -> provider -> amounts
@@ -35,7 +47,8 @@ struct AuditSnapshot {
   std::map<std::string, std::set<std::string>> domains;      // live provider -> domain uuids it reports
   std::vector<UnreadableValue> unreadable;                   // work and records that do not decode
   std::set<std::string> claiming;                            // instances a running schedule claims for
-  std::map<std::string, int64_t> lapsed_holds;               // instance -> the mod revision of its lapsed hold
+  std::map<std::string, LapsedHold> lapsed_holds;            // instance -> its claim's lapsed hold, as read
+  std::map<std::string, int64_t> lapsed_schedule_holds;      // a schedule's hold key past its deadline -> its revision
   std::map<std::string, MoveRecord> moves;                   // instance -> its move in flight
   bool moves_unreadable = false;  // a move record does not decode: any consumer may be its migration
   int64_t now_ms = 0;             // when the snapshot was taken (unix milliseconds)
@@ -63,6 +76,7 @@ enum class AuditKind {
   move_overdue,                 // a move in flight for longer than its deadline
   move_without_domain,          // ACTIVE or STOPPED and moving, yet neither live host reports its domain
   hold_lapsed,                  // a schedule's hold past its deadline (the schedule gone), no claim under it
+  schedule_hold_lapsed,         // a schedule's hold key past its deadline (named by its first instance)
 };
 
 std::string_view to_string(AuditKind kind) noexcept;
@@ -75,6 +89,19 @@ struct Discrepancy {
 
   bool operator==(const Discrepancy&) const = default;
 };
+
+// A key as read: its value and its mod revision.
+struct KeyRead {
+  std::string value;
+  int64_t revision = 0;
+};
+
+// Sorts the claims (instance -> its `claims/` key) and the schedules' holds (first instance
+// -> its `holds/` key), read together at `s.now_ms`, into `s.claiming`, `s.lapsed_holds` and
+// `s.lapsed_schedule_holds`. A claim naming a hold that is gone is its schedule's no more
+// (the schedule let go of it, or an audit took it); a deadline that cannot be read stands.
+void sort_holds(AuditSnapshot& s, const std::map<std::string, KeyRead>& claims,
+                const std::map<std::string, KeyRead>& holds);
 
 std::vector<Discrepancy> find_discrepancies(const AuditSnapshot& snapshot);
 

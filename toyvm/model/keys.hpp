@@ -14,7 +14,8 @@
 //   <prefix>/domains/<rp>/<instance> a domain the host's agent has (no value), under its lease
 //   <prefix>/stats/<rp>              the host's figures (memory, disk, load), under its lease
 //   <prefix>/disabled/<rp>           an operator took the host out of service, and why
-//   <prefix>/claims/<instance>       a schedule is claiming for it (under that schedule's lease)
+//   <prefix>/claims/<instance>       a schedule is claiming for it (its hold, or under a lease)
+//   <prefix>/holds/<instance>        a schedule's hold on its claims, named by its first instance
 //   <prefix>/moves/<instance>        a move of the instance in flight (model/moves.hpp)
 //   <prefix>/projects/<name>         a project (the default project needs none)
 //   <prefix>/quotas/<name>           a project's own limits
@@ -82,9 +83,12 @@ class KeyLayout {
   std::string disabled_prefix() const { return prefix_ + "/disabled/"; }
   std::string disabled(std::string_view rp) const { return disabled_prefix() + std::string(rp); }
   // A schedule puts these before it claims and keeps them while it hands over; its hand-over
-  // requires them. `audit --fix` leaves a claim alone while its key is there.
+  // requires them. Each claim names its schedule's one hold (whose deadline alone is renewed)
+  // or stands under a lease; `audit --fix` leaves a claim alone while its hold stands.
   std::string claims_prefix() const { return prefix_ + "/claims/"; }
   std::string claim(std::string_view instance) const { return claims_prefix() + std::string(instance); }
+  std::string holds_prefix() const { return prefix_ + "/holds/"; }
+  std::string hold(std::string_view first_instance) const { return holds_prefix() + std::string(first_instance); }
   std::string moves_prefix() const { return prefix_ + "/moves/"; }
   std::string move(std::string_view instance) const { return moves_prefix() + std::string(instance); }
   std::string projects_prefix() const { return prefix_ + "/projects/"; }

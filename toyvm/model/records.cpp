@@ -48,6 +48,19 @@ int64_t unix_millis() {
 
 std::string encode_hold(int64_t until_ms) { return std::to_string(until_ms); }
 
+namespace {
+constexpr std::string_view hold_name_tag = "hold ";
+}
+
+std::string encode_hold_name(std::string_view first_instance) {
+  return std::string(hold_name_tag) + std::string(first_instance);
+}
+
+std::optional<std::string_view> named_hold(std::string_view claim_value) {
+  if (!claim_value.starts_with(hold_name_tag) || claim_value.size() == hold_name_tag.size()) return std::nullopt;
+  return claim_value.substr(hold_name_tag.size());
+}
+
 bool hold_lapsed(std::string_view value, int64_t now_ms) {
   int64_t until = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), until);

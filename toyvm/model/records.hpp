@@ -145,10 +145,16 @@ ConsumerOwner owner_of(const WorkSpec& work, std::string_view consumer_project, 
 int64_t unix_seconds();
 int64_t unix_millis();
 
-// A schedule's hold on its claims (`claims/<instance>`): the unix milliseconds until which it
-// stands, renewed while the schedule runs, so that `audit --fix` leaves its claims alone. An
-// empty value is a hold under a lease (the scheduler service's), which ends with it.
+// A schedule's hold on its claims: the unix milliseconds until which it stands, renewed while
+// the schedule runs, so that `audit --fix` leaves its claims alone. A schedule keeps it in one
+// key (`holds/<its first instance>`), which each of its claims (`claims/<instance>`) names, so
+// a renewal is one write however many it claims for. A claim's value may also be the deadline
+// itself (an older schedule's), or empty: a hold under a lease (the scheduler service's),
+// which ends with it.
 std::string encode_hold(int64_t until_ms);
+// A claim's value naming its schedule's hold, and the hold it names (none: it names none).
+std::string encode_hold_name(std::string_view first_instance);
+std::optional<std::string_view> named_hold(std::string_view claim_value);
 // How far apart two hosts' clocks may be: a hold lapses only this long after its deadline.
 constexpr int64_t hold_clock_margin_ms = 5000;
 // Whether the hold has lapsed at `now_ms`: its schedule is gone (killed, or cut off from etcd

@@ -100,7 +100,8 @@ class Auditor {
     if (unread) co_return *unread;
     std::vector<EtcdOp> reads;
     for (const std::string& prefix : {keys_.hosts_prefix(), keys_.work_root(), keys_.instances_prefix(), keys_.groups_root(),
-                                      keys_.domains_root(), keys_.claims_prefix(), keys_.moves_prefix()})
+                                      keys_.domains_root(), keys_.claims_prefix(), keys_.moves_prefix(),
+                                      keys_.holds_prefix()})
       reads.push_back(EtcdOp::get(prefix, prefix_range_end(prefix)));
     auto txn = co_await etcd_->txn({}, std::move(reads));
     if (!txn) co_return etcd_error(*etcd_, txn.error());
@@ -127,15 +128,12 @@ class Auditor {
     for (const KeyValue& kv : txn->ranges[4].kvs)
       if (auto key = keys_.parse_domain(kv.key)) s.domains[key->host].insert(key->instance);
     s.now_ms = unix_millis();
-    for (const KeyValue& kv : txn->ranges[5].kvs) {
-      auto uuid = keys_.leaf(kv.key, keys_.claims_prefix());
-      if (!uuid) continue;
-      if (hold_lapsed(kv.value, s.now_ms)) {
-        s.lapsed_holds[*uuid] = kv.mod_revision;
-      } else {
-        s.claiming.insert(*uuid);
-      }
-    }
+    std::map<std::string, KeyRead> claims, holds;
+    for (const KeyValue& kv : txn->ranges[5].kvs)
+      if (auto uuid = keys_.leaf(kv.key, keys_.claims_prefix())) claims[*uuid] = KeyRead{kv.value, kv.mod_revision};
+    for (const KeyValue& kv : txn->ranges[7].kvs)
+      if (auto first = keys_.leaf(kv.key, keys_.holds_prefix())) holds[*first] = KeyRead{kv.value, kv.mod_revision};
+    sort_holds(s, claims, holds);
     s.move_deadline_ms = std::chrono::duration_cast<std::chrono::milliseconds>(options_.move_deadline).count();
     for (const KeyValue& kv : txn->ranges[6].kvs) {
       auto move = decode_move(kv.value);
@@ -168,14 +166,24 @@ class Auditor {
       if (!erased) co_return erased.error();
       co_return result<void>{};
     }
+    if (d.kind == AuditKind::schedule_hold_lapsed) {
+      auto hold = s.lapsed_schedule_holds.find(d.instance);
+      if (hold == s.lapsed_schedule_holds.end()) co_return Error(errc::changed, "the hold is gone");
+      std::string key = keys_.hold(d.instance);
+      std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(key, hold->second)};
+      co_return co_await erase_as_read(std::move(as_read), std::move(key));
+    }
     // A lapsed hold goes first, only as it was read: a schedule that renewed it lives on, and
-    // one that hands over later finds it gone and gives its claims back.
-    if (auto hold = s.lapsed_holds.find(d.instance); hold != s.lapsed_holds.end()) {
-      std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(keys_.claim(d.instance), hold->second)};
-      std::vector<EtcdOp> erase{EtcdOp::erase(keys_.claim(d.instance))};
-      auto erased = co_await etcd_->txn(std::move(as_read), std::move(erase));
+    // one that hands over later finds its claim gone and gives its claims back.
+    if (auto lapsed = s.lapsed_holds.find(d.instance); lapsed != s.lapsed_holds.end()) {
+      const LapsedHold& hold = lapsed->second;
+      std::vector<EtcdCompare> as_read{EtcdCompare::mod_revision_is(keys_.claim(d.instance), hold.claim_revision)};
+      if (hold.hold)
+        as_read.push_back(hold.hold_revision != 0 ? EtcdCompare::mod_revision_is(keys_.hold(*hold.hold), hold.hold_revision)
+                                                  : EtcdCompare::absent(keys_.hold(*hold.hold)));
+      std::string key = keys_.claim(d.instance);
+      auto erased = co_await erase_as_read(std::move(as_read), std::move(key));
       if (!erased) co_return erased.error();
-      if (!erased->succeeded) co_return Error(errc::changed, "its schedule's hold was renewed or taken");
     }
     if (d.kind == AuditKind::hold_lapsed) co_return result<void>{};
     // Nothing of it is owed to anyone, as of the second look: released only if it still holds
@@ -184,6 +192,14 @@ class Auditor {
     if (read == s.consumers.end() || !read->second.generation) co_return Error(errc::changed, "its allocation is gone");
     Allocations none;
     co_return co_await placement_.replace(d.instance, std::move(none), *read->second.generation, read->second.owner);
+  }
+
+  awaitable<result<void>> erase_as_read(std::vector<EtcdCompare> as_read, std::string key) {
+    std::vector<EtcdOp> erase{EtcdOp::erase(std::move(key))};
+    auto erased = co_await etcd_->txn(std::move(as_read), std::move(erase));
+    if (!erased) co_return erased.error();
+    if (!erased->succeeded) co_return Error(errc::changed, "its schedule's hold was renewed or taken");
+    co_return result<void>{};
   }
 
   void report(const std::vector<Discrepancy>& found, const std::vector<bool>& fixed, const AuditSnapshot& s) {

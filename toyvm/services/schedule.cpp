@@ -212,19 +212,24 @@ awaitable<Outcome> Scheduler::settle(HandOver handed, std::vector<std::string> u
 }
 
 awaitable<result<void>> Scheduler::hold_claims() {
-  std::vector<TxnCost> costs(uuids_.size(), TxnCost{1, 1, 2 * keys_.claim(uuids_.front()).size() + 16});
+  const std::string hold = hold_key();
+  const std::string named = encode_hold_name(uuids_.front());
+  std::vector<TxnCost> costs(uuids_.size(), TxnCost{1, 1, keys_.claim(uuids_.front()).size() + named.size()});
+  costs.front().ops += 1;
+  costs.front().bytes += hold.size() + 16;
   hold_ends_ = split_by_limits(costs).value_or(std::vector<size_t>{});
   hold_revisions_.assign(hold_ends_.size(), 0);
   held_ = true;
-  const std::string until = encode_hold(unix_millis() + claim_hold_ttl_s * 1000);
   size_t first = 0;
   for (size_t group = 0; group < hold_ends_.size(); ++group) {
     std::vector<EtcdOp> puts;
-    for (size_t i = first; i < hold_ends_[group]; ++i) puts.push_back(EtcdOp::put(keys_.claim(uuids_[i]), until));
+    if (group == 0) puts.push_back(EtcdOp::put(hold, encode_hold(unix_millis() + claim_hold_ttl_s * 1000)));
+    for (size_t i = first; i < hold_ends_[group]; ++i) puts.push_back(EtcdOp::put(keys_.claim(uuids_[i]), named));
     std::vector<EtcdCompare> always;
     auto put = co_await etcd_->txn(std::move(always), std::move(puts));
     if (!put) co_return put.error();
     hold_revisions_[group] = put->revision;
+    if (group == 0) hold_revision_ = put->revision;
     first = hold_ends_[group];
   }
   co_return result<void>{};
@@ -240,35 +245,38 @@ awaitable<void> Scheduler::keep_holding() {
 }
 
 awaitable<void> Scheduler::renew_hold() {
-  const std::optional<std::string> until = encode_hold(unix_millis() + claim_hold_ttl_s * 1000);
-  co_await rewrite_hold(until);
+  if (hold_revision_ == 0) co_return;
+  const std::string hold = hold_key();
+  std::vector<EtcdCompare> as_written{EtcdCompare::mod_revision_is(hold, hold_revision_)};
+  std::vector<EtcdOp> put{EtcdOp::put(hold, encode_hold(unix_millis() + claim_hold_ttl_s * 1000))};
+  auto written = co_await etcd_->txn(std::move(as_written), std::move(put));
+  // One not answered is tried again next time, while the deadline lasts.
+  if (written) hold_revision_ = written->succeeded ? written->revision : 0;
 }
 
 awaitable<void> Scheduler::let_go() {
   if (!std::exchange(held_, false)) co_return;
-  const std::optional<std::string> erased;
-  co_await rewrite_hold(erased);
-}
-
-awaitable<void> Scheduler::rewrite_hold(std::optional<std::string> until) {
   size_t first = 0;
   for (size_t group = 0; group < hold_ends_.size(); ++group) {
     if (hold_revisions_[group] != 0) {
       std::vector<EtcdCompare> as_written;
-      std::vector<EtcdOp> writes;
+      std::vector<EtcdOp> erase;
       for (size_t i = first; i < hold_ends_[group]; ++i) {
         as_written.push_back(EtcdCompare::mod_revision_is(keys_.claim(uuids_[i]), hold_revisions_[group]));
-        writes.push_back(until ? EtcdOp::put(keys_.claim(uuids_[i]), *until) : EtcdOp::erase(keys_.claim(uuids_[i])));
+        erase.push_back(EtcdOp::erase(keys_.claim(uuids_[i])));
       }
-      auto written = co_await etcd_->txn(std::move(as_written), std::move(writes));
-      if (!until) {
-        hold_revisions_[group] = 0;  // let go; one not erased lapses at its deadline, and `audit --fix` takes it away
-      } else if (written) {          // a renewal not answered is tried again next time, while the deadline lasts
-        hold_revisions_[group] = written->succeeded ? written->revision : 0;
-      }
+      auto erased = co_await etcd_->txn(std::move(as_written), std::move(erase));
+      if (!erased) spdlog::debug("schedule: claims not let go: {}", erased.error().message());
+      hold_revisions_[group] = 0;
     }
     first = hold_ends_[group];
   }
+  // After the claims, which it stands for while any is left; one not erased lapses at its
+  // deadline, and `audit --fix` takes it away.
+  hold_revision_ = 0;
+  std::string hold = hold_key();
+  auto erased = co_await etcd_->erase(std::move(hold));
+  if (!erased) spdlog::debug("schedule: hold not let go: {}", erased.error().message());
 }
 
 awaitable<result<PlacementView>> Scheduler::first_look(PlacementQuery query, int limit) {

@@ -34,6 +34,11 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
     costs.back().ops += 1;
     costs.back().bytes += on_behalf_->reply_key.size() + reply.size();
   }
+  // This schedule's hold goes with its last claims.
+  if (held_) {
+    costs.back().ops += 1;
+    costs.back().bytes += hold_key().size();
+  }
   auto ends = split_by_limits(costs);
   if (!ends) {  // checked before claiming; a resource amount cannot make up the difference
     out.error = Error(errc::invalid_argument, "the instances' data is more than etcd takes in one request");
@@ -60,6 +65,7 @@ awaitable<Scheduler::HandOver> Scheduler::hand_over(const std::vector<WorkSpec>&
       absent.insert(absent.end(), on_behalf_->require.begin(), on_behalf_->require.end());
       if (end == specs.size()) done.push_back(EtcdOp::put(on_behalf_->reply_key, reply, on_behalf_->reply_lease));
     }
+    if (held_ && end == specs.size()) done.push_back(EtcdOp::erase(hold_key()));
     HandOverResult txn = co_await placer_.hand_over(std::move(placed), std::move(absent), std::move(done), deadline);
     switch (txn.outcome) {
       case HandOverResult::Outcome::committed:

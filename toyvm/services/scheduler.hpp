@@ -94,18 +94,19 @@ class Scheduler {
   // A project member's schedule: asked of the scheduler service, which claims for it.
   awaitable<Outcome> ask_service(WorkSpec spec);
 
-  // Before anything is claimed: a key per instance, its value the deadline it stands until
-  // (one write; no lease to grant, keep and let run out), in groups within etcd's limits.
+  // Before anything is claimed: the schedule's hold (one key, the deadline it stands until; no
+  // lease to grant, keep and let run out) and a key per instance naming it, in groups within
+  // etcd's limits, the hold with the first (so a single schedule's is one write).
   awaitable<result<void>> hold_claims();
   // Moves the deadline on while the schedule runs; never ends by itself.
   awaitable<void> keep_holding();
-  // Each group's deadline moved on, only while its keys are as this schedule last wrote them:
-  // a hold that lapsed (erased by `audit --fix`) or was handed over is not put again.
+  // The hold's deadline moved on, one write however many instances, only while it is as this
+  // schedule last wrote it: a hold that lapsed (erased by `audit --fix`) or was handed over is
+  // not put again.
   awaitable<void> renew_hold();
-  // The hold erased where it is still as written: the schedule gives up.
+  // The claims' keys erased where still as written, and the hold: the schedule gives up.
   awaitable<void> let_go();
-  // Each group of the hold's keys put with `until` (nothing: erased), where still as last written.
-  awaitable<void> rewrite_hold(std::optional<std::string> until);
+  std::string hold_key() const { return keys_.hold(uuids_.front()); }
 
   // The first look and the hold go out together: neither waits for the other.
   awaitable<result<PlacementView>> first_look(PlacementQuery query, int limit);
@@ -149,8 +150,9 @@ class Scheduler {
   Placer placer_;
   std::vector<std::string> uuids_;  // the instances of this schedule
   bool held_ = false;               // its claims are held (hold_claims) and not handed over or let go
-  std::vector<size_t> hold_ends_;       // where each group of the hold's keys ends in uuids_
-  std::vector<int64_t> hold_revisions_; // the revision each group was last written at; 0: lapsed
+  std::vector<size_t> hold_ends_;       // where each group of the claims' keys ends in uuids_
+  std::vector<int64_t> hold_revisions_; // the revision each group was written at; 0: erased
+  int64_t hold_revision_ = 0;           // the hold's, as last written; 0: lapsed or let go
   std::optional<GroupPolicy> group_policy_;  // with a group
   bool claiming_ = false;    // a claim went to Placement
   std::optional<OnBehalf> on_behalf_;
