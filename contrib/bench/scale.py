@@ -115,14 +115,18 @@ def cpu_per_instance(before, after, instances):
 
 def etcd_requests(cloud):
     """etcd's requests answered so far, all members (the agents reach one, the schedules
-    another), by method, and the raft proposals it committed."""
-    counts = {"Txn": 0, "Range": 0, "proposals": 0}
+    another), by method, the raft proposals it committed, and the keys they put and deleted
+    (each applied by every member)."""
+    counts = {"Txn": 0, "Range": 0, "proposals": 0, "puts": 0, "deletes": 0}
     for member in range(len(cloud.etcd_urls)):
         for name, value in cloud.etcd_metrics(member).items():
             for method in ("Txn", "Range"):
                 if name.startswith("grpc_server_handled_total") and f'grpc_method="{method}"' in name:
                     counts[method] += value
-    counts["proposals"] = cloud.etcd_metrics().get("etcd_server_proposals_committed_total", 0)
+    one = cloud.etcd_metrics()
+    counts["proposals"] = one.get("etcd_server_proposals_committed_total", 0)
+    counts["puts"] = one.get("etcd_mvcc_put_total", 0)
+    counts["deletes"] = one.get("etcd_mvcc_delete_total", 0)
     return counts
 
 
