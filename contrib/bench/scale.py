@@ -10,10 +10,13 @@ destroys everything. Prints a table and writes JSON.
 With --simulated the agents are simulated hosts of one process (`toyvm compute --simulate`,
 in-memory hypervisors, toyvm's own agent code), and one schedule's wall time is sampled first
 at 10 such hosts, then at --agents, in the same run. --evacuate N: one more host with N
-instances (at most 16) dies among them and is evacuated.
+instances (at most 16) dies among them and is evacuated. --floor: after the destroy, as many
+placed again by bare requests to Placement from this script's threads (a look and one claim a
+batch, nothing of toyvm's), the ceiling toyvm's placing is measured against in the same run.
 """
 
 import argparse
+import http.client
 import json
 import os
 import pathlib
@@ -27,7 +30,9 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import uuid
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "testbed"))
 from cloud import ROOT, Cloud, free_port, wait_until  # noqa: E402
@@ -225,6 +230,84 @@ def parallel(items, work, threads):
     return results
 
 
+# toyvm's namespace for its shards' aggregates (model/uuid.cpp): uuid5 of "shard-N".
+SHARD_NAMESPACE = uuid.UUID("3d9a51c7-2e84-4b0f-a6d3-8c1f0e7b5a92")
+ASKED = {rc: int(n) for rc, n in (part.split(":") for part in QUERY.split("=", 1)[1].split(","))}
+
+
+def floor_plan(candidates, size):
+    """`size` instances spread over the candidates' free room (round robin, from a random
+    start), or None when they do not hold them."""
+    room = []
+    for rp, summary in candidates["provider_summaries"].items():
+        r = summary["resources"]
+        room.append([rp, min((r[rc]["capacity"] - r[rc]["used"]) // n for rc, n in ASKED.items())])
+    room.sort(key=lambda _: uuid.uuid4().int)
+    plan = []
+    while len(plan) < size:
+        given = 0
+        for entry in room:
+            if entry[1] > 0 and len(plan) < size:
+                plan.append(entry[0])
+                entry[1] -= 1
+                given += 1
+        if not given:
+            return None
+    return plan
+
+
+def placement_floor(cloud, sizes, users, shards):
+    """The users' requests made by bare threads of this script, on the same cloud with its hosts
+    alive and nothing of toyvm's placing: for each batch a look at a shard at random (two more,
+    then the whole cloud, when it has no room, as a schedule widens its look), a plan spread
+    over the candidates' free room, and one POST /allocations; a refused claim looks again.
+    Placement's own ceiling for this cloud, which toyvm's placing is measured against. Returns
+    how many were placed, and batches that found no room."""
+    url = urllib.parse.urlsplit(cloud.placement_url)
+    headers = {"X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.39",
+               "Content-Type": "application/json"}
+    local = threading.local()
+
+    def request(method, path, body=None):
+        for attempt in range(2):  # a kept-alive connection Placement closed meanwhile, once
+            if getattr(local, "conn", None) is None:
+                local.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+            try:
+                local.conn.request(method, path, body=body, headers=headers)
+                response = local.conn.getresponse()
+                return response.status, response.read()
+            except (http.client.HTTPException, OSError):
+                local.conn.close()
+                local.conn = None
+                if attempt:
+                    raise
+
+    def batch(size):
+        scopes = [str(uuid.uuid5(SHARD_NAMESPACE, f"shard-{n}")) for n in
+                  sorted(range(shards), key=lambda _: uuid.uuid4().int)[:3]] + [None]
+        query = (f"/allocation_candidates?{QUERY}&required=CUSTOM_TOYVM_HOST&required=!COMPUTE_STATUS_DISABLED"
+                 f"&limit={max(size, 50)}")
+        while scopes:
+            status, body = request("GET", query + (f"&member_of={scopes[0]}" if scopes[0] else ""))
+            if status != 200:
+                raise RuntimeError(f"the floor's look: {status} {body[:200]!r}")
+            plan = floor_plan(json.loads(body), size)
+            if plan is None:
+                scopes.pop(0)
+                continue
+            claims = {str(uuid.uuid4()): {"allocations": {rp: {"resources": ASKED}}, "project_id": "toyvm",
+                                          "user_id": "floor", "consumer_generation": None, "consumer_type": "INSTANCE"}
+                      for rp in plan}
+            status, body = request("POST", "/allocations", json.dumps(claims))
+            if status == 204:
+                return size
+            if status != 409:  # another batch got in first: look again
+                raise RuntimeError(f"the floor's claim: {status} {body[:200]!r}")
+        return 0
+    placed = parallel(sizes, batch, users)
+    return sum(placed), placed.count(0)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, default=200)
@@ -243,6 +326,8 @@ def main():
     parser.add_argument("--etcd-arg", action="append", dest="etcd_args", default=[],
                         help="a flag for every etcd member (repeat), e.g. " + " ".join(f"--etcd-arg={a}" for a in ETCD_TRIED))
     parser.add_argument("--lease-ttl", type=int, default=10, help="[compute] lease_ttl, seconds")
+    parser.add_argument("--floor", action="store_true",
+                        help="after the destroy, as many placed by bare requests to Placement: its ceiling (--simulated)")
     parser.add_argument("--evacuate", type=int, default=0,
                         help="instances on one more host that dies among the others and is evacuated (--simulated)")
     args = parser.parse_args()
@@ -404,6 +489,22 @@ def main():
         figures["left_after_destroy"] = {"usages": left, "audit_exit": audit.returncode,
                                          "audit": audit.stdout.strip()[-300:]}
         print(f"scale: after destroying all: {figures['left_after_destroy']}", flush=True)
+
+        if args.floor:
+            started, cpu_before = time.monotonic(), cpu_by_group()
+            own_before = resource.getrusage(resource.RUSAGE_SELF)
+            placed, no_room = placement_floor(cloud, sizes, args.batches, shards)
+            took = time.monotonic() - started
+            cpu = cpu_per_instance(cpu_before, cpu_by_group(), placed)
+            own = resource.getrusage(resource.RUSAGE_SELF)
+            cpu["users"] = 1000 * (own.ru_utime + own.ru_stime - own_before.ru_utime - own_before.ru_stime) / max(placed, 1)
+            del cpu["schedules"]
+            figures["floor"] = {"placed": placed, "batches_without_room": no_room, "s": took,
+                                "rate_per_s": placed / took, "cpu_ms_per_instance": cpu}
+            figures["against_floor"] = figures["placement_rate_per_s"] / figures["floor"]["rate_per_s"]
+            print(f"scale: the floor (bare requests to Placement): {placed} in {took:.1f} s; toyvm's rate "
+                  f"x{figures['against_floor']:.2f} of it; CPU ms an instance: " +
+                  ", ".join(f"{group} {ms:.2f}" for group, ms in cpu.items()), flush=True)
     finally:
         if cloud:
             cloud.shutdown()
@@ -449,6 +550,12 @@ def main():
         *([("left after, Placement / audit",
             f"{sum(figures['left_after_destroy']['usages'].values())} units held, "
             f"audit exit {figures['left_after_destroy']['audit_exit']}")] if "left_after_destroy" in figures else []),
+        *([("the floor: bare requests, placed",
+            f"{figures['floor']['placed']} in {figures['floor']['s']:.1f} s ({figures['floor']['rate_per_s']:.0f}/s; "
+            f"toyvm x{figures['against_floor']:.2f})"),
+           ("CPU an instance, the floor", ", ".join(
+               f"{group} {ms:.2f}" for group, ms in figures["floor"]["cpu_ms_per_instance"].items()) + " ms")]
+          if "floor" in figures else []),
     ]
     for name, value in rows:
         print(f"  {name:32} {value}")

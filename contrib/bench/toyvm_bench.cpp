@@ -112,14 +112,14 @@ awaitable<void> floor_worker(asio::io_context& io, const Config& config, std::sh
       // As `toyvm schedule` starts: Placement's connection first, then etcd's channel made and
       // connected while the candidates are on their way (here by reading one absent key).
       co_await placement.preconnect();
-      auto [answer, absent] = co_await (placement.allocation_candidates(query) && etcd->range(keys.instance(uuid)));
+      auto [answer, absent] = co_await (placement.allocation_candidates(query, Duration{}) && etcd->range(keys.instance(uuid)));
       if (!absent) {
         ++failures;
         continue;
       }
       candidates = std::move(answer);
     } else {
-      candidates = co_await placement.allocation_candidates(query);
+      candidates = co_await placement.allocation_candidates(query, Duration{});
     }
     if (!candidates || candidates->allocation_requests.empty()) {
       ++failures;

@@ -41,14 +41,15 @@ std::unique_ptr<Process> serve_python(const std::string& script, uint16_t port, 
   return process;
 }
 
-// Placement behind a proxy that holds every PUT /allocations while `hold` exists (a slow
-// Placement, staged), and logs "holding" when it starts holding one.
+// Placement behind a proxy that holds every PUT /allocations while `hold` exists, and every
+// GET /allocation_candidates while `hold_looks` does (a slow Placement, staged), and logs
+// "holding" when it starts holding one.
 struct HoldingProxy {
   uint16_t port = free_port();
-  std::string hold;
+  std::string hold, hold_looks;
   std::unique_ptr<Process> process;
 
-  HoldingProxy(const std::string& target, const std::string& dir) : hold(dir + "/hold") {
+  HoldingProxy(const std::string& target, const std::string& dir) : hold(dir + "/hold"), hold_looks(dir + "/hold-looks") {
     std::string script = fmt::format(
         "import http.server, os, sys, time, urllib.request, urllib.error\n"
         "class Proxy(http.server.BaseHTTPRequestHandler):\n"
@@ -58,6 +59,9 @@ struct HoldingProxy {
         "        if self.command == 'PUT' and self.path.startswith('/allocations/') and os.path.exists('{hold}'):\n"
         "            print('holding', self.path, flush=True)\n"
         "            while os.path.exists('{hold}'): time.sleep(0.02)\n"
+        "        if self.command == 'GET' and self.path.startswith('/allocation_candidates') and os.path.exists('{hold_looks}'):\n"
+        "            print('holding', self.path, flush=True)\n"
+        "            while os.path.exists('{hold_looks}'): time.sleep(0.02)\n"
         "        headers = {{k: v for k, v in self.headers.items() if k.lower() not in ('host', 'content-length', 'connection')}}\n"
         "        request = urllib.request.Request('{target}' + self.path, data=body or None, method=self.command, headers=headers)\n"
         "        try:\n"
@@ -74,7 +78,7 @@ struct HoldingProxy {
         "    do_GET = do_PUT = do_POST = do_DELETE = forward\n"
         "    def log_message(self, *args): pass\n"
         "http.server.ThreadingHTTPServer(('127.0.0.1', {port}), Proxy).serve_forever()\n",
-        fmt::arg("hold", hold), fmt::arg("target", target), fmt::arg("port", port));
+        fmt::arg("hold", hold), fmt::arg("hold_looks", hold_looks), fmt::arg("target", target), fmt::arg("port", port));
     process = serve_python(script, port, dir + "/proxy.log");
   }
   std::string url() const { return fmt::format("http://127.0.0.1:{}", port); }
@@ -148,6 +152,50 @@ TEST_CASE("a hand-over whose answer etcd lost is read back: the schedule keeps i
   wait_for_state(servers, uuid, "ACTIVE");
   CHECK(servers.allocations(uuid).count(rp) == 1);
   CHECK(servers.toyvm({"audit"}).exit_code == 0);
+}
+
+TEST_CASE("a batch's look waits for a busy Placement as long as its claim may; a single schedule's gives up",
+          "[recovery]") {
+  Servers servers;
+  HoldingProxy placement(servers.config.placement.endpoint, servers.dir());
+  std::string rp;
+  auto compute = servers.start_compute("c1", roomy, &rp);
+  std::string config = servers.dir() + "/short-placement-timeout.toml";
+  std::ofstream(config) << "[placement]\ntimeout = 1\n";
+  auto holding = [&] {
+    const std::string log = placement.process->output();
+    size_t n = 0;
+    for (size_t at = log.find("holding /allocation_candidates"); at != std::string::npos;
+         at = log.find("holding /allocation_candidates", at + 1))
+      ++n;
+    return n;
+  };
+  auto schedule = [&](std::vector<std::string> args, const std::string& log) {
+    std::vector<std::string> command{toyvm_binary(), "--config", config, "--etcd",
+                                     fmt::format("{}", fmt::join(servers.config.etcd.endpoints, ",")),
+                                     "--placement", placement.url(), "schedule", small};
+    command.insert(command.end(), args.begin(), args.end());
+    return std::make_unique<Process>(command, servers.dir() + "/" + log);
+  };
+
+  // Placement answers no look for now: a batch of 40 (8 s to wait, 200 ms an instance)
+  // asks first, then a single schedule (1 s).
+  std::ofstream(placement.hold_looks) << "";
+  auto batch = schedule({"--count", "40"}, "batch.log");
+  REQUIRE(wait_for([&] { return holding() == 1; }, 30));
+  auto single = schedule({}, "single.log");
+  // The single one gives up while the batch, asking since before it, still waits.
+  CHECK(single->wait(30) != 0);
+  CHECK_THAT(single->output(), Catch::Contains("cannot reach Placement"));
+  CHECK(batch->running());
+  fs::remove(placement.hold_looks);
+  CHECK(batch->wait(60) == 0);
+  const std::string notified = batch->output();
+  size_t handed = 0;
+  for (size_t at = notified.find("NOTIFIED TARGET"); at != std::string::npos; at = notified.find("NOTIFIED TARGET", at + 1))
+    ++handed;
+  CHECK(handed == 40);
+  CHECK(servers.usages(rp)["VCPU"] == 40);
 }
 
 TEST_CASE("a destroy that lands while a failed build moves is never undone", "[recovery]") {

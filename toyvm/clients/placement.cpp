@@ -131,8 +131,8 @@ Error PlacementClient::refused(const HttpResponse& response) const {
   return said;
 }
 
-awaitable<result<Candidates>> PlacementClient::allocation_candidates(std::string query) {
-  auto response = co_await call("GET", "/allocation_candidates?" + query, mv_candidates);
+awaitable<result<Candidates>> PlacementClient::allocation_candidates(std::string query, Duration timeout) {
+  auto response = co_await call("GET", "/allocation_candidates?" + query, mv_candidates, {}, timeout);
   if (!response) co_return response.error();
   if (response->status != 200) co_return refused(*response);
   auto parsed = parse_allocation_candidates(response->body);

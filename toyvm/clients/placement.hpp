@@ -34,8 +34,8 @@ class Placement {
  public:
   virtual ~Placement() = default;
 
-  // GET /allocation_candidates?<query>
-  virtual awaitable<result<Candidates>> allocation_candidates(std::string query) = 0;
+  // GET /allocation_candidates?<query>, within `timeout` (none: [placement] timeout)
+  virtual awaitable<result<Candidates>> allocation_candidates(std::string query, Duration timeout) = 0;
   // PUT /allocations/{consumer} for a new consumer (consumer_generation null) of `owner`.
   virtual awaitable<result<void>> claim(std::string consumer, Allocations allocations, ConsumerOwner owner) = 0;
   // POST /allocations for new consumers of `owner`: all of them or none, in one request under
@@ -93,7 +93,7 @@ class PlacementClient final : public Placement {
  public:
   PlacementClient(asio::any_io_executor executor, const PlacementConfig& config);
 
-  awaitable<result<Candidates>> allocation_candidates(std::string query) override;
+  awaitable<result<Candidates>> allocation_candidates(std::string query, Duration timeout) override;
   awaitable<result<void>> claim(std::string consumer, Allocations allocations, ConsumerOwner owner) override;
   awaitable<result<void>> claim_all(std::vector<std::pair<std::string, Allocations>> consumers,
                                     ConsumerOwner owner) override;
@@ -119,17 +119,17 @@ class PlacementClient final : public Placement {
   awaitable<void> preconnect() override { return http_.preconnect(); }
 
   const std::string& endpoint() const { return http_.url(); }
+  // Placement takes its time over many consumers in one POST: 200 ms each, at least the usual
+  // (8 batches of 250 at once took over 50 ms each on two cores at 10,000 hosts).
+  Duration batch_timeout(size_t consumers) const {
+    return std::max(config_.timeout, std::chrono::milliseconds(200 * int64_t(consumers)));
+  }
 
  private:
   awaitable<result<void>> put_allocations(std::string consumer, Allocations allocations,
                                          std::optional<int64_t> generation, ConsumerOwner owner);
   awaitable<result<HttpResponse>> call(std::string method, std::string target, std::string microversion,
                                        std::string body = {}, std::chrono::milliseconds timeout = {});
-  // Placement takes its time over many consumers in one POST: 200 ms each, at least the usual
-  // (8 batches of 250 at once took over 50 ms each on two cores at 10,000 hosts).
-  Duration batch_timeout(size_t consumers) const {
-    return std::max(config_.timeout, std::chrono::milliseconds(200 * int64_t(consumers)));
-  }
   // After a consumer's generation conflict on a new consumer: whether it holds exactly `asked`,
   // which (its uuid being fresh) means that an earlier try of this very request was made (a
   // request sent again after its answer was lost). Holding anything else, it is not this

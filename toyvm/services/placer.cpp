@@ -14,14 +14,15 @@ namespace toyvm {
 using namespace asio::experimental::awaitable_operators;
 
 awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string group, std::string moving,
-                                              int limit) {
+                                              int limit, Duration timeout) {
   // Only toyvm's agents' providers; stopped agents mark theirs disabled (microversion 1.39
   // lets `required` repeat).
   query.params.emplace_back("required", config_.placement.provider_trait);
   query.params.emplace_back("required", "!" + std::string(disabled_trait));
   co_await placement_.preconnect();
   auto candidates =
-      co_await placement_.allocation_candidates(query.to_query_string(limit > 0 ? limit : config_.placement.candidate_limit));
+      co_await placement_.allocation_candidates(query.to_query_string(limit > 0 ? limit : config_.placement.candidate_limit),
+                                                timeout);
   if (!candidates) co_return candidates.error();
   PlacementView view;
   view.candidates = std::move(*candidates);
@@ -109,7 +110,7 @@ awaitable<result<PlacementView>> Placer::sample(PlacementQuery query, int hosts,
 }
 
 awaitable<void> Placer::ask_candidates(std::string query, result<Candidates>& answer) {
-  answer = co_await placement_.allocation_candidates(std::move(query));
+  answer = co_await placement_.allocation_candidates(std::move(query), Duration{});
 }
 
 awaitable<void> Placer::ask_room(const HostRecord& host, const ResourceAmounts& asked, result<Candidates>& answer) {

@@ -116,9 +116,10 @@ class Placer {
   // Candidates, live hosts and the group's members, asked of Placement and etcd at once.
   // Disabled providers are left out. `group` may be empty; `moving` (an instance uuid) does
   // not count as a member. Errors are Placement's or etcd's codes.
-  // `limit` (when > 0) replaces candidate_limit unless the query has its own.
+  // `limit` (when > 0) replaces candidate_limit unless the query has its own; `timeout` (when
+  // not zero) replaces [placement] timeout for Placement's answer.
   awaitable<result<PlacementView>> look(PlacementQuery query, std::string group, std::string moving = {},
-                                        int limit = 0);
+                                        int limit = 0, Duration timeout = {});
 
   // A look at a few live hosts instead of the cloud: up to `hosts` READY host records read from
   // etcd from the point `from` (a random uuid) on among the host keys, which are the providers'

@@ -60,7 +60,7 @@ class MemoryPlacement final : public Placement {
     return used;
   }
 
-  awaitable<result<Candidates>> allocation_candidates(std::string query) override {
+  awaitable<result<Candidates>> allocation_candidates(std::string query, Duration) override {
     if (auto e = unreachable()) co_return *e;
     queries.push_back(query);
     auto parsed = parse_placement_query(query);
