@@ -75,7 +75,7 @@ enum class AuditKind {
   unreadable_value,             // work or a record toyvm cannot decode; agents leave it alone
   move_overdue,                 // a move in flight for longer than its deadline
   move_without_domain,          // ACTIVE or STOPPED and moving, yet neither live host reports its domain
-  hold_lapsed,                  // a schedule's hold past its deadline (the schedule gone), no claim under it
+  hold_lapsed,                  // a claim's key whose hold lapsed (the schedule gone), nothing claimed under it
   schedule_hold_lapsed,         // a schedule's hold key past its deadline (named by its first instance)
 };
 
