@@ -231,11 +231,7 @@ std::string FileServer::url(const std::string& file) const {
 }
 
 int FileServer::requests_for(const std::string& file) const {
-  std::string log = process->output();
-  std::string needle = "\"GET /" + file + " ";
-  int n = 0;
-  for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) ++n;
-  return n;
+  return int(count_of(process->output(), "\"GET /" + file + " "));
 }
 
 StallingServer::StallingServer(const std::string& log_file) : port(free_port()) {

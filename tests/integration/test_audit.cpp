@@ -177,11 +177,7 @@ TEST_CASE("audit --fix leaves a running schedule's claims alone, and gives back 
   // The other goes on: its three instances handed over with their claims, its hold let go.
   fs::remove(paused);
   CHECK(slow->wait(30) == 0);
-  const std::string notified = slow->output();
-  size_t handed = 0;
-  for (size_t at = notified.find("NOTIFIED TARGET"); at != std::string::npos; at = notified.find("NOTIFIED TARGET", at + 1))
-    ++handed;
-  CHECK(handed == 3);
+  CHECK(count_of(slow->output(), "NOTIFIED TARGET") == 3);
   CHECK(held_claims(servers) == 0);
   CHECK(schedule_holds(servers) == 0);  // erased with its last claims
   REQUIRE(wait_for([&] { return published_domains(servers, rp) == 3; }, 20));

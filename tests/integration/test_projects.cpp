@@ -56,12 +56,6 @@ std::string project_with_member(const Servers& servers, const std::string& proje
   return member_config(servers, user);
 }
 
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 size_t instance_records(const Servers& servers) {
   return servers.etcd_prefix(KeyLayout().instances_prefix()).size();
 }

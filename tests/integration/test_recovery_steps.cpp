@@ -162,14 +162,7 @@ TEST_CASE("a batch's look waits for a busy Placement as long as its claim may; a
   auto compute = servers.start_compute("c1", roomy, &rp);
   std::string config = servers.dir() + "/short-placement-timeout.toml";
   std::ofstream(config) << "[placement]\ntimeout = 1\n";
-  auto holding = [&] {
-    const std::string log = placement.process->output();
-    size_t n = 0;
-    for (size_t at = log.find("holding /allocation_candidates"); at != std::string::npos;
-         at = log.find("holding /allocation_candidates", at + 1))
-      ++n;
-    return n;
-  };
+  auto holding = [&] { return count_of(placement.process->output(), "holding /allocation_candidates"); };
   auto schedule = [&](std::vector<std::string> args, const std::string& log) {
     std::vector<std::string> command{toyvm_binary(), "--config", config, "--etcd",
                                      fmt::format("{}", fmt::join(servers.config.etcd.endpoints, ",")),
@@ -190,11 +183,7 @@ TEST_CASE("a batch's look waits for a busy Placement as long as its claim may; a
   CHECK(batch->running());
   fs::remove(placement.hold_looks);
   CHECK(batch->wait(60) == 0);
-  const std::string notified = batch->output();
-  size_t handed = 0;
-  for (size_t at = notified.find("NOTIFIED TARGET"); at != std::string::npos; at = notified.find("NOTIFIED TARGET", at + 1))
-    ++handed;
-  CHECK(handed == 40);
+  CHECK(count_of(batch->output(), "NOTIFIED TARGET") == 40);
   CHECK(servers.usages(rp)["VCPU"] == 40);
 }
 
