@@ -262,7 +262,7 @@ def placement_floor(cloud, sizes, users, shards):
     then the whole cloud, when it has no room, as a schedule widens its look), a plan spread
     over the candidates' free room, and one POST /allocations; a refused claim looks again.
     Placement's own ceiling for this cloud, which toyvm's placing is measured against. Returns
-    how many were placed, and batches that found no room."""
+    how many were placed, and the batches that were not (no room, or what Placement said)."""
     url = urllib.parse.urlsplit(cloud.placement_url)
     headers = {"X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.39",
                "Content-Type": "application/json"}
@@ -283,6 +283,12 @@ def placement_floor(cloud, sizes, users, shards):
                     raise
 
     def batch(size):
+        try:
+            return place(size), None
+        except (RuntimeError, OSError, http.client.HTTPException) as e:
+            return 0, str(e)
+
+    def place(size):
         scopes = [str(uuid.uuid5(SHARD_NAMESPACE, f"shard-{n}")) for n in
                   sorted(range(shards), key=lambda _: uuid.uuid4().int)[:3]] + [None]
         query = (f"/allocation_candidates?{QUERY}&required=CUSTOM_TOYVM_HOST&required=!COMPUTE_STATUS_DISABLED"
@@ -303,9 +309,9 @@ def placement_floor(cloud, sizes, users, shards):
                 return size
             if status != 409:  # another batch got in first: look again
                 raise RuntimeError(f"the floor's claim: {status} {body[:200]!r}")
-        return 0
-    placed = parallel(sizes, batch, users)
-    return sum(placed), placed.count(0)
+        raise RuntimeError("no room anywhere")
+    outcomes = parallel(sizes, batch, users)
+    return sum(n for n, _ in outcomes), [error for _, error in outcomes if error]
 
 
 def main():
@@ -493,15 +499,17 @@ def main():
         if args.floor:
             started, cpu_before = time.monotonic(), cpu_by_group()
             own_before = resource.getrusage(resource.RUSAGE_SELF)
-            placed, no_room = placement_floor(cloud, sizes, args.batches, shards)
+            placed, unplaced = placement_floor(cloud, sizes, args.batches, shards)
             took = time.monotonic() - started
             cpu = cpu_per_instance(cpu_before, cpu_by_group(), placed)
             own = resource.getrusage(resource.RUSAGE_SELF)
             cpu["users"] = 1000 * (own.ru_utime + own.ru_stime - own_before.ru_utime - own_before.ru_stime) / max(placed, 1)
             del cpu["schedules"]
-            figures["floor"] = {"placed": placed, "batches_without_room": no_room, "s": took,
+            figures["floor"] = {"placed": placed, "batches_failed": unplaced, "s": took,
                                 "rate_per_s": placed / took, "cpu_ms_per_instance": cpu}
             figures["against_floor"] = figures["placement_rate_per_s"] / figures["floor"]["rate_per_s"]
+            for error in unplaced:
+                print(f"scale: a batch of the floor failed: {error}", flush=True)
             print(f"scale: the floor (bare requests to Placement): {placed} in {took:.1f} s; toyvm's rate "
                   f"x{figures['against_floor']:.2f} of it; CPU ms an instance: " +
                   ", ".join(f"{group} {ms:.2f}" for group, ms in cpu.items()), flush=True)
