@@ -93,6 +93,7 @@ TEST_CASE("a project's instances count against its quota, and a request over it 
     CHECK(big.out.empty());
     CHECK(instance_records(servers) == 2);
     CHECK(servers.usages(rp)["VCPU"] == 2);
+    CHECK(servers.etcd_prefix(KeyLayout().holds_prefix()).empty());
   }
   SECTION("over its instances: a batch is refused whole") {
     auto batch = servers.toyvm({"schedule", one_vcpu, "--project", "team-a", "--count", "2"});
@@ -169,6 +170,9 @@ TEST_CASE("a project's instances count against its quota, and a request over it 
     CHECK(instance_records(servers) == 2);
     CHECK(servers.etcd_prefix(KeyLayout().projects_prefix()).size() == 1);
     CHECK(used_by(servers, "team-a")["VCPU"] == 2);
+    // A schedule reads its project with its hold: refused, it lets go of the hold too.
+    CHECK(servers.etcd_prefix(KeyLayout().holds_prefix()).empty());
+    CHECK(servers.etcd_prefix(KeyLayout().claims_prefix()).empty());
   }
   CHECK(servers.toyvm({"audit"}).exit_code == 0);
 }

@@ -9,39 +9,51 @@ namespace toyvm {
 
 using namespace asio::experimental::awaitable_operators;
 
-awaitable<result<ProjectStanding>> read_project(EtcdClient& etcd, const KeyLayout& keys, std::string name) {
-  if (!is_project_name(name))
-    co_return Error(errc::invalid_argument,
-                    fmt::format("bad project name '{}' (1 to 32 of a-z 0-9 - _, starting with a letter or digit)", name));
-  std::vector<EtcdOp> reads{EtcdOp::get(keys.project(name)), EtcdOp::get(keys.quota(name)),
-                            EtcdOp::get(keys.quota_defaults())};
-  std::vector<EtcdCompare> always;
-  auto read = co_await etcd.txn(std::move(always), std::move(reads));
-  if (!read) co_return read.error();
-  const RangeResult& record = read->ranges.at(0);
-  const RangeResult& own = read->ranges.at(1);
-  const RangeResult& defaults = read->ranges.at(2);
+result<void> check_project_name(const std::string& name) {
+  if (is_project_name(name)) return result<void>{};
+  return Error(errc::invalid_argument,
+               fmt::format("bad project name '{}' (1 to 32 of a-z 0-9 - _, starting with a letter or digit)", name));
+}
+
+std::vector<EtcdOp> project_reads(const KeyLayout& keys, const std::string& name) {
+  return {EtcdOp::get(keys.project(name)), EtcdOp::get(keys.quota(name)), EtcdOp::get(keys.quota_defaults())};
+}
+
+result<ProjectStanding> project_standing(const std::string& name, std::span<const RangeResult> read) {
+  if (read.size() < 3) return Error(errc::etcd_error, "etcd answered the project's reads with too few ranges");
+  const RangeResult& record = read[0];
+  const RangeResult& own = read[1];
+  const RangeResult& defaults = read[2];
   ProjectStanding out{name, {}, 0};
   if (name != default_project) {
-    if (record.kvs.empty()) co_return Error(errc::not_found, fmt::format("unknown project '{}'", name));
+    if (record.kvs.empty()) return Error(errc::not_found, fmt::format("unknown project '{}'", name));
     auto project = decode_project(record.kvs.front().value);
-    if (!project) co_return project.error().doing(fmt::format("project '{}'", name));
-    if (project->deleting) co_return Error(errc::changed, fmt::format("project '{}' is being deleted", name));
+    if (!project) return project.error().doing(fmt::format("project '{}'", name));
+    if (project->deleting) return Error(errc::changed, fmt::format("project '{}' is being deleted", name));
     out.revision = record.kvs.front().mod_revision;
   }
   Limits default_limits, own_limits;
   if (!defaults.kvs.empty()) {
     auto decoded = decode_limits(defaults.kvs.front().value);
-    if (!decoded) co_return decoded.error().doing("the quota defaults");
+    if (!decoded) return decoded.error().doing("the quota defaults");
     default_limits = std::move(*decoded);
   }
   if (!own.kvs.empty()) {
     auto decoded = decode_limits(own.kvs.front().value);
-    if (!decoded) co_return decoded.error().doing(fmt::format("the quota of project '{}'", name));
+    if (!decoded) return decoded.error().doing(fmt::format("the quota of project '{}'", name));
     own_limits = std::move(*decoded);
   }
   out.limits = effective_limits(default_limits, own_limits);
-  co_return out;
+  return out;
+}
+
+awaitable<result<ProjectStanding>> read_project(EtcdClient& etcd, const KeyLayout& keys, std::string name) {
+  if (auto valid = check_project_name(name); !valid) co_return valid.error();
+  std::vector<EtcdOp> reads = project_reads(keys, name);
+  std::vector<EtcdCompare> always;
+  auto read = co_await etcd.txn(std::move(always), std::move(reads));
+  if (!read) co_return read.error();
+  co_return project_standing(name, read->ranges);
 }
 
 std::optional<EtcdCompare> project_guard(const KeyLayout& keys, const ProjectStanding& project) {

@@ -15,7 +15,9 @@
 #include "model/projects.hpp"
 
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace toyvm {
 
@@ -31,6 +33,11 @@ struct ProjectStanding {
 // errc::invalid_argument for a name that is not one; errc::not_found for a project that does
 // not exist; errc::changed for one being deleted.
 awaitable<result<ProjectStanding>> read_project(EtcdClient& etcd, const KeyLayout& keys, std::string name);
+// The same in parts, for a transaction that reads the project beside its own writes: the name
+// checked, the reads (three ranges), and their answer judged.
+result<void> check_project_name(const std::string& name);
+std::vector<EtcdOp> project_reads(const KeyLayout& keys, const std::string& name);
+result<ProjectStanding> project_standing(const std::string& name, std::span<const RangeResult> read);
 
 // The compare a hand-over into the project adds to its guard.
 std::optional<EtcdCompare> project_guard(const KeyLayout& keys, const ProjectStanding& project);

@@ -1,9 +1,10 @@
 // toyvm schedule: claims resources in Placement and hands the instance to the chosen host
 // through etcd. The claim is the commitment; the etcd write is create-only, and if it cannot
-// be made the claim is released, so a failed schedule leaves nothing behind. While it runs, a
-// key per instance with a deadline it keeps moving on says its claims are still on their way
-// (`audit --fix` leaves them alone until the deadline has passed, then erases the key before it
-// gives the claim back); the hand-over requires those keys, so once they are gone it cannot happen.
+// be made the claim is released, so a failed schedule leaves nothing behind. While it runs, its
+// hold (one key with a deadline it keeps moving on) and a key per instance naming it say its
+// claims are still on their way (`audit --fix` leaves them alone until the deadline has passed,
+// then erases the keys before it gives the claims back); the hand-over requires those keys, so
+// once they are gone it cannot happen.
 // Here: the run and its claims; the hand-over is in services/schedule_hand_over.cpp, the
 // batch plan in services/schedule_plan.cpp, the guest data in services/guest_data.cpp.
 
@@ -55,11 +56,16 @@ result<Scheduler::Prepared> Scheduler::read_request() const {
 }
 
 awaitable<result<Scheduler::Prepared>> Scheduler::admit(Prepared asked, std::optional<result<ProjectStanding>> project) {
-  // Nothing is claimed for a request its project's quota refuses.
-  std::string project_name = options_.project.empty() ? config_.schedule.project : options_.project;
-  if (!project) project = co_await read_project(*etcd_, keys_, std::move(project_name));
-  if (!*project) co_return with_endpoints(*etcd_, project->error());
-  project_ = std::move(**project);
+  if (project) {
+    if (!*project) co_return with_endpoints(*etcd_, project->error());
+    project_ = std::move(**project);
+  } else {
+    // Read with the hold, beside the first look (first_look): no round trip to etcd before
+    // Placement is asked.
+    if (auto valid = check_project_name(project_name()); !valid) co_return valid.error();
+    project_ = ProjectStanding{project_name(), {}, 0};
+    project_unread_ = true;
+  }
   owner_ = ConsumerOwner{placement_project_id(config_.placement.consumer_project, project_.name),
                          options_.user.empty() ? asking_user(config_) : options_.user};
   // Checked before anything is claimed: an instance etcd cannot take in one request could
@@ -73,8 +79,12 @@ awaitable<result<Scheduler::Prepared>> Scheduler::admit(Prepared asked, std::opt
 
   asked_.instances = count;
   for (const auto& [rc, amount] : asked.query.resources) asked_.amounts[rc] = amount * count;
-  if (auto fits = co_await check_quota(placement_, config_.placement, project_, asked_, false); !fits)
-    co_return fits.error();
+  // Nothing is claimed for a request its project's quota refuses (one read with the hold is
+  // checked there).
+  if (!project_unread_) {
+    if (auto fits = co_await check_quota(placement_, config_.placement, project_, asked_, false); !fits)
+      co_return fits.error();
+  }
   asked.uuids = options_.uuids;
   asked.uuids.resize(size_t(count));
   for (std::string& uuid : asked.uuids)
@@ -94,7 +104,7 @@ awaitable<Outcome> Scheduler::run() {
     member_ = std::move(*membership);
     co_return co_await ask_service(std::move(asked->spec));
   }
-  auto ready = co_await admit(std::move(*asked));
+  auto ready = co_await admit(std::move(*asked), std::nullopt);
   if (!ready) co_return ready.error();
   // Spread over a few hosts at random is the best of a few random choices, which balances a
   // cloud nearly as well as the best of all; packing wants the fullest host of all, so it asks all.
@@ -109,6 +119,7 @@ awaitable<Outcome> Scheduler::run() {
 awaitable<result<Scheduler::Prepared>> Scheduler::prepare(std::optional<result<ProjectStanding>> project) {
   auto asked = read_request();
   if (!asked) co_return asked.error();
+  if (!project) project = co_await read_project(*etcd_, keys_, project_name());
   co_return co_await admit(std::move(*asked), std::move(project));
 }
 
@@ -214,21 +225,31 @@ awaitable<Outcome> Scheduler::settle(HandOver handed, std::vector<std::string> u
 awaitable<result<void>> Scheduler::hold_claims() {
   const std::string hold = hold_key();
   const std::string named = encode_hold_name(uuids_.front());
+  std::vector<EtcdOp> project_read;
+  if (project_unread_) project_read = project_reads(keys_, project_.name);
   std::vector<TxnCost> costs(uuids_.size(), TxnCost{1, 1, keys_.claim(uuids_.front()).size() + named.size()});
-  costs.front().ops += 1;
-  costs.front().bytes += hold.size() + 16;
+  costs.front().ops += 1 + int(project_read.size());
+  costs.front().bytes += hold.size() + 16 + 3 * keys_.project(project_.name).size();
   hold_ends_ = split_by_limits(costs).value_or(std::vector<size_t>{});
   hold_revisions_.assign(hold_ends_.size(), 0);
   held_ = true;
   size_t first = 0;
   for (size_t group = 0; group < hold_ends_.size(); ++group) {
     std::vector<EtcdOp> puts;
-    if (group == 0) puts.push_back(EtcdOp::put(hold, encode_hold(unix_millis() + claim_hold_ttl_s * 1000)));
+    if (group == 0) {
+      puts.push_back(EtcdOp::put(hold, encode_hold(unix_millis() + claim_hold_ttl_s * 1000)));
+      puts.insert(puts.end(), std::make_move_iterator(project_read.begin()), std::make_move_iterator(project_read.end()));
+    }
     for (size_t i = first; i < hold_ends_[group]; ++i) puts.push_back(EtcdOp::put(keys_.claim(uuids_[i]), named));
     std::vector<EtcdCompare> always;
     auto put = co_await etcd_->txn(std::move(always), std::move(puts));
     if (!put) co_return put.error();
     hold_revisions_[group] = put->revision;
+    if (group == 0 && project_unread_) {
+      auto standing = project_standing(project_.name, put->ranges);
+      if (!standing) co_return standing.error();  // let go of by the caller
+      project_ = std::move(*standing);
+    }
     if (group == 0) hold_revision_ = put->revision;
     first = hold_ends_[group];
   }
@@ -283,6 +304,10 @@ awaitable<result<PlacementView>> Scheduler::first_look(PlacementQuery query, int
   if (held_) co_return co_await look(std::move(query), limit);  // placed again: the hold stands
   auto [view, held] = co_await (look(std::move(query), limit) && hold_claims());
   if (!held) co_return held.error();
+  if (std::exchange(project_unread_, false)) {
+    if (auto fits = co_await check_quota(placement_, config_.placement, project_, asked_, false); !fits)
+      co_return fits.error();
+  }
   co_return std::move(view);
 }
 

@@ -81,8 +81,12 @@ class Scheduler {
 
   // The command line's request, checked as it is (no one asked yet).
   result<Prepared> read_request() const;
-  // The request within its project's quota (read here unless given), and what it asks counted.
-  awaitable<result<Prepared>> admit(Prepared asked, std::optional<result<ProjectStanding>> project = std::nullopt);
+  // The request within its project's quota, and what it asks counted. Without `project`, the
+  // project is read with the hold and its quota checked after the first look (first_look).
+  awaitable<result<Prepared>> admit(Prepared asked, std::optional<result<ProjectStanding>> project);
+  std::string project_name() const {
+    return options_.project.empty() ? config_.schedule.project : options_.project;
+  }
   awaitable<Outcome> place(PlacementQuery query, WorkSpec spec, std::vector<std::string> uuids);
   // Each instance's work and record on its claimed host, handed over.
   awaitable<HandOver> hand_over_claims(const WorkSpec& spec, const std::vector<std::string>& uuids,
@@ -108,7 +112,8 @@ class Scheduler {
   awaitable<void> let_go();
   std::string hold_key() const { return keys_.hold(uuids_.front()); }
 
-  // The first look and the hold go out together: neither waits for the other.
+  // The first look and the hold (with the project's record, when not read yet) go out
+  // together: neither waits for the other.
   awaitable<result<PlacementView>> first_look(PlacementQuery query, int limit);
   // Candidates, live hosts and the group's members, with the group's policy checked, within
   // the scope.
@@ -158,6 +163,7 @@ class Scheduler {
   std::optional<OnBehalf> on_behalf_;
   std::optional<ProjectMembership> member_;  // the caller's project, when it is a member's
   ProjectStanding project_;  // the instances' project, as read before claiming
+  bool project_unread_ = false;  // to be read with the hold (admit), its quota checked then
   ConsumerOwner owner_;      // their consumers' in Placement
   ProjectUsage asked_;       // what they count against its quota
   LookScope scope_{0, 1};  // what is asked about, widened each time it had no room
