@@ -38,7 +38,9 @@ from stats import merged, percentile, summary  # noqa: E402
 QUERY = "resources=VCPU:1,MEMORY_MB:64"
 BIG = "VCPU:100000,MEMORY_MB:100000000,DISK_GB:1000000"
 SINGLE_BLOCK = 20  # one schedule at a time: the sides alternate this many at a time
-ENABLED_ONLY = "required=!COMPUTE_STATUS_DISABLED"  # what `toyvm schedule` adds to every query
+# What `toyvm schedule` adds to every query (toyvm's hosts only, none disabled): the floors ask
+# the same of Placement.
+FLOOR_QUERY = QUERY + "&required=CUSTOM_TOYVM_HOST&required=!COMPUTE_STATUS_DISABLED"
 
 
 def alternated(bench, count, concurrency, sides, block):
@@ -160,14 +162,14 @@ def run(args):
             print(f"bench: {len(hosts)} agents up; Placement with {args.placement_workers} workers", file=sys.stderr)
 
             # Warm Placement up so the first samples do not pay for imports and caches.
-            bench.measure("floor", "--count", "20")
+            bench.measure("floor", "--count", "20", "--query", FLOOR_QUERY)
 
             schedule = [bench.toyvm, "--etcd", bench.etcd_url, "--placement", bench.placement_url, "schedule", QUERY]
             # The floor's requests from a process each, started as `toyvm schedule` starts, with
             # the filter toyvm adds: what any one-shot command on these libraries pays.
             process_floor = [bench.bench, "floor", "--etcd", bench.etcd_url, "--placement", bench.placement_url,
-                             "--count", "1", "--start-like-schedule", "--query", QUERY + "&" + ENABLED_ONLY]
-            single = alternated(bench, n_single, 1, {"floor": ("floor", []),
+                             "--count", "1", "--start-like-schedule", "--query", FLOOR_QUERY]
+            single = alternated(bench, n_single, 1, {"floor": ("floor", ["--query", FLOOR_QUERY]),
                                                      "process_floor": ("exec", ["--", *process_floor]),
                                                      "toyvm": ("exec", ["--", *schedule])}, block=SINGLE_BLOCK)
             results["floor_ms"] = summary(single["floor"]["latencies_ms"])
@@ -183,7 +185,7 @@ def run(args):
             results["throughput"] = []
             for concurrency in (1, 4, 16):
                 before = bench.conflicts()
-                sides = {"floor": ("floor", [])}
+                sides = {"floor": ("floor", ["--query", FLOOR_QUERY])}
                 if concurrency == 16:  # what processes that only make the floor's requests reach
                     sides["process_floor"] = ("exec", ["--", *process_floor])
                 sides["toyvm"] = ("exec", ["--", *schedule])
