@@ -302,6 +302,9 @@ awaitable<void> Scheduler::let_go() {
 
 awaitable<result<PlacementView>> Scheduler::first_look(PlacementQuery query, int limit) {
   if (held_) co_return co_await look(std::move(query), limit);  // placed again: the hold stands
+  // Placement's connection first, so that the look's request leaves before the hold makes
+  // etcd's channel (gRPC's start takes this thread for a while).
+  co_await placement_.preconnect();
   auto [view, held] = co_await (look(std::move(query), limit) && hold_claims());
   if (!held) co_return held.error();
   if (std::exchange(project_unread_, false)) {
