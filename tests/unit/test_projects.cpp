@@ -3,6 +3,7 @@
 #include "model/records.hpp"
 #include "model/requests.hpp"
 #include "model/uuid.hpp"
+#include "services/quota.hpp"
 
 #include <algorithm>
 
@@ -169,4 +170,51 @@ TEST_CASE("project requests and replies survive a round trip; one that cannot be
   CHECK(request_instance_uuid("r1", 0) != request_instance_uuid("r1", 1));
   CHECK(request_instance_uuid("r1", 0) != request_instance_uuid("r2", 0));
   CHECK(is_uuid(request_instance_uuid("r1", 0)));
+}
+
+TEST_CASE("a project's standing is judged from its three reads: record, own quota, defaults") {
+  auto kv = [](std::string value, int64_t mod_revision = 7) {
+    KeyValue one;
+    one.value = std::move(value);
+    one.mod_revision = mod_revision;
+    return one;
+  };
+  auto ranges = [](std::vector<KeyValue> record, std::vector<KeyValue> own, std::vector<KeyValue> defaults) {
+    std::vector<RangeResult> read(3);
+    read[0].kvs = std::move(record);
+    read[1].kvs = std::move(own);
+    read[2].kvs = std::move(defaults);
+    return read;
+  };
+  const std::string team = encode(ProjectRecord{1, false});
+
+  SECTION("a project's own limit over the defaults, and its record's revision to guard the hand-over") {
+    auto standing = project_standing("team-a", ranges({kv(team, 42)}, {kv(encode_limits({{"VCPU", 8}}))},
+                                                      {kv(encode_limits({{"VCPU", 4}, {"instances", 10}}))}));
+    REQUIRE(standing);
+    CHECK(standing->revision == 42);
+    CHECK(standing->limits == Limits{{"VCPU", 8}, {"instances", 10}});
+  }
+  SECTION("the default project has no record, and no revision") {
+    auto standing = project_standing(std::string(default_project), ranges({}, {}, {}));
+    REQUIRE(standing);
+    CHECK(standing->revision == 0);
+    CHECK(standing->limits.empty());
+  }
+  SECTION("unknown, being deleted, or unreadable: refused, each saying so") {
+    auto unknown = project_standing("team-a", ranges({}, {}, {}));
+    REQUIRE_FALSE(unknown);
+    CHECK(unknown.error() == errc::not_found);
+    auto deleting = project_standing("team-a", ranges({kv(encode(ProjectRecord{1, true}))}, {}, {}));
+    REQUIRE_FALSE(deleting);
+    CHECK(deleting.error() == errc::changed);
+    auto garbage = project_standing("team-a", ranges({kv(team)}, {kv("{not json")}, {}));
+    REQUIRE_FALSE(garbage);
+    CHECK_THAT(garbage.error().message(), Catch::Contains("the quota of project 'team-a'"));
+    CHECK_FALSE(project_standing("team-a", std::vector<RangeResult>(2)));  // an answer short of a range
+  }
+  SECTION("a name that is not one is refused before anything is read") {
+    CHECK(check_project_name("team-a"));
+    CHECK(check_project_name("Team/A").error() == errc::invalid_argument);
+  }
 }

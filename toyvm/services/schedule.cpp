@@ -79,8 +79,8 @@ awaitable<result<Scheduler::Prepared>> Scheduler::admit(Prepared asked, std::opt
 
   asked_.instances = count;
   for (const auto& [rc, amount] : asked.query.resources) asked_.amounts[rc] = amount * count;
-  // Nothing is claimed for a request its project's quota refuses (one read with the hold is
-  // checked there).
+  // Nothing is claimed for a request its project's quota refuses (a project read with the
+  // hold is checked in first_look).
   if (!project_unread_) {
     if (auto fits = co_await check_quota(placement_, config_.placement, project_, asked_, false); !fits)
       co_return fits.error();
@@ -229,7 +229,8 @@ awaitable<result<void>> Scheduler::hold_claims() {
   if (project_unread_) project_read = project_reads(keys_, project_.name);
   std::vector<TxnCost> costs(uuids_.size(), TxnCost{1, 1, keys_.claim(uuids_.front()).size() + named.size()});
   costs.front().ops += 1 + int(project_read.size());
-  costs.front().bytes += hold.size() + 16 + 3 * keys_.project(project_.name).size();
+  costs.front().bytes += hold.size() + 16;
+  for (const EtcdOp& read : project_read) costs.front().bytes += read.key.size();
   hold_ends_ = split_by_limits(costs).value_or(std::vector<size_t>{});
   hold_revisions_.assign(hold_ends_.size(), 0);
   held_ = true;
