@@ -256,6 +256,24 @@ def floor_plan(candidates, size):
     return plan
 
 
+class PlacementTally:
+    """Placement's answers from its request log since it was made: looks, and claims (POST
+    /allocations) by status. What an instance costs Placement in requests, and how many claims
+    another batch's came first to (409), read the same way for toyvm's placing and the floor's."""
+
+    def __init__(self, cloud):
+        self.log = cloud.placement_log
+        self.start = self.log.stat().st_size if self.log.exists() else 0
+
+    def counts(self):
+        with open(self.log, "rb") as log:
+            log.seek(self.start)
+            text = log.read().decode(errors="replace")
+        looks = text.count('"GET /allocation_candidates')
+        claims = re.findall(r'"POST /allocations" status: (\d+)', text)
+        return {"looks": looks, "claims": len(claims), "claims_409": claims.count("409")}
+
+
 def placement_floor(cloud, sizes, users, shards):
     """The users' requests made by bare threads of this script, on the same cloud with its hosts
     alive and nothing of toyvm's placing: for each batch a look at a shard at random (two more,
@@ -394,7 +412,9 @@ def main():
                                   capture_output=True, text=True)
             return done.stdout.count("NOTIFIED TARGET"), (done.stderr.strip() if done.returncode != 0 else None)
         started, cpu_before, etcd_before = time.monotonic(), cpu_by_group(), etcd_requests(cloud)
+        tally = PlacementTally(cloud)
         outcomes = parallel(sizes, place, args.batches)
+        figures["place_placement_requests"] = tally.counts()
         figures["place_s"] = time.monotonic() - started
         placed = sum(n for n, _ in outcomes)
         figures["place_cpu_ms_per_instance"] = cpu_per_instance(cpu_before, cpu_by_group(), placed)
@@ -409,7 +429,9 @@ def main():
         print("scale: CPU ms an instance while placing: " + ", ".join(
             f"{group} {ms:.2f}" for group, ms in figures["place_cpu_ms_per_instance"].items()) +
             "; etcd an instance: " + ", ".join(
-            f"{what} {n:.2f}" for what, n in figures["place_etcd_per_instance"].items()), flush=True)
+            f"{what} {n:.2f}" for what, n in figures["place_etcd_per_instance"].items()) +
+            "; Placement's answers: " + ", ".join(
+            f"{what} {n}" for what, n in figures["place_placement_requests"].items()), flush=True)
         for err in failed:
             print(f"scale: a batch failed: {err}", flush=True)
         wait_until("every instance ACTIVE",
@@ -499,20 +521,24 @@ def main():
         if args.floor:
             started, cpu_before = time.monotonic(), cpu_by_group()
             own_before = resource.getrusage(resource.RUSAGE_SELF)
+            tally = PlacementTally(cloud)
             placed, unplaced = placement_floor(cloud, sizes, args.batches, shards)
+            answers = tally.counts()
             took = time.monotonic() - started
             cpu = cpu_per_instance(cpu_before, cpu_by_group(), placed)
             own = resource.getrusage(resource.RUSAGE_SELF)
             cpu["users"] = 1000 * (own.ru_utime + own.ru_stime - own_before.ru_utime - own_before.ru_stime) / max(placed, 1)
             del cpu["schedules"]
             figures["floor"] = {"placed": placed, "batches_failed": unplaced, "s": took,
-                                "rate_per_s": placed / took, "cpu_ms_per_instance": cpu}
+                                "rate_per_s": placed / took, "cpu_ms_per_instance": cpu,
+                                "placement_requests": answers}
             figures["against_floor"] = figures["placement_rate_per_s"] / figures["floor"]["rate_per_s"]
             for error in unplaced:
                 print(f"scale: a batch of the floor failed: {error}", flush=True)
             print(f"scale: the floor (bare requests to Placement): {placed} in {took:.1f} s; toyvm's rate "
                   f"x{figures['against_floor']:.2f} of it; CPU ms an instance: " +
-                  ", ".join(f"{group} {ms:.2f}" for group, ms in cpu.items()), flush=True)
+                  ", ".join(f"{group} {ms:.2f}" for group, ms in cpu.items()) +
+                  "; Placement's answers: " + ", ".join(f"{what} {n}" for what, n in answers.items()), flush=True)
     finally:
         if cloud:
             cloud.shutdown()
@@ -562,7 +588,10 @@ def main():
             f"{figures['floor']['placed']} in {figures['floor']['s']:.1f} s ({figures['floor']['rate_per_s']:.0f}/s; "
             f"toyvm x{figures['against_floor']:.2f})"),
            ("CPU an instance, the floor", ", ".join(
-               f"{group} {ms:.2f}" for group, ms in figures["floor"]["cpu_ms_per_instance"].items()) + " ms")]
+               f"{group} {ms:.2f}" for group, ms in figures["floor"]["cpu_ms_per_instance"].items()) + " ms"),
+           ("Placement's answers, toyvm / floor", " / ".join(
+               ", ".join(f"{what} {n}" for what, n in answers.items())
+               for answers in (figures.get("place_placement_requests", {}), figures["floor"]["placement_requests"])))]
           if "floor" in figures else []),
     ]
     for name, value in rows:
