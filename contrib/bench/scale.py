@@ -12,7 +12,9 @@ in-memory hypervisors, toyvm's own agent code), and one schedule's wall time is 
 at 10 such hosts, then at --agents, in the same run. --evacuate N: one more host with N
 instances (at most 16) dies among them and is evacuated. --floor: after the destroy, as many
 placed again by bare requests to Placement from this script's threads (a look and one claim a
-batch, nothing of toyvm's), the ceiling toyvm's placing is measured against in the same run.
+batch, nothing of toyvm's), the ceiling toyvm's placing is measured against in the same run;
+--floor-first: the same before toyvm's placing too, on the fresh cloud (its claims given back
+after), so that each side meets Placement's tables in the other's state once.
 """
 
 import argparse
@@ -280,11 +282,13 @@ def placement_floor(cloud, sizes, users, shards):
     then the whole cloud, when it has no room, as a schedule widens its look), a plan spread
     over the candidates' free room, and one POST /allocations; a refused claim looks again.
     Placement's own ceiling for this cloud, which toyvm's placing is measured against. Returns
-    how many were placed, and the batches that were not (no room, or what Placement said)."""
+    how many were placed, the batches that were not (no room, or what Placement said), and a
+    function that gives its claims back."""
     url = urllib.parse.urlsplit(cloud.placement_url)
     headers = {"X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.39",
                "Content-Type": "application/json"}
     local = threading.local()
+    claimed, claimed_lock = [], threading.Lock()
 
     def request(method, path, body=None):
         for attempt in range(2):  # a kept-alive connection Placement closed meanwhile, once
@@ -324,12 +328,18 @@ def placement_floor(cloud, sizes, users, shards):
                       for rp in plan}
             status, body = request("POST", "/allocations", json.dumps(claims))
             if status == 204:
+                with claimed_lock:
+                    claimed.extend(claims)
                 return size
             if status != 409:  # another batch got in first: look again
                 raise RuntimeError(f"the floor's claim: {status} {body[:200]!r}")
         raise RuntimeError("no room anywhere")
+    def give_back():
+        given_back = parallel(claimed, lambda consumer: request("DELETE", f"/allocations/{consumer}")[0], users)
+        if any(status != 204 for status in given_back):
+            raise RuntimeError("the floor's claims were not all given back")
     outcomes = parallel(sizes, batch, users)
-    return sum(n for n, _ in outcomes), [error for _, error in outcomes if error]
+    return sum(n for n, _ in outcomes), [error for _, error in outcomes if error], give_back
 
 
 def main():
@@ -352,6 +362,8 @@ def main():
     parser.add_argument("--lease-ttl", type=int, default=10, help="[compute] lease_ttl, seconds")
     parser.add_argument("--floor", action="store_true",
                         help="after the destroy, as many placed by bare requests to Placement: its ceiling (--simulated)")
+    parser.add_argument("--floor-first", action="store_true",
+                        help="the floor before toyvm's placing too, on the fresh cloud, its claims given back after")
     parser.add_argument("--evacuate", type=int, default=0,
                         help="instances on one more host that dies among the others and is evacuated (--simulated)")
     args = parser.parse_args()
@@ -406,6 +418,32 @@ def main():
 
         # --batches users at once, each placing --batch-size instances after another until all are.
         sizes = [min(args.batch_size, args.instances - first) for first in range(0, args.instances, args.batch_size)]
+
+        def measure_floor(name):
+            """The floor's placing, timed, with its CPU and Placement's answers: figures[name]."""
+            started, cpu_before = time.monotonic(), cpu_by_group()
+            own_before = resource.getrusage(resource.RUSAGE_SELF)
+            tally = PlacementTally(cloud)
+            placed, unplaced, give_back = placement_floor(cloud, sizes, args.batches, shards)
+            answers = tally.counts()
+            took = time.monotonic() - started
+            cpu = cpu_per_instance(cpu_before, cpu_by_group(), placed)
+            own = resource.getrusage(resource.RUSAGE_SELF)
+            cpu["users"] = 1000 * (own.ru_utime + own.ru_stime - own_before.ru_utime - own_before.ru_stime) / max(placed, 1)
+            del cpu["schedules"]
+            figures[name] = {"placed": placed, "batches_failed": unplaced, "s": took,
+                             "rate_per_s": placed / took, "cpu_ms_per_instance": cpu,
+                             "placement_requests": answers}
+            for error in unplaced:
+                print(f"scale: a batch of the floor failed: {error}", flush=True)
+            print(f"scale: the floor (bare requests to Placement){' first' if name == 'floor_first' else ''}: "
+                  f"{placed} in {took:.1f} s ({placed / took:.0f}/s); CPU ms an instance: " +
+                  ", ".join(f"{group} {ms:.2f}" for group, ms in cpu.items()) +
+                  "; Placement's answers: " + ", ".join(f"{what} {n}" for what, n in answers.items()), flush=True)
+            return give_back
+
+        if args.floor_first:
+            measure_floor("floor_first")()  # its claims given back: toyvm's placing meets the cloud empty
 
         def place(size):
             done = subprocess.run([cloud.toyvm, "schedule", QUERY, "--count", str(size)], env=cloud.env,
@@ -519,26 +557,11 @@ def main():
         print(f"scale: after destroying all: {figures['left_after_destroy']}", flush=True)
 
         if args.floor:
-            started, cpu_before = time.monotonic(), cpu_by_group()
-            own_before = resource.getrusage(resource.RUSAGE_SELF)
-            tally = PlacementTally(cloud)
-            placed, unplaced = placement_floor(cloud, sizes, args.batches, shards)
-            answers = tally.counts()
-            took = time.monotonic() - started
-            cpu = cpu_per_instance(cpu_before, cpu_by_group(), placed)
-            own = resource.getrusage(resource.RUSAGE_SELF)
-            cpu["users"] = 1000 * (own.ru_utime + own.ru_stime - own_before.ru_utime - own_before.ru_stime) / max(placed, 1)
-            del cpu["schedules"]
-            figures["floor"] = {"placed": placed, "batches_failed": unplaced, "s": took,
-                                "rate_per_s": placed / took, "cpu_ms_per_instance": cpu,
-                                "placement_requests": answers}
-            figures["against_floor"] = figures["placement_rate_per_s"] / figures["floor"]["rate_per_s"]
-            for error in unplaced:
-                print(f"scale: a batch of the floor failed: {error}", flush=True)
-            print(f"scale: the floor (bare requests to Placement): {placed} in {took:.1f} s; toyvm's rate "
-                  f"x{figures['against_floor']:.2f} of it; CPU ms an instance: " +
-                  ", ".join(f"{group} {ms:.2f}" for group, ms in cpu.items()) +
-                  "; Placement's answers: " + ", ".join(f"{what} {n}" for what, n in answers.items()), flush=True)
+            measure_floor("floor")
+        for name in ("floor_first", "floor"):
+            if name in figures:
+                figures["against_" + name] = figures["placement_rate_per_s"] / figures[name]["rate_per_s"]
+                print(f"scale: toyvm's rate x{figures['against_' + name]:.2f} of the {name.replace('_', ' ')}", flush=True)
     finally:
         if cloud:
             cloud.shutdown()
@@ -584,15 +607,18 @@ def main():
         *([("left after, Placement / audit",
             f"{sum(figures['left_after_destroy']['usages'].values())} units held, "
             f"audit exit {figures['left_after_destroy']['audit_exit']}")] if "left_after_destroy" in figures else []),
-        *([("the floor: bare requests, placed",
-            f"{figures['floor']['placed']} in {figures['floor']['s']:.1f} s ({figures['floor']['rate_per_s']:.0f}/s; "
-            f"toyvm x{figures['against_floor']:.2f})"),
-           ("CPU an instance, the floor", ", ".join(
-               f"{group} {ms:.2f}" for group, ms in figures["floor"]["cpu_ms_per_instance"].items()) + " ms"),
-           ("Placement's answers, toyvm / floor", " / ".join(
-               ", ".join(f"{what} {n}" for what, n in answers.items())
-               for answers in (figures.get("place_placement_requests", {}), figures["floor"]["placement_requests"])))]
-          if "floor" in figures else []),
+        *[row for name, label in (("floor_first", "the floor first"), ("floor", "the floor"))
+          if name in figures and "against_" + name in figures
+          for row in ((f"{label}: bare requests, placed",
+                       f"{figures[name]['placed']} in {figures[name]['s']:.1f} s ({figures[name]['rate_per_s']:.0f}/s; "
+                       f"toyvm x{figures['against_' + name]:.2f})"),
+                      (f"CPU an instance, {label}", ", ".join(
+                          f"{group} {ms:.2f}" for group, ms in figures[name]["cpu_ms_per_instance"].items()) + " ms"),
+                      (f"Placement's answers, {label}", ", ".join(
+                          f"{what} {n}" for what, n in figures[name]["placement_requests"].items())))],
+        *([("Placement's answers, toyvm", ", ".join(
+            f"{what} {n}" for what, n in figures["place_placement_requests"].items()))]
+          if "place_placement_requests" in figures else []),
     ]
     for name, value in rows:
         print(f"  {name:32} {value}")
