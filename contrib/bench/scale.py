@@ -275,6 +275,10 @@ class PlacementTally:
         claims = re.findall(r'"POST /allocations" status: (\d+)', text)
         return {"looks": looks, "claims": len(claims), "claims_409": claims.count("409")}
 
+    @staticmethod
+    def text(counts):
+        return ", ".join(f"{what} {n}" for what, n in counts.items())
+
 
 def placement_floor(cloud, sizes, users, shards):
     """The users' requests made by bare threads of this script, on the same cloud with its hosts
@@ -439,7 +443,7 @@ def main():
             print(f"scale: the floor (bare requests to Placement){' first' if name == 'floor_first' else ''}: "
                   f"{placed} in {took:.1f} s ({placed / took:.0f}/s); CPU ms an instance: " +
                   ", ".join(f"{group} {ms:.2f}" for group, ms in cpu.items()) +
-                  "; Placement's answers: " + ", ".join(f"{what} {n}" for what, n in answers.items()), flush=True)
+                  "; Placement's answers: " + PlacementTally.text(answers), flush=True)
             return give_back
 
         if args.floor_first:
@@ -468,8 +472,7 @@ def main():
             f"{group} {ms:.2f}" for group, ms in figures["place_cpu_ms_per_instance"].items()) +
             "; etcd an instance: " + ", ".join(
             f"{what} {n:.2f}" for what, n in figures["place_etcd_per_instance"].items()) +
-            "; Placement's answers: " + ", ".join(
-            f"{what} {n}" for what, n in figures["place_placement_requests"].items()), flush=True)
+            "; Placement's answers: " + PlacementTally.text(figures["place_placement_requests"]), flush=True)
         for err in failed:
             print(f"scale: a batch failed: {err}", flush=True)
         wait_until("every instance ACTIVE",
@@ -614,10 +617,8 @@ def main():
                        f"toyvm x{figures['against_' + name]:.2f})"),
                       (f"CPU an instance, {label}", ", ".join(
                           f"{group} {ms:.2f}" for group, ms in figures[name]["cpu_ms_per_instance"].items()) + " ms"),
-                      (f"Placement's answers, {label}", ", ".join(
-                          f"{what} {n}" for what, n in figures[name]["placement_requests"].items())))],
-        *([("Placement's answers, toyvm", ", ".join(
-            f"{what} {n}" for what, n in figures["place_placement_requests"].items()))]
+                      (f"Placement's answers, {label}", PlacementTally.text(figures[name]["placement_requests"])))],
+        *([("Placement's answers, toyvm", PlacementTally.text(figures["place_placement_requests"]))]
           if "place_placement_requests" in figures else []),
     ]
     for name, value in rows:
