@@ -294,6 +294,20 @@ TEST_CASE("an etcd out of reach holds a build back; it is recorded once etcd ans
   CHECK(agent.hypervisor().domain(uuid)->state == DomainState::running);
 }
 
+TEST_CASE("once the disable's follower has heard, a build asks it, not etcd") {
+  Agent agent;
+  asio::co_spawn(agent.io, agent.parts.maintenance.load(), asio::detached);
+  REQUIRE(agent.run_until([&] { return agent.parts.maintenance.disabled() == false; }));
+  agent.put_work(PowerState::running);
+  agent.deliver();
+  agent.etcd->down = true;
+  // Nothing to read first: the domain is made, and recorded once etcd answers.
+  REQUIRE(agent.run_until([&] { return agent.hypervisor().creates() == 1; }));
+  CHECK_FALSE(agent.record());
+  agent.etcd->down = false;
+  REQUIRE(agent.run_until([&] { return agent.recorded(InstanceState::active) && agent.settled(); }));
+}
+
 TEST_CASE("a listing older than a watch event does not undo it") {
   Agent agent;
   agent.put_work(PowerState::running);

@@ -40,6 +40,7 @@ class Builder {
     ImageStore& images;
     Placer& placer;
     std::function<std::set<std::string>()> images_wanted;  // by every instance of this host
+    std::function<std::optional<bool>()> disabled_as_followed;  // the agent's follower of the disable
   };
   Builder(AgentContext& ctx, Parts parts) : ctx_(ctx), parts_(std::move(parts)) {}
 
@@ -54,7 +55,8 @@ class Builder {
   // Also the destination's check before a move of a member arrives (model/groups.hpp).
   awaitable<result<bool>> group_allows_here(WorkSpec spec);
   // An operator took this host out of service (`host disable`, `host drain`): it takes nothing
-  // new, built or moved here.
+  // new, built or moved here. As the agent's follower of the disable last heard it; read from
+  // etcd only before that has heard.
   awaitable<result<bool>> host_disabled();
   // Moves `work` (as of `revision`, its next attempt) to another live host (Placer::relocate).
   awaitable<result<Relocated>> move_elsewhere(WorkSpec work, int64_t revision);

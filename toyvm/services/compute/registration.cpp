@@ -192,6 +192,7 @@ void HostMaintenanceFollower::apply(const KeyValue* kv) {
     auto decoded = decode_maintenance(kv->value);
     maintenance = decoded ? *decoded : HostMaintenance{"(unreadable: " + decoded.error().message() + ")", 0};
   }
+  heard_ = true;
   if (maintenance == current_) return;
   if (maintenance)
     spdlog::info("disabled by an operator{}{}", maintenance->reason.empty() ? "" : ": ", maintenance->reason);

@@ -70,6 +70,8 @@ class HostMaintenanceFollower {
   awaitable<void> load();
   // Follows the key until the agent stops.
   awaitable<void> follow();
+  // Whether the host is disabled, as last heard; nothing before the key was first read.
+  std::optional<bool> disabled() const { return heard_ ? std::optional<bool>(current_.has_value()) : std::nullopt; }
 
  private:
   void apply(const KeyValue* kv);
@@ -78,6 +80,7 @@ class HostMaintenanceFollower {
   ProviderRegistration& registration_;
   HostPresence& presence_;
   std::optional<HostMaintenance> current_;
+  bool heard_ = false;
 };
 
 }  // namespace toyvm::compute
