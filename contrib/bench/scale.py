@@ -14,7 +14,10 @@ instances (at most 16) dies among them and is evacuated. --floor: after the dest
 placed again by bare requests to Placement from this script's threads (a look and one claim a
 batch, nothing of toyvm's), the ceiling toyvm's placing is measured against in the same run;
 --floor-first: the same before toyvm's placing too, on the fresh cloud (its claims given back
-after), so that each side meets Placement's tables in the other's state once.
+after), so that each side meets Placement's tables in the other's state once. --alternate N:
+toyvm's placing in N rounds, each after the floor's round of the same batches (given back
+before toyvm's): the machine drifts over minutes (the floor alone has read 100 to 190 a second
+in one run), and alternated rounds meet it alike.
 """
 
 import argparse
@@ -96,7 +99,7 @@ CPU_GROUPS = {"etcd": ("etcd",), "Placement": ("uwsgi", "placement-api"), "Postg
 
 def cpu_by_group():
     """CPU seconds so far of every process in each of CPU_GROUPS, the finished children's
-    (`schedules`), and the whole machine's busy time (`machine`)."""
+    (`schedules`), this script's (`users`) and the whole machine's busy time (`machine`)."""
     tick = os.sysconf("SC_CLK_TCK")
     spent = dict.fromkeys(CPU_GROUPS, 0.0)
     for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
@@ -110,6 +113,8 @@ def cpu_by_group():
                 spent[group] += (int(fields[11]) + int(fields[12])) / tick
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     spent["schedules"] = children.ru_utime + children.ru_stime
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    spent["users"] = own.ru_utime + own.ru_stime  # this script: the floor's threads
     busy = [int(v) for v in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     spent["machine"] = (sum(busy) - busy[3] - busy[4]) / tick  # all but idle and iowait
     return spent
@@ -266,6 +271,18 @@ class PlacementTally:
     def __init__(self, cloud):
         self.log = cloud.placement_log
         self.start = self.log.stat().st_size if self.log.exists() else 0
+        config = (self.log.parent / "placement.conf").read_text()
+        self.port = re.search(r"postgresql\+psycopg2://postgres@127\.0\.0\.1:(\d+)/", config).group(1)
+        self.transactions = self.database_transactions()
+
+    def database_transactions(self):
+        """PostgreSQL's transactions in Placement's database so far, committed and rolled back:
+        a claim Placement writes again (a provider's generation moved under it) rolls back."""
+        done = subprocess.run(["psql", "-h", "127.0.0.1", "-p", self.port, "-U", "postgres", "-At", "-c",
+                               "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = 'placement'"],
+                              capture_output=True, text=True, check=True)
+        committed, rolled_back = map(int, done.stdout.strip().split("|"))
+        return committed, rolled_back
 
     def counts(self):
         with open(self.log, "rb") as log:
@@ -273,11 +290,17 @@ class PlacementTally:
             text = log.read().decode(errors="replace")
         looks = text.count('"GET /allocation_candidates')
         claims = re.findall(r'"POST /allocations" status: (\d+)', text)
-        return {"looks": looks, "claims": len(claims), "claims_409": claims.count("409")}
+        committed, rolled_back = (now - then for now, then in zip(self.database_transactions(), self.transactions))
+        return {"looks": looks, "claims": len(claims), "claims_409": claims.count("409"),
+                "db_commits": committed, "db_rollbacks": rolled_back}
 
     @staticmethod
     def text(counts):
         return ", ".join(f"{what} {n}" for what, n in counts.items())
+
+
+# The floor's placings, as said: before toyvm's, alternated with it in rounds, after the destroy.
+FLOOR_LABELS = {"floor_first": "the floor first", "floor_alternate": "the floor, alternated", "floor": "the floor"}
 
 
 def placement_floor(cloud, sizes, users, shards):
@@ -363,11 +386,17 @@ def main():
                         help="[placement] sample_hosts for schedules (default: 2 from 1,000 hosts)")
     parser.add_argument("--etcd-arg", action="append", dest="etcd_args", default=[],
                         help="a flag for every etcd member (repeat), e.g. " + " ".join(f"--etcd-arg={a}" for a in ETCD_TRIED))
+    parser.add_argument("--etcd-gogc", type=int, default=400,
+                        help="GOGC for the etcd members (100: Go's own default). At 10,000 hosts the member the "
+                             "hosts reach collects its heap of every key's history again and again; 400 "
+                             "spends memory (~1.7 GiB) instead of CPU")
     parser.add_argument("--lease-ttl", type=int, default=10, help="[compute] lease_ttl, seconds")
     parser.add_argument("--floor", action="store_true",
                         help="after the destroy, as many placed by bare requests to Placement: its ceiling (--simulated)")
     parser.add_argument("--floor-first", action="store_true",
                         help="the floor before toyvm's placing too, on the fresh cloud, its claims given back after")
+    parser.add_argument("--alternate", type=int, default=0,
+                        help="toyvm's placing in this many rounds, each after the floor's of the same batches")
     parser.add_argument("--evacuate", type=int, default=0,
                         help="instances on one more host that dies among the others and is evacuated (--simulated)")
     args = parser.parse_args()
@@ -377,6 +406,9 @@ def main():
     cloud = None
     try:
         figures["etcd_args"] = args.etcd_args
+        # Inherited by the testbed's etcd members, the only Go programs it starts.
+        os.environ["GOGC"] = str(args.etcd_gogc)
+        figures["etcd_gogc"] = args.etcd_gogc
         cloud = Cloud(args.build, workdir, etcd_members=3, postgresql=True, placement_workers=4,
                       etcd_args=args.etcd_args)
         config = workdir / "agent.toml"
@@ -423,49 +455,107 @@ def main():
         # --batches users at once, each placing --batch-size instances after another until all are.
         sizes = [min(args.batch_size, args.instances - first) for first in range(0, args.instances, args.batch_size)]
 
-        def measure_floor(name):
-            """The floor's placing, timed, with its CPU and Placement's answers: figures[name]."""
-            started, cpu_before = time.monotonic(), cpu_by_group()
-            own_before = resource.getrusage(resource.RUSAGE_SELF)
+        def placing(work, part):
+            """One round of one side's placing: work(part) places the batches `part` and answers
+            how many it placed, what failed and how to give them back. Returns what the round
+            took (wall time, CPU by group, Placement's answers, etcd's requests) and that."""
+            started, cpu_before, etcd_before = time.monotonic(), cpu_by_group(), etcd_requests(cloud)
             tally = PlacementTally(cloud)
-            placed, unplaced, give_back = placement_floor(cloud, sizes, args.batches, shards)
+            placed, failures, give_back = work(part)
             answers = tally.counts()
             took = time.monotonic() - started
-            cpu = cpu_per_instance(cpu_before, cpu_by_group(), placed)
-            own = resource.getrusage(resource.RUSAGE_SELF)
-            cpu["users"] = 1000 * (own.ru_utime + own.ru_stime - own_before.ru_utime - own_before.ru_stime) / max(placed, 1)
-            del cpu["schedules"]
-            figures[name] = {"placed": placed, "batches_failed": unplaced, "s": took,
-                             "rate_per_s": placed / took, "cpu_ms_per_instance": cpu,
-                             "placement_requests": answers}
-            for error in unplaced:
-                print(f"scale: a batch of the floor failed: {error}", flush=True)
-            print(f"scale: the floor (bare requests to Placement){' first' if name == 'floor_first' else ''}: "
-                  f"{placed} in {took:.1f} s ({placed / took:.0f}/s); CPU ms an instance: " +
-                  ", ".join(f"{group} {ms:.2f}" for group, ms in cpu.items()) +
-                  "; Placement's answers: " + PlacementTally.text(answers), flush=True)
-            return give_back
+            return {"placed": placed, "failures": failures, "s": took, "answers": answers,
+                    "cpu_s": {group: spent - cpu_before[group] for group, spent in cpu_by_group().items()},
+                    "etcd": {what: n - etcd_before[what] for what, n in etcd_requests(cloud).items()}}, give_back
 
-        if args.floor_first:
-            measure_floor("floor_first")()  # its claims given back: toyvm's placing meets the cloud empty
+        def totals(rounds):
+            """One side's rounds summed: its rate, CPU an instance by group, Placement's answers,
+            etcd's requests an instance, and each round's rate (how far the machine drifted)."""
+            placed, took = sum(r["placed"] for r in rounds), sum(r["s"] for r in rounds)
+            return {"placed": placed, "s": took, "rate_per_s": placed / took,
+                    "rounds_per_s": [r["placed"] / r["s"] for r in rounds],
+                    "rounds_cpu_ms_per_instance": [{group: 1000 * spent / max(r["placed"], 1)
+                                                    for group, spent in r["cpu_s"].items()} for r in rounds],
+                    "failures": [failure for r in rounds for failure in r["failures"]],
+                    "cpu_ms_per_instance": {group: 1000 * sum(r["cpu_s"][group] for r in rounds) / max(placed, 1)
+                                            for group in rounds[0]["cpu_s"]},
+                    "etcd_per_instance": {what: sum(r["etcd"][what] for r in rounds) / max(placed, 1)
+                                          for what in rounds[0]["etcd"]},
+                    "placement_requests": {what: sum(r["answers"][what] for r in rounds) for what in rounds[0]["answers"]}}
+
+        def floor_places(part):
+            return placement_floor(cloud, part, args.batches, shards)
 
         def place(size):
             done = subprocess.run([cloud.toyvm, "schedule", QUERY, "--count", str(size)], env=cloud.env,
                                   capture_output=True, text=True)
             return done.stdout.count("NOTIFIED TARGET"), (done.stderr.strip() if done.returncode != 0 else None)
-        started, cpu_before, etcd_before = time.monotonic(), cpu_by_group(), etcd_requests(cloud)
-        tally = PlacementTally(cloud)
-        outcomes = parallel(sizes, place, args.batches)
-        figures["place_placement_requests"] = tally.counts()
-        figures["place_s"] = time.monotonic() - started
-        placed = sum(n for n, _ in outcomes)
-        figures["place_cpu_ms_per_instance"] = cpu_per_instance(cpu_before, cpu_by_group(), placed)
-        figures["place_etcd_per_instance"] = {what: (n - etcd_before[what]) / max(placed, 1)
-                                              for what, n in etcd_requests(cloud).items()}
-        failed = [err for _, err in outcomes if err is not None]
+
+        def toyvm_places(part):
+            outcomes = parallel(part, place, args.batches)
+            return sum(n for n, _ in outcomes), [err for _, err in outcomes if err is not None], None
+
+        def floor_figures(rounds):
+            floor = totals(rounds)
+            del floor["cpu_ms_per_instance"]["schedules"], floor["etcd_per_instance"]
+            return floor
+
+        def say_floor(name):
+            floor = figures[name]
+            for error in floor["failures"]:
+                print(f"scale: a batch of the floor failed: {error}", flush=True)
+            print(f"scale: {FLOOR_LABELS[name]} (bare requests to Placement): "
+                  f"{floor['placed']} in {floor['s']:.1f} s ({floor['rate_per_s']:.0f}/s); CPU ms an instance: " +
+                  ", ".join(f"{group} {ms:.2f}" for group, ms in floor["cpu_ms_per_instance"].items()) +
+                  "; Placement's answers: " + PlacementTally.text(floor["placement_requests"]), flush=True)
+
+        def measure_floor(name):
+            """The floor's whole placing, timed: figures[name]. Returns how to give it back."""
+            measured, give_back = placing(floor_places, sizes)
+            figures[name] = floor_figures([measured])
+            say_floor(name)
+            return give_back
+
+        if args.floor_first:
+            measure_floor("floor_first")()  # its claims given back: toyvm's placing meets the cloud empty
+
+        # In --alternate rounds, each after the floor's round of the same batches (given back
+        # before toyvm's): both sides meet the machine as it is then, and Placement's tables
+        # as full.
+        rounds = max(args.alternate, 1)
+        mine, floors = [], []
+        for n in range(rounds):
+            part = sizes[n * len(sizes) // rounds:(n + 1) * len(sizes) // rounds]
+            if args.alternate:
+                measured, give_back = placing(floor_places, part)
+                floors.append(measured)
+                give_back()
+            measured, _ = placing(toyvm_places, part)
+            mine.append(measured)
+            if floors:
+                print(f"scale: round {n + 1} of {rounds}: " + "; ".join(
+                    f"{side} {r['placed'] / r['s']:.0f}/s, CPU ms an instance " + ", ".join(
+                        f"{group} {1000 * spent / max(r['placed'], 1):.2f}" for group, spent in r["cpu_s"].items())
+                    for side, r in (("toyvm", measured), ("the floor", floors[-1]))), flush=True)
+            if n + 1 < rounds:  # the agents' last builds are not the next floor's load
+                wait_until("this round's instances ACTIVE",
+                           lambda: sum(i["state"] == "ACTIVE" for i in cloud.instances()) >=
+                           sum(r["placed"] for r in mine) + on_victim, 600)
+        placed_at = time.monotonic()
+        if floors:
+            figures["floor_alternate"] = floor_figures(floors)
+            say_floor("floor_alternate")
+        toyvm = totals(mine)
+        placed = toyvm["placed"]
+        figures["place_s"] = toyvm["s"]
+        figures["place_rounds_per_s"] = toyvm["rounds_per_s"]
+        figures["place_placement_requests"] = toyvm["placement_requests"]
+        figures["place_cpu_ms_per_instance"] = toyvm["cpu_ms_per_instance"]
+        figures["place_etcd_per_instance"] = toyvm["etcd_per_instance"]
+        failed = toyvm["failures"]
         figures["placed"] = placed
         figures["batch_failures"] = failed
-        figures["placement_rate_per_s"] = placed / figures["place_s"]
+        figures["placement_rate_per_s"] = toyvm["rate_per_s"]
         print(f"scale: {placed} placed by {args.batches} users in batches of {args.batch_size} in "
               f"{figures['place_s']:.1f} s", flush=True)
         print("scale: CPU ms an instance while placing: " + ", ".join(
@@ -477,7 +567,8 @@ def main():
             print(f"scale: a batch failed: {err}", flush=True)
         wait_until("every instance ACTIVE",
                    lambda: sum(i["state"] == "ACTIVE" for i in cloud.instances()) == placed + on_victim, 600)
-        figures["all_active_s"] = time.monotonic() - started
+        # In toyvm's time: its placing, and what its last builds took after.
+        figures["all_active_s"] = figures["place_s"] + time.monotonic() - placed_at
         figures["overbooked"] = len(cloud.overbooked())
 
         figures["agent_rss_mib"] = sum(rss_kib(p.pid) for p in agents.values()) / 1024
@@ -561,10 +652,10 @@ def main():
 
         if args.floor:
             measure_floor("floor")
-        for name in ("floor_first", "floor"):
+        for name in FLOOR_LABELS:
             if name in figures:
                 figures["against_" + name] = figures["placement_rate_per_s"] / figures[name]["rate_per_s"]
-                print(f"scale: toyvm's rate x{figures['against_' + name]:.2f} of the {name.replace('_', ' ')}", flush=True)
+                print(f"scale: toyvm's rate x{figures['against_' + name]:.2f} of {FLOOR_LABELS[name]}", flush=True)
     finally:
         if cloud:
             cloud.shutdown()
@@ -610,7 +701,7 @@ def main():
         *([("left after, Placement / audit",
             f"{sum(figures['left_after_destroy']['usages'].values())} units held, "
             f"audit exit {figures['left_after_destroy']['audit_exit']}")] if "left_after_destroy" in figures else []),
-        *[row for name, label in (("floor_first", "the floor first"), ("floor", "the floor"))
+        *[row for name, label in FLOOR_LABELS.items()
           if name in figures and "against_" + name in figures
           for row in ((f"{label}: bare requests, placed",
                        f"{figures[name]['placed']} in {figures[name]['s']:.1f} s ({figures[name]['rate_per_s']:.0f}/s; "
@@ -620,6 +711,10 @@ def main():
                       (f"Placement's answers, {label}", PlacementTally.text(figures[name]["placement_requests"])))],
         *([("Placement's answers, toyvm", PlacementTally.text(figures["place_placement_requests"]))]
           if "place_placement_requests" in figures else []),
+        *([("each round, toyvm / the floor", ", ".join(
+            f"{mine:.0f}/{floor:.0f}" for mine, floor in zip(figures["place_rounds_per_s"],
+                                                             figures["floor_alternate"]["rounds_per_s"])) + " a second")]
+          if "floor_alternate" in figures else []),
     ]
     for name, value in rows:
         print(f"  {name:32} {value}")
