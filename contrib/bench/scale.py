@@ -120,11 +120,6 @@ def cpu_by_group():
     return spent
 
 
-def cpu_per_instance(before, after, instances):
-    """Milliseconds of CPU an instance, by group, between two cpu_by_group()s."""
-    return {group: 1000 * (after[group] - before[group]) / max(instances, 1) for group in after}
-
-
 def etcd_requests(cloud):
     """etcd's requests answered so far, all members (the agents reach one, the schedules
     another), by method, the raft proposals it committed, and the keys they put and deleted

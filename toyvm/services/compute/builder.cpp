@@ -108,9 +108,9 @@ awaitable<result<void>> Builder::take_allocation_back(WorkSpec spec) {
 }
 
 awaitable<result<bool>> Builder::host_disabled() {
-  // A disable the follower has not heard of yet is one that came after this look: the drain
-  // that made it finds the instance here (the hand-over is refused on a disabled host, so it
-  // was here before), as it would after a read an instant earlier.
+  // A disable the follower has not heard of yet came after the work reached this host (every
+  // hand-over and move here is refused on a disabled host): the drain that made it finds the
+  // instance here and moves it, as it would after a read an instant earlier.
   if (parts_.disabled_as_followed)
     if (std::optional<bool> followed = parts_.disabled_as_followed()) co_return *followed;
   auto disabled = co_await ctx_.etcd->range(ctx_.keys.disabled(ctx_.host.provider));
