@@ -565,6 +565,8 @@ def main():
         # In toyvm's time: its placing, and what its last builds took after.
         figures["all_active_s"] = figures["place_s"] + time.monotonic() - placed_at
         figures["overbooked"] = len(cloud.overbooked())
+        print(f"scale: every instance ACTIVE after {figures['all_active_s']:.1f} s; providers over capacity: "
+              f"{figures['overbooked']}", flush=True)
 
         figures["agent_rss_mib"] = sum(rss_kib(p.pid) for p in agents.values()) / 1024
         port = free_port()
