@@ -279,6 +279,27 @@ TEST_CASE("a sample reads host records from a random point on, and asks Placemen
   }
 }
 
+TEST_CASE("a look asks etcd again while it does not answer (an election), but not past its patience") {
+  Bench bench;
+  bench.config.etcd.timeout = 300ms;
+  bench.live({host_a, host_b});
+  const PlacementQuery query = *parse_placement_query("resources=VCPU:1");
+
+  bench.etcd->lost_txns = 2;  // "leader changed", twice
+  auto view = bench.run(bench.placer.look(query, "group"));
+  REQUIRE(view);
+  CHECK(view->live == std::set<std::string>{host_a, host_b});
+  CHECK(bench.etcd->unanswered == 2);
+
+  bench.etcd->down = true;  // for good
+  const auto asked = std::chrono::steady_clock::now();
+  auto unanswered = bench.run(bench.placer.look(query, ""));
+  REQUIRE_FALSE(unanswered);
+  CHECK(unanswered.error() == errc::etcd_unavailable);
+  CHECK(bench.etcd->unanswered > 3);
+  CHECK(std::chrono::steady_clock::now() - asked >= bench.config.etcd.timeout);
+}
+
 TEST_CASE("only a query of one request group that names no place is sampled") {
   auto samplable = [](const char* text) { return Placer::samplable(*parse_placement_query(text)); };
   CHECK(samplable("resources=VCPU:1,MEMORY_MB:256"));

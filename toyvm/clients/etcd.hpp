@@ -178,6 +178,13 @@ class EtcdClient {
   virtual awaitable<result<void>> role_grant(std::string name, EtcdPermission permission);
 };
 
+// A transaction asked again, with backoff, while etcd does not answer (an election's
+// "leader changed", a member restarting) until `patience` has passed; any other error, or the
+// last unanswered one, is returned. Only for a transaction that may land more than once
+// (reads; unguarded puts of the caller's own values, the same whichever lands).
+awaitable<result<TxnResult>> txn_asking_again(EtcdClient& etcd, std::vector<EtcdCompare> compare,
+                                              std::vector<EtcdOp> success, std::chrono::milliseconds patience);
+
 // Lists [key, range_end), then follows its changes from the listing's revision: a broken or
 // compacted watch lists again, an etcd that does not answer is asked again with backoff
 // (100 ms to 5 s). `listed` gets each whole listing, `changed` each event after it. Ends

@@ -1,5 +1,5 @@
-// Following etcd's keys through changes and outages: follow_range (a listing, then its
-// changes) and follow_key (one key until a condition holds). Built on EtcdClient alone.
+// Riding over etcd's changes and outages: follow_range (a listing, then its changes),
+// follow_key (one key until a condition holds) and txn_asking_again. Built on EtcdClient alone.
 
 #include "clients/etcd.hpp"
 
@@ -11,6 +11,18 @@
 #include <utility>
 
 namespace toyvm {
+
+awaitable<result<TxnResult>> txn_asking_again(EtcdClient& etcd, std::vector<EtcdCompare> compare,
+                                              std::vector<EtcdOp> success, std::chrono::milliseconds patience) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  Backoff backoff(std::chrono::milliseconds(50), std::chrono::seconds(1));
+  for (;;) {
+    auto done = co_await etcd.txn(compare, success);
+    if (done || done.error() != errc::etcd_unavailable || std::chrono::steady_clock::now() >= deadline) co_return done;
+    spdlog::debug("etcd at {}: {}; asking again", etcd.endpoints_text(), done.error().message());
+    co_await backoff.wait(deadline);
+  }
+}
 
 awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string range_end,
                              std::function<void(const RangeResult&)> listed,

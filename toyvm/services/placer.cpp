@@ -33,7 +33,7 @@ awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string 
   for (size_t first = 0; first < reads.size(); first += 100) {
     std::vector<EtcdOp> chunk(reads.begin() + ptrdiff_t(first), reads.begin() + ptrdiff_t(std::min(reads.size(), first + 100)));
     std::vector<EtcdCompare> always;
-    auto hosts = co_await etcd_.txn(std::move(always), std::move(chunk));
+    auto hosts = co_await txn_asking_again(etcd_, std::move(always), std::move(chunk), config_.etcd.timeout);
     if (!hosts) co_return hosts.error();
     for (const RangeResult& range : hosts->ranges)
       for (const KeyValue& kv : range.kvs) {
@@ -42,9 +42,12 @@ awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string 
       }
   }
   if (!group.empty()) {
-    auto members = co_await etcd_.range_prefix(keys_.group_prefix(group));
+    const std::string prefix = keys_.group_prefix(group);
+    std::vector<EtcdCompare> always;
+    std::vector<EtcdOp> read{EtcdOp::get(prefix, prefix_range_end(prefix))};
+    auto members = co_await txn_asking_again(etcd_, std::move(always), std::move(read), config_.etcd.timeout);
     if (!members) co_return members.error();
-    for (const KeyValue& kv : members->kvs) {
+    for (const KeyValue& kv : members->ranges.front().kvs) {
       auto member = decode_group_member(kv.value);
       if (!member || keys_.leaf(kv.key, keys_.group_prefix(group)) == moving) continue;
       view.group_members[member->host] += 1;
@@ -65,7 +68,7 @@ awaitable<result<PlacementView>> Placer::sample(PlacementQuery query, int hosts,
   const std::string prefix = keys_.hosts_prefix(), start = keys_.host(from);
   std::vector<EtcdOp> reads{EtcdOp::get(start, prefix_range_end(prefix), hosts), EtcdOp::get(prefix, start, hosts)};
   std::vector<EtcdCompare> always;
-  auto read = co_await etcd_.txn(std::move(always), std::move(reads));
+  auto read = co_await txn_asking_again(etcd_, std::move(always), std::move(reads), config_.etcd.timeout);
   if (!read) co_return read.error();
   std::vector<HostRecord> picked;
   for (const RangeResult& range : read->ranges)

@@ -243,7 +243,7 @@ awaitable<result<void>> Scheduler::hold_claims() {
     }
     for (size_t i = first; i < hold_ends_[group]; ++i) puts.push_back(EtcdOp::put(keys_.claim(uuids_[i]), named));
     std::vector<EtcdCompare> always;
-    auto put = co_await etcd_->txn(std::move(always), std::move(puts));
+    auto put = co_await txn_asking_again(*etcd_, std::move(always), std::move(puts), config_.etcd.timeout);
     if (!put) co_return put.error();
     hold_revisions_[group] = put->revision;
     if (group == 0 && project_unread_) {

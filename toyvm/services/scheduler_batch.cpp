@@ -333,7 +333,7 @@ class Batch {
       std::vector<EtcdOp> puts;
       for (size_t i = first; i < end; ++i) puts.push_back(EtcdOp::put(keys_.claim(uuids[i]), "", hold_lease_));
       std::vector<EtcdCompare> always;
-      auto put = co_await etcd_->txn(std::move(always), std::move(puts));
+      auto put = co_await txn_asking_again(*etcd_, std::move(always), std::move(puts), config_.etcd.timeout);
       if (!put) co_return put.error();
       first = end;
     }
