@@ -27,32 +27,32 @@ awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string 
   PlacementView view;
   view.candidates = std::move(*candidates);
   // Only the candidates' host records, not the cloud's: what a schedule reads from etcd does
-  // not grow with the number of hosts. (In transactions of 100 reads: etcd takes 128.)
+  // not grow with the number of hosts. (In transactions of 100 reads: etcd takes 128.) A
+  // group's members come first in the first one, read in the same instant as the hosts.
+  const std::string members = group.empty() ? std::string() : keys_.group_prefix(group);
   std::vector<EtcdOp> reads;
+  if (!members.empty()) reads.push_back(EtcdOp::get(members, prefix_range_end(members)));
   for (const auto& [provider, summary] : view.candidates.provider_summaries) reads.push_back(EtcdOp::get(keys_.host(provider)));
   for (size_t first = 0; first < reads.size(); first += 100) {
     std::vector<EtcdOp> chunk(reads.begin() + ptrdiff_t(first), reads.begin() + ptrdiff_t(std::min(reads.size(), first + 100)));
     std::vector<EtcdCompare> always;
-    auto hosts = co_await txn_asking_again(etcd_, std::move(always), std::move(chunk), config_.etcd.timeout);
-    if (!hosts) co_return hosts.error();
-    for (const RangeResult& range : hosts->ranges)
-      for (const KeyValue& kv : range.kvs) {
+    auto read = co_await txn_asking_again(etcd_, std::move(always), std::move(chunk), config_.etcd.timeout);
+    if (!read) co_return read.error();
+    auto hosts = read->ranges.begin();
+    if (first == 0 && !members.empty()) {
+      for (const KeyValue& kv : hosts->kvs) {
+        auto member = decode_group_member(kv.value);
+        if (!member || keys_.leaf(kv.key, members) == moving) continue;
+        view.group_members[member->host] += 1;
+        view.group_policies.insert(member->policy);
+      }
+      ++hosts;
+    }
+    for (; hosts != read->ranges.end(); ++hosts)
+      for (const KeyValue& kv : hosts->kvs) {
         auto host = decode_host(kv.value);
         if (host && host->status == "READY") view.live.insert(host->provider);
       }
-  }
-  if (!group.empty()) {
-    const std::string prefix = keys_.group_prefix(group);
-    std::vector<EtcdCompare> always;
-    std::vector<EtcdOp> read{EtcdOp::get(prefix, prefix_range_end(prefix))};
-    auto members = co_await txn_asking_again(etcd_, std::move(always), std::move(read), config_.etcd.timeout);
-    if (!members) co_return members.error();
-    for (const KeyValue& kv : members->ranges.front().kvs) {
-      auto member = decode_group_member(kv.value);
-      if (!member || keys_.leaf(kv.key, keys_.group_prefix(group)) == moving) continue;
-      view.group_members[member->host] += 1;
-      view.group_policies.insert(member->policy);
-    }
   }
   co_return view;
 }
