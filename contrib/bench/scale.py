@@ -137,6 +137,20 @@ def etcd_requests(cloud):
     return counts
 
 
+def etcd_calls(cloud):
+    """etcd's calls started so far, all members, by method (a watch or keep-alive stream is one
+    call, however many it carries), and the watchers open now."""
+    counts = {}
+    for member in range(len(cloud.etcd_urls)):
+        for name, value in cloud.etcd_metrics(member).items():
+            if name.startswith("grpc_server_started_total"):
+                method = re.search(r'grpc_method="(\w+)"', name).group(1)
+                counts[method] = counts.get(method, 0) + value
+            elif name.startswith("etcd_debugging_mvcc_watcher_total"):
+                counts["watchers"] = counts.get("watchers", 0) + value
+    return counts
+
+
 def etcd_db_size(cloud):
     m = cloud.etcd_metrics()
     size = m.get("etcd_mvcc_db_total_size_in_bytes", m.get("etcd_debugging_mvcc_db_total_size_in_bytes", 0))
@@ -289,6 +303,20 @@ class PlacementTally:
         return {"looks": looks, "claims": len(claims), "claims_409": claims.count("409"),
                 "db_commits": committed, "db_rollbacks": rolled_back}
 
+    def requests(self):
+        """Placement's requests since, by method and path, ids left out: what a host's
+        registration costs it."""
+        with open(self.log, "rb") as log:
+            log.seek(self.start)
+            text = log.read().decode(errors="replace")
+        paths = re.findall(r'"(GET|PUT|POST|DELETE) (/[^" ?]*)', text)
+        counts = {}
+        for method, path in paths:
+            path = re.sub(r"/[0-9a-f]{8}-[0-9a-f-]{27}", "/{id}", path)
+            path = re.sub(r"/traits/CUSTOM_\w+", "/traits/{name}", path)
+            counts[f"{method} {path}"] = counts.get(f"{method} {path}", 0) + 1
+        return dict(sorted(counts.items(), key=lambda item: -item[1]))
+
     @staticmethod
     def text(counts):
         return ", ".join(f"{what} {n}" for what, n in counts.items())
@@ -431,7 +459,7 @@ def main():
             victim = victim_with_instances(cloud, workdir, args.evacuate)
         on_victim = len(victim["uuids"]) if victim else 0
 
-        started = time.monotonic()
+        started, cpu_before, tally, calls_before = time.monotonic(), cpu_by_group(), PlacementTally(cloud), etcd_calls(cloud)
         if args.simulated:
             agents = start_simulated(cloud, workdir, "h", args.agents, config)
         else:
@@ -441,6 +469,16 @@ def main():
                    1800, 5)
         figures["agents_alive_s"] = time.monotonic() - started
         print(f"scale: {args.agents} agents registered and alive in {figures['agents_alive_s']:.1f} s", flush=True)
+        figures["registration_cpu_ms_per_host"] = {
+            group: round(1000 * (spent - cpu_before[group]) / args.agents, 2) for group, spent in cpu_by_group().items()}
+        figures["registration_requests_per_host"] = {
+            what: round(n / args.agents, 2) for what, n in tally.requests().items() if n >= args.agents / 10}
+        figures["registration_etcd_per_host"] = {
+            what: round((n - calls_before.get(what, 0)) / args.agents, 2) for what, n in etcd_calls(cloud).items()
+            if n - calls_before.get(what, 0) >= args.agents / 10}
+        print(f"scale: CPU ms a host while registering: {figures['registration_cpu_ms_per_host']}; "
+              f"Placement's requests a host: {figures['registration_requests_per_host']}; "
+              f"etcd's a host: {figures['registration_etcd_per_host']}", flush=True)
         figures["etcd_idle_hosts"] = etcd_rate(cloud, AT_REST_S)
         print(f"scale: etcd at rest with the hosts only: {figures['etcd_idle_hosts']}", flush=True)
         if args.simulated:
@@ -665,6 +703,12 @@ def main():
             f"{figures['schedule_at_agents']['p50_ms']:.1f} / {figures['schedule_at_agents']['p99_ms']:.1f} ms")]
           if "schedule_at_agents" in figures else []),
         ("agents registered and alive", f"{figures.get('agents_alive_s', float('nan')):.1f} s"),
+        ("CPU a host while registering", ", ".join(
+            f"{group} {ms:.2f}" for group, ms in figures.get("registration_cpu_ms_per_host", {}).items()) + " ms"),
+        ("Placement's requests a host", ", ".join(
+            f"{what} {n:.2f}" for what, n in figures.get("registration_requests_per_host", {}).items())),
+        ("etcd's calls a host", ", ".join(
+            f"{what} {n:.2f}" for what, n in figures.get("registration_etcd_per_host", {}).items())),
         ("etcd at rest, hosts only", f"{figures.get('etcd_idle_hosts', {}).get('writes_per_s', float('nan')):.2f} writes/s"),
         ("CPU at rest, hosts only", ", ".join(
             f"{group} {ms:.0f}" for group, ms in figures.get("etcd_idle_hosts", {}).get("cpu_ms_per_s", {}).items())

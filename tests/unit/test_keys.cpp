@@ -81,10 +81,10 @@ TEST_CASE("hosts fall into shards evenly and the same way everywhere; each shard
   }
   CHECK(shard_of("2a3ef9c5-b66e-4f96-b3b1-903723b7b9b8", 0) == 0);  // no shards: one
   CHECK(shard_of("2a3ef9c5-b66e-4f96-b3b1-903723b7b9b8", 1) == 0);
-  CHECK(shard_aggregate(7) == shard_aggregate(7));
-  CHECK(shard_aggregate(7) != shard_aggregate(8));
-  CHECK(is_uuid(shard_aggregate(7)));
-  CHECK(shard_aggregate(0) != availability_zone_aggregate("shard-0"));  // a namespace of its own
+  CHECK(shard_trait(7) == "CUSTOM_TOYVM_SHARD_7");  // Placement's custom trait syntax
+  CHECK(shard_trait(7) != shard_trait(8));
+  CHECK(is_shard_trait(shard_trait(7)));
+  CHECK_FALSE(is_shard_trait("CUSTOM_TOYVM_HOST"));
 }
 
 TEST_CASE("new uuids are random version 4 uuids, never repeated") {

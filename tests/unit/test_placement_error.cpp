@@ -33,6 +33,16 @@ TEST_CASE("other statuses map to codes, and non-JSON bodies are kept short") {
   CHECK(bad.detail == "Invalid query string parameters");
 }
 
+TEST_CASE("a query's trait that Placement has never heard of is named, and only for that refusal") {
+  // Placement 8.0's words for GET /allocation_candidates?required=CUSTOM_TOYVM_SHARD_1.
+  auto unknown = classify_placement_error(
+      400, R"({"errors":[{"status":400,"title":"Bad Request","detail":"The server could not comply with the request since it is either malformed or otherwise incorrect.\n\n No such trait(s): CUSTOM_TOYVM_SHARD_1.  ","code":"placement.undefined_code"}]})");
+  CHECK(unknown_trait(unknown) == "CUSTOM_TOYVM_SHARD_1");
+  CHECK(unknown_trait(classify_placement_error(400, R"({"errors":[{"status":400,"detail":"Invalid query string parameters"}]})")).empty());
+  // The same words in another refusal (a conflict) are no unknown trait of the query's.
+  CHECK(unknown_trait(classify_placement_error(409, R"({"errors":[{"status":409,"detail":"No such trait(s): X."}]})")).empty());
+}
+
 #include "model/candidates.hpp"
 
 TEST_CASE("allocation candidates parse, and only live hosts are chosen, in Placement's order") {

@@ -5,6 +5,7 @@
 #include "fakes/memory_placement.hpp"
 
 #include "services/move_request.hpp"
+#include "model/uuid.hpp"
 #include "services/placer.hpp"
 
 #include "catch_result.hpp"
@@ -277,6 +278,22 @@ TEST_CASE("a sample reads host records from a random point on, and asks Placemen
       CHECK(unanswered.error() == errc::placement_unavailable);
     }
   }
+}
+
+TEST_CASE("a look in a shard no host has joined finds no room there; another unknown trait is refused") {
+  Bench bench;
+  bench.live({host_a});
+  bench.placement.providers_by_uuid[host_a].traits.insert(shard_trait(0));
+  // Placement has never heard of shard 1's trait: no host has it.
+  auto empty = bench.run(bench.placer.look(*parse_placement_query("resources=VCPU:1&required=" + shard_trait(1)), ""));
+  REQUIRE(empty);
+  CHECK(empty->candidates.allocation_requests.empty());
+  auto found = bench.run(bench.placer.look(*parse_placement_query("resources=VCPU:1&required=" + shard_trait(0)), ""));
+  REQUIRE(found);
+  CHECK(found->live == std::set<std::string>{host_a});
+  auto refused = bench.run(bench.placer.look(*parse_placement_query("resources=VCPU:1&required=CUSTOM_NOWHERE"), ""));
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error() == errc::invalid_argument);
 }
 
 TEST_CASE("a look asks etcd again while it does not answer (an election), but not past its patience") {

@@ -43,4 +43,14 @@ Error classify_placement_error(int status, std::string_view body) {
   return out;
 }
 
+std::string unknown_trait(const Error& refusal) {
+  if (refusal != errc::invalid_argument) return {};
+  constexpr std::string_view said = "No such trait(s): ";
+  const std::string_view detail = refusal.detail;
+  const size_t at = detail.find(said);
+  if (at == std::string_view::npos) return {};
+  const std::string_view rest = detail.substr(at + said.size());
+  return std::string(rest.substr(0, rest.find_first_of(".,; ")));
+}
+
 }  // namespace toyvm

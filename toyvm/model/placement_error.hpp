@@ -13,4 +13,8 @@ namespace toyvm {
 // another candidate) and other conflicts; 404 is not_found; 5xx is unavailable.
 Error classify_placement_error(int status, std::string_view body);
 
+// The trait a refused query named that Placement has never heard of ("No such trait(s):
+// NAME."; Placement names the first it meets), or empty for any other refusal.
+std::string unknown_trait(const Error& refusal);
+
 }  // namespace toyvm

@@ -62,13 +62,11 @@ int shard_of(std::string_view provider, int shards) {
   return int(hash % uint64_t(shards));
 }
 
-std::string shard_aggregate(int shard) {
-  // toyvm's namespace for shards (a random UUID, fixed forever).
-  static const boost::uuids::uuid ns = boost::uuids::string_generator()("3d9a51c7-2e84-4b0f-a6d3-8c1f0e7b5a92");
-  boost::uuids::name_generator_sha1 generate(ns);
-  const std::string name = "shard-" + std::to_string(shard);
-  return boost::uuids::to_string(generate(name.data(), name.size()));
-}
+constexpr std::string_view shard_trait_prefix = "CUSTOM_TOYVM_SHARD_";
+
+std::string shard_trait(int shard) { return std::string(shard_trait_prefix) + std::to_string(shard); }
+
+bool is_shard_trait(std::string_view trait) { return trait.starts_with(shard_trait_prefix); }
 
 std::string request_instance_uuid(std::string_view request_id, int index) {
   // toyvm's namespace for the instances of project requests (a random UUID, fixed forever).

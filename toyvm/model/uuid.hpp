@@ -15,12 +15,14 @@ uint64_t random_seed();
 // UUID, so every host and scheduler derives the same one without a lookup.
 std::string availability_zone_aggregate(std::string_view zone);
 
-// Shards of a large cloud ([placement] shards): each host joins the aggregate of the shard its
+// Shards of a large cloud ([placement] shards): each host has the trait of the shard its
 // provider uuid falls in, and a schedule asks Placement about one shard first (a bounded,
 // well-spread subset), the whole cloud only when that one has no room. The same on every host
-// and scheduler without a lookup: a hash of the uuid, and a name-based (version 5) UUID.
+// and scheduler without a lookup: a hash of the uuid. A trait, not an aggregate: it is set with
+// the host's other traits, one write to Placement fewer for each host that registers.
 int shard_of(std::string_view provider, int shards);
-std::string shard_aggregate(int shard);
+std::string shard_trait(int shard);
+bool is_shard_trait(std::string_view trait);
 
 // The uuid of the `index`th instance a project's request makes (model/requests.hpp): the same
 // for every try of it, so a scheduler service that takes over a request another left half

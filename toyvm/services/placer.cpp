@@ -1,6 +1,7 @@
 #include "services/placer.hpp"
 
 #include "core/backoff.hpp"
+#include "model/placement_error.hpp"
 #include "model/records.hpp"
 #include "model/uuid.hpp"
 
@@ -23,8 +24,13 @@ awaitable<result<PlacementView>> Placer::look(PlacementQuery query, std::string 
   auto candidates =
       co_await placement_.allocation_candidates(query.to_query_string(limit > 0 ? limit : config_.placement.candidate_limit),
                                                 timeout);
-  if (!candidates) co_return candidates.error();
   PlacementView view;
+  if (!candidates) {
+    // A shard no host has joined yet: Placement has never heard of its trait, and there is no
+    // room in it.
+    if (is_shard_trait(unknown_trait(candidates.error()))) co_return view;
+    co_return candidates.error();
+  }
   view.candidates = std::move(*candidates);
   // Only the candidates' host records, not the cloud's: what a schedule reads from etcd does
   // not grow with the number of hosts. (In transactions of 100 reads: etcd takes 128.) A
@@ -219,8 +225,8 @@ LookScope::LookScope(int sample, int shards)
 
 std::string LookScope::another_shard() {
   std::uniform_int_distribution<int> pick(0, shards_ - 1);
-  std::string shard = shard_aggregate(pick(rng_));
-  while (int(asked_.size()) < shards_ && asked_.count(shard)) shard = shard_aggregate(pick(rng_));
+  std::string shard = shard_trait(pick(rng_));
+  while (int(asked_.size()) < shards_ && asked_.count(shard)) shard = shard_trait(pick(rng_));
   asked_.insert(shard);
   return shard;
 }
@@ -259,7 +265,7 @@ awaitable<result<Placer::Homes>> Placer::homes(const Relocation& move, const Loo
   if (!move.work.availability_zone.empty())
     query->params.emplace_back("member_of", availability_zone_aggregate(move.work.availability_zone));
   if (!move.to.empty()) query->params.emplace_back("in_tree", move.to);
-  if (!scope.shard().empty()) query->params.emplace_back("member_of", scope.shard());
+  if (!scope.shard().empty()) query->params.emplace_back("required", scope.shard());
   // What it holds, read once: every write after is guarded by this reading, so of two moves
   // of one instance (two evacuations, an evacuation and a destroy --force) one wins.
   auto held = co_await placement_.consumer_allocations(uuid);

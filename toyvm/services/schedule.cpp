@@ -318,7 +318,7 @@ awaitable<result<PlacementView>> Scheduler::first_look(PlacementQuery query, int
 awaitable<result<PlacementView>> Scheduler::look(PlacementQuery query, int limit) {
   spdlog::debug("schedule: asking etcd and Placement about {}", scope_.describe());
   if (scope_.sample() > 0) co_return co_await placer_.sample(std::move(query), scope_.sample(), new_uuid());
-  if (!scope_.shard().empty()) query.params.emplace_back("member_of", scope_.shard());
+  if (!scope_.shard().empty()) query.params.emplace_back("required", scope_.shard());
   // A batch's look waits as long as its claim may: behind other batches' claims in a busy
   // Placement, which is no Placement out of reach (a look given up is still answered, for nothing).
   const Duration timeout = uuids_.size() > 1 ? placement_.batch_timeout(uuids_.size()) : Duration{};

@@ -238,7 +238,7 @@ class Batch {
   static awaitable<result<PlacementView>> look_now(Placer placer, const Config& config, PlacementQuery query,
                                                    int limit, std::mt19937_64& rng) {
     if (const int shards = config.placement.shards; shards > 1)
-      query.params.emplace_back("member_of", shard_aggregate(std::uniform_int_distribution<int>(0, shards - 1)(rng)));
+      query.params.emplace_back("required", shard_trait(std::uniform_int_distribution<int>(0, shards - 1)(rng)));
     co_return co_await placer.look(std::move(query), {}, {}, limit);
   }
 

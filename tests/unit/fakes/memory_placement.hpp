@@ -74,6 +74,13 @@ class MemoryPlacement final : public Placement {
         if (key == "member_of") member_of.insert(item);
       }
     }
+    // Placement knows a custom trait once it is made (a provider's traits made it here).
+    for (const std::string& trait : required) {
+      const bool known = std::any_of(providers_by_uuid.begin(), providers_by_uuid.end(),
+                                     [&](const auto& provider) { return provider.second.traits.count(trait) > 0; });
+      if (trait.starts_with("CUSTOM_") && !known)
+        co_return Error(errc::invalid_argument, "Placement: No such trait(s): " + trait + ".");
+    }
     Candidates out;
     for (const auto& [uuid, p] : providers_by_uuid) {
       if (!in_tree.empty() && uuid != in_tree) continue;

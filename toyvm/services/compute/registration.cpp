@@ -100,6 +100,8 @@ awaitable<result<void>> ProviderRegistration::register_once() {
   if (!inventory) co_return inventory;
   traits_ = ctx_.config.compute.traits;
   traits_.push_back(ctx_.config.placement.provider_trait);  // schedules and audit know toyvm's by it
+  if (const int shards = ctx_.config.placement.shards; shards > 1)
+    traits_.push_back(shard_trait(shard_of(provider, shards)));
   if (!cpu_traits_.empty()) {
     // Only the CPU traits this Placement knows: an unknown standard trait is refused.
     auto known = co_await placement.known_traits("HW_CPU_X86_");
@@ -115,8 +117,6 @@ awaitable<result<void>> ProviderRegistration::register_once() {
   std::vector<std::string> aggregates;
   if (!ctx_.config.compute.availability_zone.empty())
     aggregates.push_back(availability_zone_aggregate(ctx_.config.compute.availability_zone));
-  if (const int shards = ctx_.config.placement.shards; shards > 1)
-    aggregates.push_back(shard_aggregate(shard_of(provider, shards)));
   // A provider made just now is in no aggregate: one request fewer for each of a cloud's hosts.
   if (aggregates.empty() && ctx_.host.new_provider) co_return result<void>{};
   co_return co_await placement.set_aggregates(provider, std::move(aggregates));
