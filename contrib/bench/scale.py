@@ -246,8 +246,8 @@ def parallel(items, work, threads):
     return results
 
 
-# toyvm's namespace for its shards' aggregates (model/uuid.cpp): uuid5 of "shard-N".
-SHARD_NAMESPACE = uuid.UUID("3d9a51c7-2e84-4b0f-a6d3-8c1f0e7b5a92")
+# toyvm's shards' traits (model/uuid.cpp).
+SHARD_TRAIT = "CUSTOM_TOYVM_SHARD_{}"
 ASKED = {rc: int(n) for rc, n in (part.split(":") for part in QUERY.split("=", 1)[1].split(","))}
 
 
@@ -361,15 +361,15 @@ def placement_floor(cloud, sizes, users, shards):
             return 0, str(e)
 
     def place(size):
-        scopes = [str(uuid.uuid5(SHARD_NAMESPACE, f"shard-{n}")) for n in
-                  sorted(range(shards), key=lambda _: uuid.uuid4().int)[:3]] + [None]
+        scopes = [SHARD_TRAIT.format(n) for n in sorted(range(shards), key=lambda _: uuid.uuid4().int)[:3]] + [None]
         query = (f"/allocation_candidates?{QUERY}&required=CUSTOM_TOYVM_HOST&required=!COMPUTE_STATUS_DISABLED"
                  f"&limit={max(size, 50)}")
         while scopes:
-            status, body = request("GET", query + (f"&member_of={scopes[0]}" if scopes[0] else ""))
-            if status != 200:
+            status, body = request("GET", query + (f"&required={scopes[0]}" if scopes[0] else ""))
+            unknown_shard = status == 400 and "No such trait" in str(body)  # a shard no host joined
+            if status != 200 and not unknown_shard:
                 raise RuntimeError(f"the floor's look: {status} {body[:200]!r}")
-            plan = floor_plan(json.loads(body), size)
+            plan = None if unknown_shard else floor_plan(json.loads(body), size)
             if plan is None:
                 scopes.pop(0)
                 continue
