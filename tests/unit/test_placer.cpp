@@ -4,8 +4,8 @@
 #include "fakes/fake_placement.hpp"
 #include "fakes/memory_placement.hpp"
 
-#include "services/move_request.hpp"
 #include "model/uuid.hpp"
+#include "services/move_request.hpp"
 #include "services/placer.hpp"
 
 #include "catch_result.hpp"
