@@ -1,6 +1,10 @@
 #include "clients/etcd_mirror.hpp"
 
+#include "fakes/fake_etcd.hpp"
+
 #include <catch2/catch.hpp>
+
+#include <chrono>
 
 using namespace toyvm;
 
@@ -21,7 +25,59 @@ std::map<std::string, std::string> values(const RangeResult& listed) {
   return out;
 }
 
+struct Followed {
+  std::vector<std::string> listed;
+  std::vector<std::string> heard;
+};
+// follow_range over `etcd` until it has heard a change, or has listed and watches after it
+// (10 s at most): what it listed and heard.
+Followed follow_until_heard(fakes::FakeEtcd& etcd, const std::string& key, int64_t listed_revision) {
+  asio::io_context io;
+  Followed out;
+  bool done = false;
+  asio::co_spawn(io,
+                 follow_range(
+                     etcd, key, std::string(),
+                     [&](const RangeResult& listing) {
+                       for (const KeyValue& kv : listing.kvs) out.listed.push_back(kv.value);
+                     },
+                     [&](const WatchEvent& event) { out.heard.push_back(event.kv.value); },
+                     [&] { return !out.heard.empty() || (!out.listed.empty() && !etcd.watched.empty()); },
+                     listed_revision),
+                 [&](std::exception_ptr) { done = true; });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done && std::chrono::steady_clock::now() < deadline) io.run_one_for(std::chrono::milliseconds(20));
+  REQUIRE(done);
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("follow_range watches from its caller's listing without reading again, and lists when it has none") {
+  fakes::FakeEtcd etcd;
+  etcd.replay_watches = true;
+  etcd.put_now("disabled/h", "maintenance");
+  const int64_t read_at = etcd.revision();  // the caller's reading
+  etcd.put_now("disabled/h", "upgrade");     // a change between that reading and the watch
+  etcd.put_now("disabled/other", "x");
+
+  SECTION("from the caller's listing: no read, and the change since it is heard") {
+    Followed followed = follow_until_heard(etcd, "disabled/h", read_at);
+    CHECK(etcd.ranges == 0);
+    CHECK(followed.listed.empty());
+    CHECK(followed.heard == std::vector<std::string>{"upgrade"});
+    REQUIRE(etcd.watched.size() == 1);
+    CHECK(etcd.watched.front().start_revision == read_at + 1);
+  }
+  SECTION("without one: a listing first, the watch after it") {
+    Followed followed = follow_until_heard(etcd, "disabled/h", 0);
+    CHECK(etcd.ranges == 1);
+    CHECK(followed.listed == std::vector<std::string>{"upgrade"});
+    CHECK(followed.heard.empty());
+    REQUIRE(etcd.watched.size() == 1);
+    CHECK(etcd.watched.front().start_revision == etcd.revision() + 1);
+  }
+}
 
 TEST_CASE("a mirror is the listing with the watch's events since, at the last event's revision") {
   EtcdMirror mirror;

@@ -188,10 +188,12 @@ awaitable<result<TxnResult>> txn_asking_again(EtcdClient& etcd, std::vector<Etcd
 // Lists [key, range_end), then follows its changes from the listing's revision: a broken or
 // compacted watch lists again, an etcd that does not answer is asked again with backoff
 // (100 ms to 5 s). `listed` gets each whole listing, `changed` each event after it. Ends
-// when `stopping()` says so, which is asked between batches.
+// when `stopping()` says so, which is asked between batches. `listed_revision`: the caller
+// has listed the range already, at that revision, and the first watch starts after it.
 awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string range_end,
                              std::function<void(const RangeResult&)> listed,
-                             std::function<void(const WatchEvent&)> changed, std::function<bool()> stopping);
+                             std::function<void(const WatchEvent&)> changed, std::function<bool()> stopping,
+                             int64_t listed_revision = 0);
 
 // Follows one key from `revision` until `seen` returns true or `timeout` passes. A watch that
 // ends (etcd restarted, its member lost, history compacted) is made again from a fresh read of

@@ -26,27 +26,31 @@ awaitable<result<TxnResult>> txn_asking_again(EtcdClient& etcd, std::vector<Etcd
 
 awaitable<void> follow_range(EtcdClient& etcd, std::string key, std::string range_end,
                              std::function<void(const RangeResult&)> listed,
-                             std::function<void(const WatchEvent&)> changed, std::function<bool()> stopping) {
+                             std::function<void(const WatchEvent&)> changed, std::function<bool()> stopping,
+                             int64_t listed_revision) {
   Backoff backoff;
   while (!stopping()) {
-    auto listing = co_await etcd.range(key, range_end);
-    if (listing) {
+    if (listed_revision == 0) {
+      auto listing = co_await etcd.range(key, range_end);
+      if (!listing) {
+        spdlog::warn("etcd at {}: {}; retrying", etcd.endpoints_text(), listing.error().message());
+        if (stopping()) break;
+        co_await backoff.wait();
+        continue;
+      }
       listed(*listing);
-      auto watch = etcd.watch(WatchOptions{key, range_end, listing->revision + 1, false});
-      while (!stopping()) {
-        WatchBatch batch = co_await watch->next();
-        if (batch.error.code || batch.canceled || batch.compact_revision) break;
-        backoff.reset();
-        for (const WatchEvent& event : batch.events) changed(event);
-      }
-      if (!stopping()) {
-        spdlog::warn("watch on {} ended; listing again", key);
-        metrics::count("toyvm_etcd_watch_restarts_total");
-      }
-    } else {
-      spdlog::warn("etcd at {}: {}; retrying", etcd.endpoints_text(), listing.error().message());
+      listed_revision = listing->revision;
+    }
+    auto watch = etcd.watch(WatchOptions{key, range_end, std::exchange(listed_revision, 0) + 1, false});
+    while (!stopping()) {
+      WatchBatch batch = co_await watch->next();
+      if (batch.error.code || batch.canceled || batch.compact_revision) break;
+      backoff.reset();
+      for (const WatchEvent& event : batch.events) changed(event);
     }
     if (stopping()) break;
+    spdlog::warn("watch on {} ended; listing again", key);
+    metrics::count("toyvm_etcd_watch_restarts_total");
     co_await backoff.wait();
   }
 }

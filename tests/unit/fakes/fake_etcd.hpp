@@ -6,6 +6,7 @@
 #include "clients/etcd.hpp"
 
 #include <map>
+#include <utility>
 
 namespace toyvm::fakes {
 
@@ -16,6 +17,9 @@ class FakeEtcd : public EtcdClient {
   int txns = 0;                // transactions answered
   int lost_txns = 0;           // the next transactions fail as unanswered, not applied
   std::vector<WatchEvent> history;  // every change, in revision order
+  int ranges = 0;              // range() calls answered
+  bool replay_watches = false;  // a watch hands out the changes since its start, then ends
+  std::vector<WatchOptions> watched;  // every watch asked for
 
   int64_t revision() const { return revision_; }
   const KeyValue* find(const std::string& key) const {
@@ -41,6 +45,7 @@ class FakeEtcd : public EtcdClient {
 
   awaitable<result<RangeResult>> range(std::string key, std::string range_end, int64_t) override {
     if (down) co_return unavailable();
+    ++ranges;
     co_return read(key, range_end);
   }
   awaitable<result<int64_t>> put(std::string key, std::string value, int64_t lease) override {
@@ -84,7 +89,14 @@ class FakeEtcd : public EtcdClient {
     co_return result<void>();
   }
   std::unique_ptr<EtcdLeaseKeeper> keep_alive(int64_t) override { return std::make_unique<Keeper>(*this); }
-  std::unique_ptr<EtcdWatch> watch(WatchOptions) override { return std::make_unique<EndedWatch>(); }
+  std::unique_ptr<EtcdWatch> watch(WatchOptions options) override {
+    watched.push_back(options);
+    auto ended = std::make_unique<EndedWatch>();
+    if (replay_watches)
+      for (const WatchEvent& event : since(options.start_revision - 1))
+        if (in_range(event.kv.key, options.key, options.range_end)) ended->pending.events.push_back(event);
+    return ended;
+  }
   const std::string& endpoints_text() const override { return endpoints_; }
 
  private:
@@ -96,9 +108,12 @@ class FakeEtcd : public EtcdClient {
     }
     FakeEtcd& etcd;
   };
-  // Tests hand out changes themselves (since()); a watch here ends at once.
+  // Tests hand out changes themselves (since()); a watch here ends at once, after what it
+  // replays.
   struct EndedWatch : EtcdWatch {
+    WatchBatch pending;
     awaitable<WatchBatch> next() override {
+      if (!pending.events.empty()) co_return std::exchange(pending, WatchBatch{});
       WatchBatch batch;
       batch.error = Error(errc::etcd_unavailable, "etcd is down");
       co_return batch;

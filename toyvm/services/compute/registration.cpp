@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <utility>
 
 namespace toyvm::compute {
 
@@ -169,6 +170,7 @@ awaitable<void> HostMaintenanceFollower::load() {
     auto found = co_await ctx_.etcd->range(key);
     if (found) {
       apply(found->kvs.empty() ? nullptr : &found->kvs.front());
+      loaded_revision_ = found->revision;
       co_return;
     }
     spdlog::warn("reading {} in etcd: {}; retrying", key, found.error().message());
@@ -182,7 +184,7 @@ awaitable<void> HostMaintenanceFollower::follow() {
       *ctx_.etcd, key, std::string(),
       [this](const RangeResult& listing) { apply(listing.kvs.empty() ? nullptr : &listing.kvs.front()); },
       [this](const WatchEvent& event) { apply(event.type == WatchEvent::Type::erase ? nullptr : &event.kv); },
-      [this] { return ctx_.stop.requested(); });
+      [this] { return ctx_.stop.requested(); }, std::exchange(loaded_revision_, 0));
 }
 
 void HostMaintenanceFollower::apply(const KeyValue* kv) {

@@ -68,7 +68,7 @@ class HostMaintenanceFollower {
   // Reads the key once, retrying until etcd answers: before registering, so that the provider
   // starts with the right traits.
   awaitable<void> load();
-  // Follows the key until the agent stops.
+  // Follows the key until the agent stops, from load()'s reading: one read of it a start.
   awaitable<void> follow();
   // Whether the host is disabled, as last heard; nothing before the key was first read.
   std::optional<bool> disabled() const { return heard_ ? std::optional<bool>(current_.has_value()) : std::nullopt; }
@@ -81,6 +81,7 @@ class HostMaintenanceFollower {
   HostPresence& presence_;
   std::optional<HostMaintenance> current_;
   bool heard_ = false;
+  int64_t loaded_revision_ = 0;  // of load()'s reading, until follow() watches from it
 };
 
 }  // namespace toyvm::compute
