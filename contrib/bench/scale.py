@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """toyvm at scale: many agents on libvirt's test driver against Placement on PostgreSQL and a
 3-member etcd. Starts every agent at once, places instances with several concurrent users,
-each running `schedule --count BATCH_SIZE` after another, waits until all are ACTIVE, measures what the cloud costs at rest, then
-destroys everything. Prints a table and writes JSON.
+each running `schedule --count BATCH_SIZE` after another, waits until all are ACTIVE, measures
+what one look costs Placement on the full cloud and what the cloud costs at rest, then destroys
+everything. Prints a table and writes JSON.
 
     contrib/bench/scale.py [--agents 200] [--instances 2000] [--batches 8] [--batch-size 250] [--out DIR] [--keep]
     contrib/bench/scale.py --simulated --agents 10000 --instances 20000
@@ -25,10 +26,12 @@ import http.client
 import json
 import os
 import pathlib
+import random
 import re
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -322,6 +325,29 @@ class PlacementTally:
         return ", ".join(f"{what} {n}" for what, n in counts.items())
 
 
+def look_costs(cloud, shards, size, samples=5):
+    """What one look costs Placement and PostgreSQL in CPU, on the cloud as it is: the median ms
+    of `samples` looks one after another, a shard's at random (as a batch's first look asks) and
+    the whole cloud's (its last). Placement finds every provider with room for each resource
+    class asked, whatever the traits, before it narrows them to the shard: a look's cost grows
+    with the hosts and their allocations, a shard's too."""
+    query = (f"/allocation_candidates?{QUERY}&required=CUSTOM_TOYVM_HOST&required=!COMPUTE_STATUS_DISABLED"
+             f"&limit={max(size, 50)}")
+    scopes = {"whole": lambda: ""}
+    if shards:
+        scopes["shard"] = lambda: "&required=" + SHARD_TRAIT.format(random.randrange(shards))
+    costs = {}
+    for name, scope in scopes.items():
+        spent = []
+        for _ in range(samples):
+            before = cpu_by_group()
+            cloud.placement_get(query + scope())
+            after = cpu_by_group()
+            spent.append(1000 * sum(after[group] - before[group] for group in ("Placement", "PostgreSQL")))
+        costs[name] = statistics.median(spent)
+    return costs
+
+
 # The floor's placings, as said: before toyvm's, alternated with it in rounds, after the destroy.
 FLOOR_LABELS = {"floor_first": "the floor first", "floor_alternate": "the floor, alternated", "floor": "the floor"}
 
@@ -605,6 +631,13 @@ def main():
         figures["overbooked"] = len(cloud.overbooked())
         print(f"scale: every instance ACTIVE after {figures['all_active_s']:.1f} s; providers over capacity: "
               f"{figures['overbooked']}", flush=True)
+        # The looks' share of placing, from what one costs on the cloud as full as placing left it.
+        figures["look_cpu_ms"] = look_costs(cloud, shards, args.batch_size)
+        figures["looks_cpu_ms_per_instance"] = (figures["look_cpu_ms"].get("shard", figures["look_cpu_ms"]["whole"]) *
+                                                toyvm["placement_requests"]["looks"] / max(placed, 1))
+        print("scale: one look, Placement and PostgreSQL CPU: " + ", ".join(
+            f"{scope} {ms:.1f} ms" for scope, ms in figures["look_cpu_ms"].items()) +
+            f"; the looks' share of placing ~{figures['looks_cpu_ms_per_instance']:.2f} ms an instance", flush=True)
 
         figures["agent_rss_mib"] = sum(rss_kib(p.pid) for p in agents.values()) / 1024
         port = free_port()
@@ -718,6 +751,10 @@ def main():
         ("CPU an instance while placing", ", ".join(
             f"{group} {ms:.2f}" for group, ms in figures.get("place_cpu_ms_per_instance", {}).items()) + " ms"),
         ("all ACTIVE after", f"{figures.get('all_active_s', float('nan')):.1f} s"),
+        *([("one look, full, Placement+PG CPU", ", ".join(
+            f"{scope} {ms:.1f} ms" for scope, ms in figures["look_cpu_ms"].items()) +
+            f" (the looks ~{figures['looks_cpu_ms_per_instance']:.2f} ms an instance)")]
+          if "look_cpu_ms" in figures else []),
         ("providers over capacity", f"{figures.get('overbooked', '?')}"),
         ("agents' RSS, total", f"{figures.get('agent_rss_mib', float('nan')):.0f} MiB"),
         ("metadata service RSS", f"{figures.get('mdserver_rss_mib', float('nan')):.1f} MiB"),
